@@ -1,0 +1,115 @@
+"""The one error hierarchy of meshpoint.
+
+Every error a user can meet is a subclass of :class:`MeshpointError`, says what
+happened and what to do about it. Backends translate driver errors (asyncpg,
+sqlite3) into these at the boundary, so callers never catch a driver's type::
+
+    MeshpointError
+    ├── InvalidArgumentError        (also a ValueError) an argument is malformed
+    │   └── ContextSerializationError  a context holds a value that is not JSON
+    ├── ConfigurationError          a store URL or option cannot be used
+    └── StoreError                  the checkpoint store refused or failed an operation
+        ├── StoreUnavailableError   the database cannot be reached, or stayed locked
+        ├── SchemaError             the database schema is missing or out of date
+        ├── NotFoundError           an id is unknown (or belongs to another tenant)
+        │   ├── UnknownTaskError
+        │   └── UnknownSubTaskError
+        ├── ConflictError           the write would break an invariant
+        │   ├── CheckpointConflictError   the task or a sub-task id is already stored
+        │   └── LeaseNotHeldError         the caller does not hold the task's resume lease
+        └── CorruptCheckpointError  a stored row does not decode; it was not used
+
+A failed operation changes nothing: every store operation is one transaction,
+rolled back before any of these is raised.
+"""
+
+from __future__ import annotations
+
+
+class MeshpointError(Exception):
+    """Base class of every error meshpoint raises on purpose."""
+
+
+class InvalidArgumentError(MeshpointError, ValueError):
+    """An argument has the wrong type, shape or range; the message names it."""
+
+
+class ContextSerializationError(InvalidArgumentError):
+    """A task execution context holds a value that cannot be stored as JSON.
+
+    ``path`` locates the offending value, for example ``flags['client'].socket``.
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class ConfigurationError(MeshpointError):
+    """A store URL, driver or option cannot be used as given."""
+
+
+class StoreError(MeshpointError):
+    """The checkpoint store refused or failed an operation."""
+
+
+class StoreUnavailableError(StoreError):
+    """The database could not be reached, or stayed locked past the busy timeout."""
+
+
+class SchemaError(StoreError):
+    """The database schema is missing or older than this version of meshpoint."""
+
+
+class NotFoundError(StoreError):
+    """An id is not stored for this tenant (it never was, or it was cleaned up)."""
+
+
+class UnknownTaskError(NotFoundError):
+    """No paused task with this id exists for this tenant."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(
+            f"no paused task {task_id!r} in this tenant: it was never checkpointed, "
+            "was already cleaned up, or belongs to another tenant"
+        )
+        self.task_id = task_id
+
+
+class UnknownSubTaskError(NotFoundError):
+    """No peer sub-task with this id exists for this tenant."""
+
+    def __init__(self, sub_task_id: str) -> None:
+        super().__init__(
+            f"no peer sub-task {sub_task_id!r} in this tenant: it was never checkpointed, "
+            "its task was already cleaned up, or it belongs to another tenant"
+        )
+        self.sub_task_id = sub_task_id
+
+
+class ConflictError(StoreError):
+    """The write would break a store invariant; nothing was written."""
+
+
+class CheckpointConflictError(ConflictError):
+    """The task or one of its sub-task ids is already stored and not leased to the caller."""
+
+
+class LeaseNotHeldError(ConflictError):
+    """The caller does not hold the task's resume lease (it expired and another took it)."""
+
+    def __init__(self, task_id: str, owner: str | None) -> None:
+        super().__init__(
+            f"the resume lease of task {task_id!r} is not held by {owner!r}: it was never "
+            "taken, was released, or expired and was taken by another owner"
+        )
+        self.task_id = task_id
+        self.owner = owner
+
+
+class CorruptCheckpointError(StoreError):
+    """A stored row failed to decode or its checksum does not match; it was not used."""
+
+    def __init__(self, message: str, *, task_id: str | None = None) -> None:
+        super().__init__(message)
+        self.task_id = task_id

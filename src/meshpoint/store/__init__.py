@@ -1,0 +1,104 @@
+"""The checkpoint store: where paused tasks live while no instance holds them.
+
+Open one from a URL::
+
+    async with open_store("sqlite+aiosqlite:///meshpoint.db") as store:
+        await store.checkpoint_task(ctx, "coordinator")
+
+``sqlite+aiosqlite:///path`` (or ``:memory:``) is the embedded default;
+``postgresql+asyncpg://user@host/db`` scales out. Both run the same SQL
+(:mod:`meshpoint.store.sql`); the PostgreSQL driver is imported only when a
+PostgreSQL URL is opened.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator
+from typing import Any
+
+from sqlalchemy.engine import URL
+
+from meshpoint.errors import ConfigurationError
+from meshpoint.store.engine import check_schema, create_engine, migrate, parse_url
+from meshpoint.store.records import (
+    CheckpointReceipt,
+    Lease,
+    PausedTaskSummary,
+    PeerSubTask,
+    Resolution,
+    RestoredTask,
+    StoreStats,
+)
+from meshpoint.store.sql import TIMEOUT_RESULT, SqlStore
+
+__all__ = [
+    "TIMEOUT_RESULT",
+    "CheckpointReceipt",
+    "Lease",
+    "PausedTaskSummary",
+    "PeerSubTask",
+    "Resolution",
+    "RestoredTask",
+    "SqlStore",
+    "StoreStats",
+    "open_store",
+]
+
+
+class StoreOpener:
+    """What :func:`open_store` returns: ``await`` it, or use it as ``async with``."""
+
+    def __init__(self, url: str | URL, **options: Any) -> None:
+        self._url = url
+        self._options = options
+        self._store: SqlStore | None = None
+
+    async def _open(self) -> SqlStore:
+        opts = self._options
+        url = parse_url(self._url)
+        if opts["pool_size"] < 1:
+            raise ConfigurationError(f"pool_size must be at least 1, got {opts['pool_size']}")
+        engine = create_engine(url, busy_timeout_s=opts["busy_timeout_s"],
+                               schema=opts["schema"], pool_size=opts["pool_size"])
+        try:
+            if opts["migrate"]:
+                await migrate(engine)
+            else:
+                await check_schema(engine)
+        except BaseException:
+            await engine.dispose()
+            raise
+        return SqlStore(engine, tenant_id=opts["tenant_id"], clock=opts["clock"],
+                        compress_threshold_bytes=opts["compress_threshold_bytes"])
+
+    def __await__(self) -> Generator[Any, None, SqlStore]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> SqlStore:
+        self._store = await self._open()
+        return self._store
+
+    async def __aexit__(self, *_exc: object) -> None:
+        if self._store is not None:
+            await self._store.close()
+
+
+def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = True,
+               schema: str | None = None, clock: Callable[[], float] = time.time,
+               busy_timeout_s: float = 30.0, pool_size: int = 5,
+               compress_threshold_bytes: int = 16_384) -> StoreOpener:
+    """Open the checkpoint store at ``url`` for ``tenant_id``.
+
+    ``migrate`` brings the schema up to date first (under an advisory lock on
+    PostgreSQL, so instances may start together); with ``migrate=False`` an
+    out-of-date schema raises :class:`~meshpoint.errors.SchemaError`.
+    ``schema`` selects a PostgreSQL schema (``search_path``). ``clock`` returns
+    epoch seconds and drives deadlines and leases; hosts sharing a database need
+    synchronised clocks. ``busy_timeout_s`` bounds how long a write waits for a
+    lock (SQLite) or a connection attempt takes (PostgreSQL). Contexts larger than
+    ``compress_threshold_bytes`` are stored zlib-compressed.
+    """
+    return StoreOpener(url, tenant_id=tenant_id, migrate=migrate, schema=schema, clock=clock,
+                       busy_timeout_s=busy_timeout_s, pool_size=pool_size,
+                       compress_threshold_bytes=compress_threshold_bytes)

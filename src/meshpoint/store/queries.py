@@ -1,0 +1,186 @@
+"""The store's SQL, as named statements.
+
+Each statement is built once with SQLAlchemy Core and compiled per dialect from
+SQLAlchemy's cache; the store only picks a statement and binds values. Bind
+parameters are prefixed ``p_`` so they never clash with column names.
+
+Lock order. Every write transaction touches rows in the order sub-tasks →
+invocations → session events → paused task, and batches (the sweeper) take
+invocations and tasks sorted by key, so concurrent transactions on PostgreSQL
+wait for each other instead of deadlocking.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Float, String, and_, bindparam, delete, func, or_, select, update
+
+from meshpoint.store.schema import (
+    JSONDoc,
+    parallel_invocations,
+    paused_tasks,
+    peer_sub_tasks,
+    session_events,
+)
+
+T, S, I, E = paused_tasks, peer_sub_tasks, parallel_invocations, session_events
+
+tenant = bindparam("p_tenant", type_=String)
+task = bindparam("p_task", type_=String)
+sub = bindparam("p_sub", type_=String)
+now = bindparam("p_now", type_=Float)
+owner = bindparam("p_owner", type_=String)
+lease_until = bindparam("p_lease_until", type_=Float)
+result = bindparam("p_result", type_=JSONDoc)
+resolved_by = bindparam("p_resolved_by", type_=String)
+
+TASK_KEY = and_(T.c.tenant_id == tenant, T.c.logical_task_id == task)
+SUB_KEY = and_(S.c.tenant_id == tenant, S.c.sub_task_id == sub)
+
+#: Columns that make a :class:`~meshpoint.store.records.PeerSubTask`.
+SUB_COLUMNS = (S.c.sub_task_id, S.c.logical_task_id, S.c.agent_name, S.c.invocation_id,
+               S.c.function_call_id, S.c.peer_agent_name, S.c.peer_task_id,
+               S.c.correlation_data, S.c.timeout_deadline, S.c.status, S.c.resolved_by,
+               S.c.result)
+
+# -- checkpoint ------------------------------------------------------------------------
+
+#: A re-checkpoint of a resumed task: only the lease holder may overwrite its row.
+#: The lease is released by the same write, since the task leaves memory again.
+RECHECKPOINT_TASK = (
+    update(T)
+    .where(TASK_KEY, T.c.owner == owner)
+    .values(agent_name=bindparam("p_agent"), status=bindparam("p_status"),
+            current_invocation_id=bindparam("p_invocation"),
+            context=bindparam("p_context"), context_encoding=bindparam("p_encoding"),
+            context_sha256=bindparam("p_sha256"),
+            session_event_count=bindparam("p_event_count"),
+            owner=None, lease_expires_at=None, version=T.c.version + 1,
+            checkpointed_at=now, expires_at=bindparam("p_expires_at", type_=Float))
+    .returning(T.c.version)
+)
+DELETE_TASK_SUB_TASKS = delete(S).where(S.c.tenant_id == tenant, S.c.logical_task_id == task)
+DELETE_TASK_INVOCATIONS = delete(I).where(I.c.tenant_id == tenant, I.c.logical_task_id == task)
+DELETE_TASK_EVENTS = delete(E).where(E.c.tenant_id == tenant, E.c.logical_task_id == task)
+DELETE_TASK = delete(T).where(TASK_KEY).returning(T.c.version)
+DELETE_TASK_OF_OWNER = delete(T).where(TASK_KEY, T.c.owner == owner).returning(T.c.version)
+TASK_STATE = select(T.c.status, T.c.owner, T.c.lease_expires_at).where(TASK_KEY)
+
+# -- claims and resolutions ---------------------------------------------------------------
+
+#: The exactly-once step: only one transaction can move a row out of ``pending``.
+RESOLVE_PENDING = (
+    update(S)
+    .where(SUB_KEY, S.c.status == "pending")
+    .values(status="resolved", resolved_by=resolved_by, result=result, resolved_at=now)
+    .returning(*SUB_COLUMNS)
+)
+CLAIM_PENDING = (
+    update(S)
+    .where(SUB_KEY, S.c.status == "pending")
+    .values(status="claimed", resolved_at=now)
+    .returning(*SUB_COLUMNS)
+)
+RECORD_CLAIMED = (
+    update(S)
+    .where(S.c.tenant_id == tenant, S.c.logical_task_id == task,
+           S.c.invocation_id == bindparam("p_invocation"),
+           S.c.function_call_id == bindparam("p_call"), S.c.status == "claimed")
+    .values(status="resolved", resolved_by=resolved_by, result=result, resolved_at=now)
+    .returning(*SUB_COLUMNS)
+)
+SUB_TASK_STATUS = select(S.c.status).where(SUB_KEY)
+CALL_STATUS = select(S.c.status).where(
+    S.c.tenant_id == tenant, S.c.logical_task_id == task,
+    S.c.invocation_id == bindparam("p_invocation"), S.c.function_call_id == bindparam("p_call"))
+GET_SUB_TASK = select(*SUB_COLUMNS).where(SUB_KEY)
+
+#: Count ``p_n`` more finished calls; the row lock serialises concurrent resolvers,
+#: so exactly one of them reads ``completed_count == total_expected``.
+ADVANCE_INVOCATION = (
+    update(I)
+    .where(I.c.tenant_id == tenant, I.c.logical_task_id == task,
+           I.c.invocation_id == bindparam("p_invocation"))
+    .values(completed_count=I.c.completed_count + bindparam("p_n"))
+    .returning(I.c.completed_count, I.c.total_expected)
+)
+#: The join completed: the task may be resumed, by the lease holder if one was named.
+MARK_RESUMING = (
+    update(T)
+    .where(TASK_KEY)
+    .values(status="resuming", owner=owner, lease_expires_at=lease_until,
+            version=T.c.version + 1)
+)
+
+#: Claim up to ``p_limit`` expired sub-tasks of one agent. On PostgreSQL the inner
+#: SELECT locks the rows it picks and skips rows another sweeper (or a resolver)
+#: holds; on SQLite the IMMEDIATE transaction already excludes every other writer.
+SWEEP_EXPIRED = (
+    update(S)
+    .where(S.c.tenant_id == tenant, S.c.status == "pending", S.c.sub_task_id.in_(
+        select(S.c.sub_task_id)
+        .where(S.c.tenant_id == tenant, S.c.agent_name == bindparam("p_agent"),
+               S.c.status == "pending", S.c.timeout_deadline <= now)
+        .order_by(S.c.timeout_deadline)
+        .limit(bindparam("p_limit"))
+        .with_for_update(skip_locked=True)
+    ))
+    .values(status="resolved", resolved_by="timeout", result=result, resolved_at=now)
+    .returning(*SUB_COLUMNS)
+)
+
+RESET_DEADLINE = (
+    update(S)
+    .where(SUB_KEY, S.c.status == "pending")
+    .values(timeout_deadline=now + func.coalesce(bindparam("p_timeout", type_=Float),
+                                                 S.c.timeout_s),
+            timeout_s=func.coalesce(bindparam("p_timeout", type_=Float), S.c.timeout_s),
+            peer_task_id=func.coalesce(bindparam("p_peer_task", type_=String),
+                                       S.c.peer_task_id))
+    .returning(S.c.timeout_deadline)
+)
+
+# -- leases ------------------------------------------------------------------------------
+
+TAKE_LEASE = (
+    update(T)
+    .where(TASK_KEY, T.c.status.in_(bindparam("p_statuses", expanding=True)),
+           or_(T.c.owner.is_(None), T.c.lease_expires_at <= now, T.c.owner == owner))
+    .values(owner=owner, lease_expires_at=lease_until, status="resuming",
+            version=T.c.version + 1)
+    .returning(T.c.version)
+)
+RENEW_LEASE = (
+    update(T)
+    .where(TASK_KEY, T.c.owner == owner)
+    .values(lease_expires_at=lease_until, version=T.c.version + 1)
+    .returning(T.c.version)
+)
+RELEASE_LEASE = (
+    update(T)
+    .where(TASK_KEY, T.c.owner == owner)
+    .values(owner=None, lease_expires_at=None, version=T.c.version + 1)
+    .returning(T.c.version)
+)
+
+# -- reads -------------------------------------------------------------------------------
+
+GET_TASK = select(T).where(TASK_KEY)
+GET_EVENTS = (select(E.c.seq, E.c.data)
+              .where(E.c.tenant_id == tenant, E.c.logical_task_id == task).order_by(E.c.seq))
+GET_INVOCATIONS = select(I).where(I.c.tenant_id == tenant, I.c.logical_task_id == task)
+GET_INVOCATION = select(I).where(I.c.tenant_id == tenant, I.c.logical_task_id == task,
+                                 I.c.invocation_id == bindparam("p_invocation"))
+GET_TASK_SUB_TASKS = (select(*SUB_COLUMNS)
+                      .where(S.c.tenant_id == tenant, S.c.logical_task_id == task)
+                      .order_by(S.c.created_at, S.c.sub_task_id))
+GET_INVOCATION_RESULTS = select(S.c.function_call_id, S.c.result).where(
+    S.c.tenant_id == tenant, S.c.logical_task_id == task,
+    S.c.invocation_id == bindparam("p_invocation"), S.c.status == "resolved")
+
+PENDING = and_(S.c.tenant_id == tenant, S.c.status == "pending")
+COUNT_BY_AGENT_STATUS = (select(T.c.agent_name, T.c.status, func.count())
+                         .where(T.c.tenant_id == tenant)
+                         .group_by(T.c.agent_name, T.c.status))
+OLDEST_CHECKPOINT = select(func.min(T.c.checkpointed_at)).where(T.c.tenant_id == tenant)
+PENDING_SUMMARY = select(func.count(), func.min(S.c.timeout_deadline)).where(PENDING)
+EXPIRED_COUNT = select(func.count()).where(PENDING, S.c.timeout_deadline <= now)

@@ -1,0 +1,122 @@
+"""Typed, immutable records returned by the checkpoint store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshpoint.context import TaskExecutionContext
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSubTask:
+    """One outstanding (or resolved) peer call of a paused task.
+
+    ``correlation_data`` is what the caller registered with
+    :meth:`TaskExecutionContext.register_peer_sub_task`, completed with the keys
+    meshpoint reads (``invocation_id``, ``function_call_id``, ...).
+    ``timeout_deadline`` is an epoch time in seconds; every sub-task has one.
+    """
+
+    sub_task_id: str
+    task_id: str
+    agent_name: str
+    invocation_id: str
+    function_call_id: str
+    peer_agent_name: str | None
+    peer_task_id: str | None
+    correlation_data: dict[str, Any]
+    timeout_deadline: float
+    status: str
+    resolved_by: str | None = None
+    result: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """The outcome of resolving one sub-task (by its answer or by its timeout).
+
+    ``completed``/``total`` count the finished calls of the sub-task's invocation
+    after this resolution. ``join_complete`` is true for exactly one resolution
+    per invocation: the one that finished it, which also moved the task to
+    ``resuming`` and, if it asked, took the resume lease (``lease_owner``).
+    """
+
+    sub_task: PeerSubTask
+    completed: int
+    total: int
+    lease_owner: str | None = None
+
+    @property
+    def join_complete(self) -> bool:
+        return self.completed == self.total
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A held resume lease: ``owner`` may run the task until ``expires_at``."""
+
+    task_id: str
+    owner: str
+    expires_at: float
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointReceipt:
+    """What one ``checkpoint_task`` wrote."""
+
+    task_id: str
+    version: int
+    sub_task_deadlines: dict[str, float]
+    events_appended: int
+    context_bytes: int
+    compressed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RestoredTask:
+    """A paused task read back from the store.
+
+    ``context`` has its pending sub-tasks in ``active_peer_sub_tasks`` and every
+    known result (checkpoint-time and resolved since) in ``parallel_tool_calls``.
+    """
+
+    context: TaskExecutionContext
+    agent_name: str
+    status: str
+    version: int
+    owner: str | None
+    lease_expires_at: float | None
+    checkpointed_at: float
+    expires_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PausedTaskSummary:
+    """One row of the operators' listing of paused tasks."""
+
+    task_id: str
+    agent_name: str
+    status: str
+    owner: str | None
+    lease_expires_at: float | None
+    version: int
+    checkpointed_at: float
+    pending_sub_tasks: int
+    next_deadline: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """Counts for operators: paused tasks by ``(agent_name, status)`` and deadlines."""
+
+    paused_tasks: dict[tuple[str, str], int] = field(default_factory=dict)
+    pending_sub_tasks: int = 0
+    expired_sub_tasks: int = 0
+    oldest_checkpointed_at: float | None = None
+    next_deadline: float | None = None
+
+    @property
+    def total_paused(self) -> int:
+        return sum(self.paused_tasks.values())

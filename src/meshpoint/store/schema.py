@@ -1,0 +1,185 @@
+"""The checkpoint store's tables, one definition for SQLite and PostgreSQL.
+
+Names follow seed 000 so readers of that design recognise them; every table
+carries ``tenant_id`` as the first column of its primary key. Times are epoch
+seconds as floats (``*_at``, ``timeout_deadline``), computed by the store's
+clock rather than the database's, so SQLite and PostgreSQL behave alike.
+
+The Alembic migrations in ``migrations/versions`` must produce exactly these
+definitions; ``tests/integration/test_migrations.py`` checks that they do.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Column,
+    Float,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = MetaData()
+
+#: JSON on SQLite, JSONB on PostgreSQL (indexable, and compared by value).
+JSONDoc = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+
+ID = String(255)
+TENANT = String(64)
+
+#: Statuses of a paused task (DESIGN.md §3).
+TASK_STATUSES = ("waiting_peers", "input_required", "handoff", "resuming", "working")
+#: Statuses of a peer sub-task: waiting for its answer, claimed without a result yet
+#: (the two-step path of seed 000), or resolved with a result (answer or timeout).
+SUB_TASK_STATUSES = ("pending", "claimed", "resolved")
+
+paused_tasks = Table(
+    "agent_paused_tasks",
+    metadata,
+    Column("tenant_id", TENANT, primary_key=True),
+    Column("logical_task_id", ID, primary_key=True),
+    Column("agent_name", ID, nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("current_invocation_id", ID),
+    # The context minus its sub-tasks, parallel calls and conversation, which have
+    # tables of their own. JSON bytes, zlib-compressed past a size threshold.
+    Column("context", LargeBinary, nullable=False),
+    Column("context_encoding", String(16), nullable=False),
+    Column("context_sha256", String(64), nullable=False),
+    # Rows of agent_session_events this task has; restore checks it to detect loss.
+    Column("session_event_count", Integer, nullable=False),
+    # The resume lease: who may run the task now, and until when.
+    Column("owner", ID),
+    Column("lease_expires_at", Float),
+    # Bumped by every write to the row, for optimistic checks and operators.
+    Column("version", Integer, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("checkpointed_at", Float, nullable=False),
+    Column("expires_at", Float),
+    Index("ix_agent_paused_tasks_agent_status", "tenant_id", "agent_name", "status",
+          "checkpointed_at"),
+    Index("ix_agent_paused_tasks_lease", "tenant_id", "status", "lease_expires_at"),
+)
+
+peer_sub_tasks = Table(
+    "agent_peer_sub_tasks",
+    metadata,
+    Column("tenant_id", TENANT, primary_key=True),
+    Column("sub_task_id", ID, primary_key=True),
+    Column("logical_task_id", ID, nullable=False),
+    # The calling agent, denormalised so the sweeper's index covers its query.
+    Column("agent_name", ID, nullable=False),
+    Column("invocation_id", ID, nullable=False),
+    Column("function_call_id", ID, nullable=False),
+    Column("peer_agent_name", ID),
+    Column("peer_task_id", ID),
+    Column("correlation_data", JSONDoc, nullable=False),
+    Column("timeout_s", Float, nullable=False),
+    Column("timeout_deadline", Float, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("resolved_by", String(32)),
+    Column("result", JSONDoc),
+    Column("resolved_at", Float),
+    Column("created_at", Float, nullable=False),
+    ForeignKeyConstraint(
+        ["tenant_id", "logical_task_id"],
+        ["agent_paused_tasks.tenant_id", "agent_paused_tasks.logical_task_id"],
+        ondelete="CASCADE",
+        name="fk_agent_peer_sub_tasks_task",
+    ),
+    Index("ix_agent_peer_sub_tasks_task", "tenant_id", "logical_task_id", "invocation_id"),
+    # Only outstanding sub-tasks can expire; the partial index stays small.
+    Index("ix_agent_peer_sub_tasks_deadline", "tenant_id", "agent_name", "timeout_deadline",
+          postgresql_where=text("status = 'pending'"),
+          sqlite_where=text("status = 'pending'")),
+)
+
+parallel_invocations = Table(
+    "agent_parallel_invocations",
+    metadata,
+    Column("tenant_id", TENANT, primary_key=True),
+    Column("logical_task_id", ID, primary_key=True),
+    Column("invocation_id", ID, primary_key=True),
+    Column("total_expected", Integer, nullable=False),
+    Column("completed_count", Integer, nullable=False),
+    # Function-call ids in the model's order; results are handed back in this order.
+    Column("call_order", JSONDoc, nullable=False),
+    # Results known at checkpoint time (local tools, early answers), keyed by call id.
+    # Peer results arriving later are stored on their sub-task rows, so recording one
+    # is a counter increment, never a read-modify-write of this document.
+    Column("results", JSONDoc, nullable=False),
+    Column("created_at", Float, nullable=False),
+    ForeignKeyConstraint(
+        ["tenant_id", "logical_task_id"],
+        ["agent_paused_tasks.tenant_id", "agent_paused_tasks.logical_task_id"],
+        ondelete="CASCADE",
+        name="fk_agent_parallel_invocations_task",
+    ),
+)
+
+session_events = Table(
+    "agent_session_events",
+    metadata,
+    Column("tenant_id", TENANT, primary_key=True),
+    Column("logical_task_id", ID, primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("data", JSONDoc, nullable=False),
+    Column("created_at", Float, nullable=False),
+    ForeignKeyConstraint(
+        ["tenant_id", "logical_task_id"],
+        ["agent_paused_tasks.tenant_id", "agent_paused_tasks.logical_task_id"],
+        ondelete="CASCADE",
+        name="fk_agent_session_events_task",
+    ),
+)
+
+checkpoints = Table(
+    "agent_checkpoints",
+    metadata,
+    Column("tenant_id", TENANT, primary_key=True),
+    Column("checkpoint_id", String(36), primary_key=True),  # UUIDv7: sorts by time
+    Column("logical_task_id", ID, nullable=False),
+    Column("agent_name", ID, nullable=False),
+    Column("agent_type", String(64), nullable=False),
+    Column("iteration", Integer, nullable=False),
+    Column("phase", String(32), nullable=False),
+    Column("parent_id", String(36)),
+    Column("data", JSONDoc, nullable=False),
+    Column("hash", String(64), nullable=False),
+    Column("signature", Text),
+    Column("retention_policy", String(64)),
+    Column("created_at", Float, nullable=False),
+    Index("ix_agent_checkpoints_task", "tenant_id", "logical_task_id", "created_at"),
+    Index("ix_agent_checkpoints_agent", "tenant_id", "agent_name", "created_at"),
+    # PostgreSQL only: a GIN index answers JSONB containment queries on the documents.
+    Index("ix_agent_checkpoints_data", "data", postgresql_using="gin").ddl_if(
+        dialect="postgresql"),
+)
+
+events = Table(
+    "agent_events",
+    metadata,
+    Column("tenant_id", TENANT, primary_key=True),
+    Column("event_id", String(36), primary_key=True),  # UUIDv7
+    Column("agent_name", ID, nullable=False),
+    Column("logical_task_id", ID),
+    Column("event_type", String(64), nullable=False),
+    Column("step_name", ID),
+    Column("input_data", JSONDoc),
+    Column("output_data", JSONDoc),
+    Column("state_snapshot", JSONDoc),
+    Column("created_at", Float, nullable=False),
+    Index("ix_agent_events_task", "tenant_id", "logical_task_id", "created_at"),
+    Index("ix_agent_events_agent", "tenant_id", "agent_name", "created_at"),
+)
+
+#: Tables holding a paused task's live state, children first (the delete order).
+LIVE_TABLES = (peer_sub_tasks, parallel_invocations, session_events, paused_tasks)

@@ -1,0 +1,758 @@
+"""The checkpoint store: one SQLAlchemy Core implementation for SQLite and PostgreSQL.
+
+Every public operation is one transaction. Writes on SQLite begin with
+``BEGIN IMMEDIATE`` (see :mod:`meshpoint.store.engine`); on PostgreSQL a
+transaction that loses a deadlock or serialization check is retried whole.
+Nothing is committed when an operation raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import random
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import Row, exc, func, insert, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from meshpoint import _json
+from meshpoint.context import ParallelCalls, TaskExecutionContext
+from meshpoint.errors import (
+    CheckpointConflictError,
+    CorruptCheckpointError,
+    InvalidArgumentError,
+    LeaseNotHeldError,
+    UnknownSubTaskError,
+    UnknownTaskError,
+)
+from meshpoint.store import queries as q
+from meshpoint.store.engine import SQLITE_BEGIN, is_retryable, translate
+from meshpoint.store.records import (
+    CheckpointReceipt,
+    Lease,
+    PausedTaskSummary,
+    PeerSubTask,
+    Resolution,
+    RestoredTask,
+    StoreStats,
+)
+from meshpoint.store.schema import (
+    TASK_STATUSES,
+    parallel_invocations,
+    paused_tasks,
+    peer_sub_tasks,
+    session_events,
+)
+
+R = TypeVar("R")
+
+#: The result a sub-task resolved by its deadline carries.
+TIMEOUT_RESULT: dict[str, Any] = {"status": "timeout",
+                                  "error": "the peer did not answer before the deadline"}
+#: Keys of the checkpoint dict that are stored in tables of their own.
+_SPLIT_KEYS = ("active_peer_sub_tasks", "parallel_tool_calls", "session_events",
+               "session_events_persisted")
+_MAX_ID = 255
+_RETRIES = 6
+
+
+class SqlStore:
+    """The checkpoint store of one tenant. Create it with :func:`meshpoint.store.open_store`.
+
+    Ids (task, sub-task, invocation) are caller-chosen strings of 1-255 characters,
+    unique per tenant. A store never sees another tenant's rows: an id of another
+    tenant is reported exactly like an unknown one.
+    """
+
+    def __init__(self, engine: AsyncEngine, *, tenant_id: str,
+                 clock: Callable[[], float] = time.time,
+                 compress_threshold_bytes: int = 16_384, owns_engine: bool = True) -> None:
+        _check_id("tenant_id", tenant_id, max_len=64)
+        self._engine = engine
+        # Same pool; only the SQLite BEGIN mode differs (ignored by PostgreSQL).
+        self._writer = engine.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
+        self.tenant_id = tenant_id
+        self._clock = clock
+        self._compress_threshold = compress_threshold_bytes
+        self._owns_engine = owns_engine
+
+    @property
+    def dialect(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self._engine.dialect.name
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self._engine
+
+    def for_tenant(self, tenant_id: str) -> SqlStore:
+        """A view of the same database for another tenant, sharing this store's pool."""
+        return SqlStore(self._engine, tenant_id=tenant_id, clock=self._clock,
+                        compress_threshold_bytes=self._compress_threshold, owns_engine=False)
+
+    async def close(self) -> None:
+        """Close the connection pool (a no-op on a :meth:`for_tenant` view)."""
+        if self._owns_engine:
+            await self._engine.dispose()
+
+    async def __aenter__(self) -> SqlStore:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    # -- transactions -----------------------------------------------------------------
+
+    async def _write(self, doing: str, body: Callable[[AsyncConnection], Awaitable[R]]) -> R:
+        for attempt in range(_RETRIES):
+            with translate(doing):
+                try:
+                    async with self._writer.begin() as conn:
+                        return await body(conn)
+                except exc.DBAPIError as error:
+                    if not is_retryable(error) or attempt == _RETRIES - 1:
+                        raise
+            # A PostgreSQL deadlock victim: nothing was committed, run it again.
+            await asyncio.sleep(random.uniform(0, 0.002 * (attempt + 1)))
+        raise AssertionError("unreachable")
+
+    async def _read(self, doing: str, body: Callable[[AsyncConnection], Awaitable[R]]) -> R:
+        with translate(doing):
+            async with self._engine.begin() as conn:
+                return await body(conn)
+
+    def _keys(self, **extra: Any) -> dict[str, Any]:
+        return {"p_tenant": self.tenant_id, **extra}
+
+    # -- checkpoint ---------------------------------------------------------------------
+
+    async def checkpoint_task(self, ctx: TaskExecutionContext, agent_name: str, *,
+                              status: str = "waiting_peers", default_timeout_s: float = 600.0,
+                              expires_at: float | None = None,
+                              lease_owner: str | None = None) -> CheckpointReceipt:
+        """Persist a paused task in one transaction: the task row, its pending peer
+        sub-tasks (each with a ``timeout_deadline``), its parallel invocations, and
+        the conversation events appended since the previous checkpoint.
+
+        A first checkpoint inserts the task; a task that is already stored can be
+        checkpointed again only by the holder of its resume lease (``lease_owner``),
+        which this write releases. Each sub-task times out after its correlation
+        data's ``timeout_s``, or ``default_timeout_s``. On success
+        ``ctx.session_events_persisted`` is advanced; on any error nothing is written.
+        """
+        _check_id("agent_name", agent_name)
+        if status not in TASK_STATUSES:
+            raise InvalidArgumentError(f"status must be one of {TASK_STATUSES}, got {status!r}")
+        _check_timeout("default_timeout_s", default_timeout_s)
+        if lease_owner is not None:
+            _check_id("lease_owner", lease_owner)
+        doc = ctx.to_checkpoint_dict()  # validates and copies before any I/O
+        now = self._clock()
+        subs, invocations = _plan_join(doc, status, default_timeout_s)
+        events = doc["session_events"]
+        first_new = doc["session_events_persisted"]
+        context_doc = {k: v for k, v in doc.items() if k not in _SPLIT_KEYS}
+        raw = _json.dumps(context_doc).encode()
+        compressed = len(raw) > self._compress_threshold
+        blob = zlib.compress(raw, 1) if compressed else raw
+        task_values = {
+            "tenant_id": self.tenant_id, "logical_task_id": ctx.task_id,
+            "agent_name": agent_name, "status": status,
+            "current_invocation_id": doc["current_invocation_id"], "context": blob,
+            "context_encoding": "zlib" if compressed else "json",
+            "context_sha256": hashlib.sha256(raw).hexdigest(),
+            "session_event_count": len(events), "version": 1, "created_at": now,
+            "checkpointed_at": now, "expires_at": expires_at,
+        }
+        sub_rows = [{
+            "tenant_id": self.tenant_id, "sub_task_id": sub_task_id,
+            "logical_task_id": ctx.task_id, "agent_name": agent_name,
+            "invocation_id": corr["invocation_id"], "function_call_id": corr["function_call_id"],
+            "peer_agent_name": corr.get("peer_agent_name"), "peer_task_id": corr.get("peer_task_id"),
+            "correlation_data": corr, "timeout_s": timeout_s, "timeout_deadline": now + timeout_s,
+            "status": "pending", "created_at": now,
+        } for sub_task_id, corr, timeout_s in subs]
+        invocation_rows = [{
+            "tenant_id": self.tenant_id, "logical_task_id": ctx.task_id, "invocation_id": inv,
+            "total_expected": calls.total, "completed_count": calls.completed,
+            "call_order": calls.call_order, "results": calls.results, "created_at": now,
+        } for inv, calls in invocations.items()]
+        event_rows = [{
+            "tenant_id": self.tenant_id, "logical_task_id": ctx.task_id, "seq": seq,
+            "data": events[seq], "created_at": now,
+        } for seq in range(first_new, len(events))]
+        keys = self._keys(p_task=ctx.task_id)
+
+        async def body(conn: AsyncConnection) -> int:
+            if lease_owner is None:
+                try:
+                    await conn.execute(insert(paused_tasks), task_values)
+                except exc.IntegrityError:
+                    raise CheckpointConflictError(
+                        f"task {ctx.task_id!r} is already checkpointed; a resumed task is "
+                        "checkpointed again by the holder of its resume lease (lease_owner=)"
+                    ) from None
+                version = 1
+            else:
+                row = (await conn.execute(q.RECHECKPOINT_TASK, {
+                    **keys, "p_owner": lease_owner, "p_agent": agent_name, "p_status": status,
+                    "p_invocation": task_values["current_invocation_id"], "p_context": blob,
+                    "p_encoding": task_values["context_encoding"],
+                    "p_sha256": task_values["context_sha256"], "p_event_count": len(events),
+                    "p_now": now, "p_expires_at": expires_at})).first()
+                if row is None:
+                    await self._raise_missing_or_unleased(conn, ctx.task_id, lease_owner)
+                version = row[0]
+                # The previous pause's rows are all resolved; the context is the truth now.
+                await conn.execute(q.DELETE_TASK_SUB_TASKS, keys)
+                await conn.execute(q.DELETE_TASK_INVOCATIONS, keys)
+            try:
+                if sub_rows:
+                    await conn.execute(insert(peer_sub_tasks), sub_rows)
+                if invocation_rows:
+                    await conn.execute(insert(parallel_invocations), invocation_rows)
+                if event_rows:
+                    await conn.execute(insert(session_events), event_rows)
+            except exc.IntegrityError as error:
+                raise CheckpointConflictError(
+                    f"checkpoint of task {ctx.task_id!r} collides with stored rows (a sub-task "
+                    f"id already in use, or conversation events already stored): {error.orig}"
+                ) from None
+            return version
+
+        version = await self._write(f"checkpointing task {ctx.task_id!r}", body)
+        ctx.session_events_persisted = len(events)
+        return CheckpointReceipt(
+            task_id=ctx.task_id, version=version,
+            sub_task_deadlines={row["sub_task_id"]: row["timeout_deadline"] for row in sub_rows},
+            events_appended=len(event_rows), context_bytes=len(blob), compressed=compressed)
+
+    # -- resolving sub-tasks ------------------------------------------------------------------
+
+    async def resolve_peer_sub_task(self, sub_task_id: str, result: Any, *,
+                                    resolved_by: str = "answer", lease_owner: str | None = None,
+                                    lease_ttl_s: float = 30.0) -> Resolution | None:
+        """Claim a sub-task **and** record its result in one transaction.
+
+        Returns the :class:`Resolution` for the first call, ``None`` for every later
+        one (a duplicate answer, or an answer that lost to its timeout). If this
+        resolution completes the join the task becomes ``resuming``; with
+        ``lease_owner`` the same transaction gives that owner the resume lease for
+        ``lease_ttl_s``. Raises :class:`UnknownSubTaskError` for an unknown id.
+        """
+        _check_id("sub_task_id", sub_task_id)
+        value = _json.json_copy(result, "result")
+        lease_until = self._lease_until(lease_owner, lease_ttl_s)
+
+        async def body(conn: AsyncConnection) -> Resolution | None:
+            now = self._clock()
+            row = (await conn.execute(q.RESOLVE_PENDING, self._keys(
+                p_sub=sub_task_id, p_resolved_by=resolved_by, p_result=value,
+                p_now=now))).first()
+            if row is None:
+                await self._raise_if_unknown_sub_task(conn, sub_task_id)
+                return None
+            return (await self._advance(conn, [_sub_task(row)], lease_owner, lease_until))[0]
+
+        return await self._write(f"resolving sub-task {sub_task_id!r}", body)
+
+    async def claim_peer_sub_task(self, sub_task_id: str) -> PeerSubTask | None:
+        """Exactly-once claim without a result (seed 000's first step).
+
+        The first caller gets the sub-task, later callers ``None``. The claimed call
+        counts towards its join only once :meth:`record_parallel_result` records its
+        result; prefer :meth:`resolve_peer_sub_task`, which does both atomically.
+        """
+        _check_id("sub_task_id", sub_task_id)
+
+        async def body(conn: AsyncConnection) -> PeerSubTask | None:
+            row = (await conn.execute(q.CLAIM_PENDING, self._keys(
+                p_sub=sub_task_id, p_now=self._clock()))).first()
+            if row is None:
+                await self._raise_if_unknown_sub_task(conn, sub_task_id)
+                return None
+            return _sub_task(row)
+
+        return await self._write(f"claiming sub-task {sub_task_id!r}", body)
+
+    async def record_parallel_result(self, task_id: str, invocation_id: str,
+                                     function_call_id: str, result: Any, *,
+                                     lease_owner: str | None = None,
+                                     lease_ttl_s: float = 30.0) -> Resolution:
+        """Record the result of a call claimed with :meth:`claim_peer_sub_task`.
+
+        Increments the invocation's completion counter atomically and returns
+        ``(completed, total)`` in a :class:`Resolution`. Raises
+        :class:`CheckpointConflictError` if the call is not in the claimed state
+        (never claimed, or its result is already recorded).
+        """
+        for name, value in (("task_id", task_id), ("invocation_id", invocation_id),
+                            ("function_call_id", function_call_id)):
+            _check_id(name, value)
+        copied = _json.json_copy(result, "result")
+        lease_until = self._lease_until(lease_owner, lease_ttl_s)
+        keys = self._keys(p_task=task_id, p_invocation=invocation_id, p_call=function_call_id)
+
+        async def body(conn: AsyncConnection) -> Resolution:
+            row = (await conn.execute(q.RECORD_CLAIMED, {
+                **keys, "p_resolved_by": "answer", "p_result": copied,
+                "p_now": self._clock()})).first()
+            if row is None:
+                status = (await conn.execute(q.CALL_STATUS, keys)).scalar()
+                if status is None:
+                    if (await conn.execute(q.TASK_STATE, keys)).first() is None:
+                        raise UnknownTaskError(task_id)
+                    raise InvalidArgumentError(
+                        f"task {task_id!r} has no peer call {function_call_id!r} in "
+                        f"invocation {invocation_id!r}")
+                raise CheckpointConflictError(
+                    f"call {function_call_id!r} of task {task_id!r} is {status}, not claimed: "
+                    "claim it with claim_peer_sub_task first, and record its result once")
+            return (await self._advance(conn, [_sub_task(row)], lease_owner, lease_until))[0]
+
+        return await self._write(f"recording a result for task {task_id!r}", body)
+
+    async def sweep_expired_timeouts(self, agent_name: str, limit: int = 100, *,
+                                     lease_owner: str | None = None,
+                                     lease_ttl_s: float = 30.0) -> list[Resolution]:
+        """Resolve up to ``limit`` of ``agent_name``'s sub-tasks whose deadline passed.
+
+        Each is claimed and given :data:`TIMEOUT_RESULT` in one transaction, so a
+        racing answer or a second sweeper can never resolve it again. Returns one
+        :class:`Resolution` per sub-task; a completed join makes its task
+        ``resuming`` (leased to ``lease_owner`` if given).
+        """
+        _check_id("agent_name", agent_name)
+        if type(limit) is not int or limit < 1:
+            raise InvalidArgumentError(f"limit must be a positive int, got {limit!r}")
+        lease_until = self._lease_until(lease_owner, lease_ttl_s)
+
+        async def body(conn: AsyncConnection) -> list[Resolution]:
+            rows = (await conn.execute(q.SWEEP_EXPIRED, self._keys(
+                p_agent=agent_name, p_now=self._clock(), p_limit=limit,
+                p_result=TIMEOUT_RESULT))).all()
+            return await self._advance(conn, [_sub_task(row) for row in rows], lease_owner,
+                                       lease_until)
+
+        return await self._write(f"sweeping expired sub-tasks of {agent_name!r}", body)
+
+    async def _advance(self, conn: AsyncConnection, resolved: list[PeerSubTask],
+                       lease_owner: str | None, lease_until: float | None) -> list[Resolution]:
+        """Count freshly resolved sub-tasks on their invocations and mark completed joins.
+
+        Invocations are advanced in key order (see the lock order in queries.py).
+        """
+        groups: dict[tuple[str, str], list[PeerSubTask]] = {}
+        for item in resolved:
+            groups.setdefault((item.task_id, item.invocation_id), []).append(item)
+        out: list[Resolution] = []
+        for (task_id, invocation_id), items in sorted(groups.items()):
+            counts = (await conn.execute(q.ADVANCE_INVOCATION, self._keys(
+                p_task=task_id, p_invocation=invocation_id, p_n=len(items)))).first()
+            if counts is None:
+                raise CorruptCheckpointError(
+                    f"task {task_id!r} has sub-tasks but no row for invocation "
+                    f"{invocation_id!r}; nothing was resolved", task_id=task_id)
+            completed, total = counts
+            if completed > total:
+                raise CorruptCheckpointError(
+                    f"invocation {invocation_id!r} of task {task_id!r} would count "
+                    f"{completed} of {total} calls; nothing was resolved", task_id=task_id)
+            if completed == total:
+                await conn.execute(q.MARK_RESUMING, self._keys(
+                    p_task=task_id, p_owner=lease_owner, p_lease_until=lease_until))
+            first = completed - len(items) + 1
+            for offset, item in enumerate(items):
+                done = first + offset
+                out.append(Resolution(sub_task=item, completed=done, total=total,
+                                      lease_owner=lease_owner if done == total else None))
+        return out
+
+    async def reset_timeout_deadline(self, sub_task_id: str, *, timeout_s: float | None = None,
+                                     peer_task_id: str | None = None) -> float | None:
+        """Push a pending sub-task's deadline to now + its timeout (a status update
+        from the peer), without claiming it. ``timeout_s`` replaces the timeout;
+        ``peer_task_id`` records the peer's own task id for a later cancel.
+        Returns the new deadline, or ``None`` if the sub-task is already resolved."""
+        _check_id("sub_task_id", sub_task_id)
+        if timeout_s is not None:
+            _check_timeout("timeout_s", timeout_s)
+        if peer_task_id is not None:
+            _check_id("peer_task_id", peer_task_id)
+
+        async def body(conn: AsyncConnection) -> float | None:
+            deadline = (await conn.execute(q.RESET_DEADLINE, self._keys(
+                p_sub=sub_task_id, p_now=self._clock(), p_timeout=timeout_s,
+                p_peer_task=peer_task_id))).scalar()
+            if deadline is None:
+                await self._raise_if_unknown_sub_task(conn, sub_task_id)
+            return deadline
+
+        return await self._write(f"resetting the deadline of {sub_task_id!r}", body)
+
+    # -- leases -------------------------------------------------------------------------------
+
+    async def take_resume_lease(self, task_id: str, owner: str, ttl_s: float, *,
+                                statuses: Sequence[str] = ("resuming",)) -> Lease | None:
+        """Take the right to resume a task for ``ttl_s`` seconds.
+
+        Succeeds if the task's status is in ``statuses`` and its lease is free,
+        expired, or already ``owner``'s; returns ``None`` while another owner holds
+        it. The task's status becomes ``resuming``.
+        """
+        _check_id("task_id", task_id)
+        _check_id("owner", owner)
+        _check_ttl(ttl_s)
+        bad = [s for s in statuses if s not in TASK_STATUSES]
+        if bad or not statuses:
+            raise InvalidArgumentError(f"statuses must be non-empty, from {TASK_STATUSES}")
+
+        async def body(conn: AsyncConnection) -> Lease | None:
+            now = self._clock()
+            version = (await conn.execute(q.TAKE_LEASE, self._keys(
+                p_task=task_id, p_owner=owner, p_now=now, p_lease_until=now + ttl_s,
+                p_statuses=list(statuses)))).scalar()
+            if version is None:
+                await self._raise_if_unknown_task(conn, task_id)
+                return None
+            return Lease(task_id=task_id, owner=owner, expires_at=now + ttl_s, version=version)
+
+        return await self._write(f"taking the lease of task {task_id!r}", body)
+
+    async def renew_resume_lease(self, task_id: str, owner: str, ttl_s: float) -> Lease | None:
+        """Extend ``owner``'s lease to now + ``ttl_s``; ``None`` if it no longer holds it."""
+        _check_id("task_id", task_id)
+        _check_id("owner", owner)
+        _check_ttl(ttl_s)
+
+        async def body(conn: AsyncConnection) -> Lease | None:
+            now = self._clock()
+            version = (await conn.execute(q.RENEW_LEASE, self._keys(
+                p_task=task_id, p_owner=owner, p_lease_until=now + ttl_s))).scalar()
+            if version is None:
+                await self._raise_if_unknown_task(conn, task_id)
+                return None
+            return Lease(task_id=task_id, owner=owner, expires_at=now + ttl_s, version=version)
+
+        return await self._write(f"renewing the lease of task {task_id!r}", body)
+
+    async def release_resume_lease(self, task_id: str, owner: str) -> bool:
+        """Give the lease up so any instance may take it now; ``False`` if not held."""
+        _check_id("task_id", task_id)
+        _check_id("owner", owner)
+
+        async def body(conn: AsyncConnection) -> bool:
+            version = (await conn.execute(q.RELEASE_LEASE, self._keys(
+                p_task=task_id, p_owner=owner))).scalar()
+            if version is None:
+                await self._raise_if_unknown_task(conn, task_id)
+                return False
+            return True
+
+        return await self._write(f"releasing the lease of task {task_id!r}", body)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    async def restore_task(self, task_id: str, *, lease_owner: str | None = None) -> RestoredTask:
+        """Read a paused task back as a live context, with its conversation, pending
+        sub-tasks and every known result. With ``lease_owner``, raises
+        :class:`LeaseNotHeldError` unless that owner holds the resume lease."""
+        _check_id("task_id", task_id)
+        keys = self._keys(p_task=task_id)
+
+        async def body(conn: AsyncConnection) -> RestoredTask:
+            task = (await conn.execute(q.GET_TASK, keys)).first()
+            if task is None:
+                raise UnknownTaskError(task_id)
+            if lease_owner is not None and task.owner != lease_owner:
+                raise LeaseNotHeldError(task_id, lease_owner)
+            event_rows = (await conn.execute(q.GET_EVENTS, keys)).all()
+            invocations = (await conn.execute(q.GET_INVOCATIONS, keys)).all()
+            subs = [_sub_task(row) for row in
+                    (await conn.execute(q.GET_TASK_SUB_TASKS, keys)).all()]
+            return _rebuild(task, event_rows, invocations, subs)
+
+        return await self._read(f"restoring task {task_id!r}", body)
+
+    async def get_peer_sub_task(self, sub_task_id: str) -> PeerSubTask:
+        """Read one sub-task without claiming it (for status updates and operators)."""
+        _check_id("sub_task_id", sub_task_id)
+
+        async def body(conn: AsyncConnection) -> PeerSubTask:
+            row = (await conn.execute(q.GET_SUB_TASK, self._keys(p_sub=sub_task_id))).first()
+            if row is None:
+                raise UnknownSubTaskError(sub_task_id)
+            return _sub_task(row)
+
+        return await self._read(f"reading sub-task {sub_task_id!r}", body)
+
+    async def get_peer_sub_tasks_for_task(self, task_id: str) -> list[PeerSubTask]:
+        """Every sub-task of a paused task, pending and resolved (e.g. to cancel peers)."""
+        _check_id("task_id", task_id)
+        keys = self._keys(p_task=task_id)
+
+        async def body(conn: AsyncConnection) -> list[PeerSubTask]:
+            await self._raise_if_unknown_task(conn, task_id)
+            return [_sub_task(row) for row in
+                    (await conn.execute(q.GET_TASK_SUB_TASKS, keys)).all()]
+
+        return await self._read(f"listing the sub-tasks of task {task_id!r}", body)
+
+    async def get_parallel_results(self, task_id: str,
+                                   invocation_id: str) -> list[tuple[str, Any]]:
+        """``(function_call_id, result)`` of an invocation's finished calls, in call order."""
+        _check_id("task_id", task_id)
+        _check_id("invocation_id", invocation_id)
+        keys = self._keys(p_task=task_id, p_invocation=invocation_id)
+
+        async def body(conn: AsyncConnection) -> list[tuple[str, Any]]:
+            invocation = (await conn.execute(q.GET_INVOCATION, keys)).first()
+            if invocation is None:
+                await self._raise_if_unknown_task(conn, task_id)
+                raise InvalidArgumentError(
+                    f"task {task_id!r} has no parallel invocation {invocation_id!r}")
+            calls = ParallelCalls(list(invocation.call_order), dict(invocation.results))
+            for call, value in (await conn.execute(q.GET_INVOCATION_RESULTS, keys)).all():
+                calls.results[call] = value
+            return calls.ordered_results()
+
+        return await self._read(f"reading the results of task {task_id!r}", body)
+
+    # -- cleanup and operators ----------------------------------------------------------------
+
+    async def cleanup_task(self, task_id: str, *, lease_owner: str | None = None) -> None:
+        """Delete every live row of a task in one transaction (it completed, failed
+        or was canceled). With ``lease_owner``, only that lease holder may do it."""
+        _check_id("task_id", task_id)
+        keys = self._keys(p_task=task_id, p_owner=lease_owner)
+
+        async def body(conn: AsyncConnection) -> None:
+            # Children first, matching the lock order of resolvers (see queries.py);
+            # explicit even though the foreign keys cascade.
+            for statement in (q.DELETE_TASK_SUB_TASKS, q.DELETE_TASK_INVOCATIONS,
+                              q.DELETE_TASK_EVENTS):
+                await conn.execute(statement, keys)
+            delete = q.DELETE_TASK if lease_owner is None else q.DELETE_TASK_OF_OWNER
+            if (await conn.execute(delete, keys)).first() is None:
+                await self._raise_missing_or_unleased(conn, task_id, lease_owner)
+
+        await self._write(f"cleaning up task {task_id!r}", body)
+
+    async def list_paused_tasks(self, *, agent_name: str | None = None,
+                                status: str | None = None,
+                                limit: int = 100) -> list[PausedTaskSummary]:
+        """Paused tasks, oldest checkpoint first, with pending sub-tasks and next deadline."""
+        t, s = paused_tasks, peer_sub_tasks
+        pending = (select(s.c.logical_task_id, func.count().label("n"),
+                          func.min(s.c.timeout_deadline).label("next_deadline"))
+                   .where(s.c.tenant_id == self.tenant_id, s.c.status == "pending")
+                   .group_by(s.c.logical_task_id).subquery())
+        stmt = (select(t.c.logical_task_id, t.c.agent_name, t.c.status, t.c.owner,
+                       t.c.lease_expires_at, t.c.version, t.c.checkpointed_at,
+                       pending.c.n, pending.c.next_deadline)
+                .select_from(t.outerjoin(pending,
+                                         pending.c.logical_task_id == t.c.logical_task_id))
+                .where(t.c.tenant_id == self.tenant_id)
+                .order_by(t.c.checkpointed_at, t.c.logical_task_id).limit(limit))
+        if agent_name is not None:
+            stmt = stmt.where(t.c.agent_name == agent_name)
+        if status is not None:
+            stmt = stmt.where(t.c.status == status)
+
+        async def body(conn: AsyncConnection) -> list[PausedTaskSummary]:
+            return [PausedTaskSummary(
+                task_id=r[0], agent_name=r[1], status=r[2], owner=r[3], lease_expires_at=r[4],
+                version=r[5], checkpointed_at=r[6], pending_sub_tasks=r[7] or 0,
+                next_deadline=r[8]) for r in (await conn.execute(stmt)).all()]
+
+        return await self._read("listing paused tasks", body)
+
+    async def next_deadlines(self, *, agent_name: str | None = None,
+                             limit: int = 10) -> list[PeerSubTask]:
+        """The pending sub-tasks that expire soonest."""
+        stmt = (select(*q.SUB_COLUMNS)
+                .where(peer_sub_tasks.c.tenant_id == self.tenant_id,
+                       peer_sub_tasks.c.status == "pending")
+                .order_by(peer_sub_tasks.c.timeout_deadline).limit(limit))
+        if agent_name is not None:
+            stmt = stmt.where(peer_sub_tasks.c.agent_name == agent_name)
+
+        async def body(conn: AsyncConnection) -> list[PeerSubTask]:
+            return [_sub_task(row) for row in (await conn.execute(stmt)).all()]
+
+        return await self._read("listing deadlines", body)
+
+    async def stats(self) -> StoreStats:
+        """Counts of paused tasks by ``(agent_name, status)``, pending and expired
+        sub-tasks, the oldest checkpoint and the next deadline."""
+        keys = self._keys(p_now=self._clock())
+
+        async def body(conn: AsyncConnection) -> StoreStats:
+            by_status = {(a, s): n for a, s, n in
+                         (await conn.execute(q.COUNT_BY_AGENT_STATUS, keys)).all()}
+            pending, next_deadline = (await conn.execute(q.PENDING_SUMMARY, keys)).one()
+            return StoreStats(
+                paused_tasks=by_status, pending_sub_tasks=pending,
+                expired_sub_tasks=(await conn.execute(q.EXPIRED_COUNT, keys)).scalar_one(),
+                oldest_checkpointed_at=(await conn.execute(q.OLDEST_CHECKPOINT, keys)).scalar(),
+                next_deadline=next_deadline)
+
+        return await self._read("computing store stats", body)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _lease_until(self, owner: str | None, ttl_s: float) -> float | None:
+        if owner is None:
+            return None
+        _check_id("lease_owner", owner)
+        _check_ttl(ttl_s)
+        return self._clock() + ttl_s
+
+    async def _raise_if_unknown_sub_task(self, conn: AsyncConnection, sub_task_id: str) -> None:
+        if (await conn.execute(q.SUB_TASK_STATUS, self._keys(p_sub=sub_task_id))).first() is None:
+            raise UnknownSubTaskError(sub_task_id)
+
+    async def _raise_if_unknown_task(self, conn: AsyncConnection, task_id: str) -> None:
+        if (await conn.execute(q.TASK_STATE, self._keys(p_task=task_id))).first() is None:
+            raise UnknownTaskError(task_id)
+
+    async def _raise_missing_or_unleased(self, conn: AsyncConnection, task_id: str,
+                                         owner: str | None) -> None:
+        await self._raise_if_unknown_task(conn, task_id)
+        raise LeaseNotHeldError(task_id, owner)
+
+
+# -- pure helpers (no I/O) -------------------------------------------------------------------
+
+def _check_id(name: str, value: Any, *, max_len: int = _MAX_ID) -> None:
+    if type(value) is not str or not 0 < len(value) <= max_len:
+        raise InvalidArgumentError(
+            f"{name} must be a str of 1 to {max_len} characters, got {value!r:.80}")
+
+
+def _check_timeout(name: str, value: Any) -> None:
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+        raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def _check_ttl(ttl_s: Any) -> None:
+    if type(ttl_s) not in (int, float) or not math.isfinite(ttl_s) or ttl_s <= 0:
+        raise InvalidArgumentError(f"ttl_s must be a finite number > 0, got {ttl_s!r}")
+
+
+def _plan_join(doc: dict[str, Any], status: str, default_timeout_s: float
+               ) -> tuple[list[tuple[str, dict[str, Any], float]], dict[str, ParallelCalls]]:
+    """Check that the pending sub-tasks and the parallel calls describe joins that
+    can complete, and return ``(sub-tasks with timeouts, invocations)``.
+
+    Every call of an invocation without a result must have exactly one pending
+    sub-task, or the task would wait forever; a task waiting on peers must wait on one.
+    """
+    invocations = {inv: ParallelCalls.from_dict(calls, f"parallel_tool_calls[{inv!r}]")
+                   for inv, calls in doc["parallel_tool_calls"].items()}
+    subs: list[tuple[str, dict[str, Any], float]] = []
+    waiting: dict[str, set[str]] = {}
+    for sub_task_id, corr in doc["active_peer_sub_tasks"].items():
+        _check_id("sub_task_id", sub_task_id)
+        corr.setdefault("invocation_id", doc["current_invocation_id"])
+        corr.setdefault("function_call_id", sub_task_id)
+        inv, call = corr["invocation_id"], corr["function_call_id"]
+        _check_id(f"invocation_id of sub-task {sub_task_id!r}", inv)
+        _check_id(f"function_call_id of sub-task {sub_task_id!r}", call)
+        for key in ("peer_agent_name", "peer_task_id"):
+            if corr.get(key) is not None:
+                _check_id(f"{key} of sub-task {sub_task_id!r}", corr[key])
+        timeout_s = corr.get("timeout_s", default_timeout_s)
+        _check_timeout(f"timeout_s of sub-task {sub_task_id!r}", timeout_s)
+        calls = invocations.setdefault(inv, ParallelCalls())
+        if call not in calls.call_order:
+            calls.call_order.append(call)
+        if call in calls.results or call in waiting.setdefault(inv, set()):
+            raise InvalidArgumentError(
+                f"call {call!r} of invocation {inv!r} already has a result or another "
+                f"pending sub-task; sub-task {sub_task_id!r} could never count")
+        waiting[inv].add(call)
+        subs.append((sub_task_id, corr, float(timeout_s)))
+    for inv, calls in invocations.items():
+        missing = set(calls.call_order) - set(calls.results) - waiting.get(inv, set())
+        if missing:
+            raise InvalidArgumentError(
+                f"calls {sorted(missing)} of invocation {inv!r} have neither a result nor a "
+                "pending peer sub-task, so the join could never complete")
+    if status == "waiting_peers" and not subs:
+        raise InvalidArgumentError(
+            "a task checkpointed as waiting_peers must have at least one pending peer "
+            "sub-task (register_peer_sub_task); use another status for other pauses")
+    return subs, invocations
+
+
+def _sub_task(row: Row[Any]) -> PeerSubTask:
+    corr = row.correlation_data
+    if type(corr) is not dict:
+        raise CorruptCheckpointError(
+            f"sub-task {row.sub_task_id!r} has correlation data of type "
+            f"{type(corr).__name__}, not an object", task_id=row.logical_task_id)
+    if row.peer_task_id is not None:
+        corr = {**corr, "peer_task_id": row.peer_task_id}
+    return PeerSubTask(
+        sub_task_id=row.sub_task_id, task_id=row.logical_task_id, agent_name=row.agent_name,
+        invocation_id=row.invocation_id, function_call_id=row.function_call_id,
+        peer_agent_name=row.peer_agent_name, peer_task_id=row.peer_task_id,
+        correlation_data=corr, timeout_deadline=row.timeout_deadline, status=row.status,
+        resolved_by=row.resolved_by, result=row.result)
+
+
+def _decode_context(task: Row[Any]) -> dict[str, Any]:
+    task_id = task.logical_task_id
+    try:
+        raw = bytes(task.context)
+        if task.context_encoding == "zlib":
+            raw = zlib.decompress(raw)
+        elif task.context_encoding != "json":
+            raise ValueError(f"unknown context encoding {task.context_encoding!r}")
+        if hashlib.sha256(raw).hexdigest() != task.context_sha256:
+            raise ValueError("its SHA-256 does not match the stored checksum")
+        doc = _json.loads(raw)
+        if type(doc) is not dict:
+            raise ValueError("it is not a JSON object")
+    except (ValueError, zlib.error) as error:
+        raise CorruptCheckpointError(
+            f"the stored context of task {task_id!r} is corrupt ({error}); it was not used. "
+            "Restore the row from a backup or cancel the task", task_id=task_id) from None
+    return doc  # type: ignore[no-any-return]
+
+
+def _rebuild(task: Row[Any], event_rows: Iterable[Row[Any]], invocations: Iterable[Row[Any]],
+             subs: list[PeerSubTask]) -> RestoredTask:
+    doc = _decode_context(task)
+    events = [row.data for row in event_rows]
+    if len(events) != task.session_event_count:
+        raise CorruptCheckpointError(
+            f"task {task.logical_task_id!r} should have {task.session_event_count} "
+            f"conversation events but {len(events)} are stored", task_id=task.logical_task_id)
+    parallel: dict[str, dict[str, Any]] = {
+        row.invocation_id: {"call_order": row.call_order, "results": dict(row.results)}
+        for row in invocations}
+    active: dict[str, dict[str, Any]] = {}
+    for item in subs:
+        if item.status == "pending":
+            active[item.sub_task_id] = item.correlation_data
+        elif item.status == "resolved" and item.invocation_id in parallel:
+            parallel[item.invocation_id]["results"][item.function_call_id] = item.result
+    doc.update(active_peer_sub_tasks=active, parallel_tool_calls=parallel,
+               session_events=events, session_events_persisted=len(events))
+    try:
+        context = TaskExecutionContext.from_checkpoint_dict(doc)
+    except InvalidArgumentError as error:
+        raise CorruptCheckpointError(
+            f"the stored context of task {task.logical_task_id!r} is malformed: {error}",
+            task_id=task.logical_task_id) from None
+    return RestoredTask(context=context, agent_name=task.agent_name, status=task.status,
+                        version=task.version, owner=task.owner,
+                        lease_expires_at=task.lease_expires_at,
+                        checkpointed_at=task.checkpointed_at, expires_at=task.expires_at)
