@@ -111,19 +111,25 @@ MARK_RESUMING = (
             version=T.c.version + 1)
 )
 
-#: Claim up to ``p_limit`` expired sub-tasks of one agent. On PostgreSQL the inner
-#: SELECT locks the rows it picks and skips rows another sweeper (or a resolver)
-#: holds; on SQLite the IMMEDIATE transaction already excludes every other writer.
+#: Claim up to ``p_limit`` expired sub-tasks of one agent. On PostgreSQL the picking
+#: SELECT locks the rows it picks and skips rows another sweeper (or a resolver) holds;
+#: on SQLite the IMMEDIATE transaction already excludes every other writer. The pick
+#: is a MATERIALIZED CTE, evaluated once: as an ``IN (subquery)`` PostgreSQL may
+#: re-run it and, with tied deadlines, update more than ``p_limit`` rows.
+_PICK_EXPIRED = (
+    select(S.c.sub_task_id)
+    .where(S.c.tenant_id == tenant, S.c.agent_name == bindparam("p_agent"),
+           S.c.status == "pending", S.c.timeout_deadline <= now)
+    .order_by(S.c.timeout_deadline, S.c.sub_task_id)
+    .limit(bindparam("p_limit"))
+    .with_for_update(skip_locked=True)
+    .cte("expired")
+    .prefix_with("MATERIALIZED")
+)
 SWEEP_EXPIRED = (
     update(S)
-    .where(S.c.tenant_id == tenant, S.c.status == "pending", S.c.sub_task_id.in_(
-        select(S.c.sub_task_id)
-        .where(S.c.tenant_id == tenant, S.c.agent_name == bindparam("p_agent"),
-               S.c.status == "pending", S.c.timeout_deadline <= now)
-        .order_by(S.c.timeout_deadline)
-        .limit(bindparam("p_limit"))
-        .with_for_update(skip_locked=True)
-    ))
+    .where(S.c.tenant_id == tenant, S.c.status == "pending",
+           S.c.sub_task_id == _PICK_EXPIRED.c.sub_task_id)
     .values(status="resolved", resolved_by="timeout", result=result, resolved_at=now)
     .returning(*SUB_COLUMNS)
 )

@@ -1,0 +1,144 @@
+"""Shared fixtures: which backends exist, and a fresh store on each of them.
+
+PostgreSQL tests use ``MESHPOINT_TEST_POSTGRES_URL`` (default: the local server,
+database ``test``). When it is unreachable they skip with a reason, unless
+``MESHPOINT_REQUIRE_SERVICES=1`` (set by ``.ci/run``) makes them fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from meshpoint.store import SqlStore, open_store
+from meshpoint.store.schema import metadata
+
+POSTGRES_URL = os.environ.get("MESHPOINT_TEST_POSTGRES_URL",
+                              "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
+REQUIRE_SERVICES = os.environ.get("MESHPOINT_REQUIRE_SERVICES") == "1"
+
+
+async def _pg_execute(sql: str) -> None:
+    import asyncpg
+
+    dsn = POSTGRES_URL.replace("postgresql+asyncpg://", "postgresql://")
+    conn = await asyncpg.connect(dsn, timeout=5)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def pg_execute(sql: str) -> None:
+    """Run one SQL statement on the test PostgreSQL server (outside any event loop)."""
+    asyncio.run(_pg_execute(sql))
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """The PostgreSQL URL, or a skip (a failure under MESHPOINT_REQUIRE_SERVICES=1)."""
+    try:
+        pg_execute("SELECT 1")
+    except Exception as error:
+        message = (f"PostgreSQL is not reachable at {POSTGRES_URL} ({error}). Start it "
+                   "(`make services`) or point MESHPOINT_TEST_POSTGRES_URL at a server")
+        if REQUIRE_SERVICES:
+            pytest.fail(message + " [MESHPOINT_REQUIRE_SERVICES=1]", pytrace=False)
+        pytest.skip(message)
+    return POSTGRES_URL
+
+
+@pytest.fixture(scope="session")
+def pg_schema(postgres_url: str) -> Iterator[str]:
+    """A PostgreSQL schema of this test session, migrated once, dropped at the end."""
+    name = f"mp_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    pg_execute(f"CREATE SCHEMA {name}")
+
+    async def migrate() -> None:
+        store = await open_store(postgres_url, schema=name)
+        await store.close()
+
+    asyncio.run(migrate())
+    yield name
+    pg_execute(f"DROP SCHEMA {name} CASCADE")
+
+
+def fresh_pg_schema(postgres_url: str) -> str:
+    """A new, empty PostgreSQL schema (the caller drops it)."""
+    name = f"mp_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    pg_execute(f"CREATE SCHEMA {name}")
+    return name
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def store_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if backend == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'meshpoint.db'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def store_options(backend: str, request: pytest.FixtureRequest) -> dict[str, object]:
+    """Options that put a store on this test's isolated database."""
+    if backend == "sqlite":
+        return {}
+    return {"schema": request.getfixturevalue("pg_schema")}
+
+
+class FakeClock:
+    """A clock the test moves by hand; starts at the real time."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+async def snapshot(store: SqlStore) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of every table (all tenants), to prove an operation changed nothing."""
+    out: dict[str, list[tuple[object, ...]]] = {}
+    async with store.engine.connect() as conn:
+        for table in metadata.sorted_tables:
+            rows = (await conn.execute(select(table))).all()
+            out[table.name] = sorted((tuple(row) for row in rows), key=repr)
+    return out
+
+
+async def row_counts(store: SqlStore) -> dict[str, int]:
+    return {name: len(rows) for name, rows in (await snapshot(store)).items()}
+
+
+@pytest.fixture
+async def store(backend: str, store_url: str, store_options: dict[str, object],
+                clock: FakeClock) -> AsyncIterator[SqlStore]:
+    """A store on an empty database of the parametrised backend, on a fake clock."""
+    opened = await open_store(store_url, clock=clock, **store_options)  # type: ignore[arg-type]
+    if backend == "postgres":
+        tables = ", ".join(table.name for table in metadata.sorted_tables)
+        async with opened.engine.begin() as conn:
+            await conn.exec_driver_sql(f"TRUNCATE {tables}")
+    try:
+        yield opened
+    finally:
+        await opened.close()

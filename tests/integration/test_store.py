@@ -1,0 +1,296 @@
+"""Every store operation, on SQLite and on PostgreSQL (one suite, both backends)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshpoint import TaskExecutionContext
+from meshpoint.errors import CheckpointConflictError, InvalidArgumentError, LeaseNotHeldError
+from meshpoint.store import TIMEOUT_RESULT, SqlStore
+from tests.conftest import FakeClock, row_counts
+
+AGENT = "coordinator"
+
+
+def fan_out(task_id: str, peers: int = 3, *, local: bool = True, timeout_s: float = 60.0,
+            invocation: str = "inv-1") -> TaskExecutionContext:
+    """A task whose turn called a local tool (already answered) and ``peers`` peers."""
+    ctx = TaskExecutionContext(task_id, {"session_id": f"session-{task_id}"})
+    ctx.current_invocation_id = invocation
+    calls = (["local"] if local else []) + [f"call-{n}" for n in range(peers)]
+    ctx.begin_parallel_calls(invocation, calls)
+    if local:
+        ctx.record_parallel_result(invocation, "local", {"clock": "12:00"})
+    for n in range(peers):
+        ctx.register_peer_sub_task(f"{task_id}/sub-{n}", {
+            "function_call_id": f"call-{n}", "peer_agent_name": f"peer-{n}",
+            "timeout_s": timeout_s, "peer_tool": "ask"})
+    ctx.append_session_event({"role": "user", "text": f"question of {task_id}"})
+    ctx.append_session_event({"role": "model", "calls": calls})
+    return ctx
+
+
+async def test_checkpoint_writes_task_sub_tasks_invocation_and_events(
+        store: SqlStore, clock: FakeClock) -> None:
+    receipt = await store.checkpoint_task(fan_out("t1", timeout_s=30), AGENT)
+    assert receipt.version == 1 and receipt.events_appended == 2 and not receipt.compressed
+    assert receipt.sub_task_deadlines == {f"t1/sub-{n}": clock.now + 30 for n in range(3)}
+    counts = await row_counts(store)
+    assert counts["agent_paused_tasks"] == 1
+    assert counts["agent_peer_sub_tasks"] == 3
+    assert counts["agent_parallel_invocations"] == 1
+    assert counts["agent_session_events"] == 2
+    sub = await store.get_peer_sub_task("t1/sub-1")
+    assert (sub.task_id, sub.invocation_id, sub.function_call_id) == ("t1", "inv-1", "call-1")
+    assert sub.peer_agent_name == "peer-1" and sub.status == "pending"
+    assert sub.correlation_data["peer_tool"] == "ask"
+    assert sub.timeout_deadline == clock.now + 30
+
+
+async def test_every_sub_task_gets_a_deadline_even_without_a_timeout(
+        store: SqlStore, clock: FakeClock) -> None:
+    ctx = TaskExecutionContext("t")
+    ctx.current_invocation_id = "inv"
+    ctx.register_peer_sub_task("s", {"peer_agent_name": "p"})
+    receipt = await store.checkpoint_task(ctx, AGENT, default_timeout_s=90)
+    assert receipt.sub_task_deadlines == {"s": clock.now + 90}
+
+
+async def test_resolve_counts_the_join_and_completes_it_exactly_once(store: SqlStore) -> None:
+    await store.checkpoint_task(fan_out("t1"), AGENT)
+    first = await store.resolve_peer_sub_task("t1/sub-2", {"text": "two"})
+    assert first is not None and (first.completed, first.total) == (2, 4)
+    assert not first.join_complete and first.sub_task.result == {"text": "two"}
+    assert await store.resolve_peer_sub_task("t1/sub-2", {"text": "duplicate"}) is None
+    second = await store.resolve_peer_sub_task("t1/sub-0", {"text": "zero"})
+    assert second is not None and (second.completed, second.join_complete) == (3, False)
+    assert (await store.restore_task("t1")).status == "waiting_peers"
+    last = await store.resolve_peer_sub_task("t1/sub-1", {"text": "one"}, lease_owner="i-2")
+    assert last is not None and last.join_complete and last.lease_owner == "i-2"
+    restored = await store.restore_task("t1", lease_owner="i-2")
+    assert restored.status == "resuming" and restored.owner == "i-2"
+    # Results come back in the model's call order, not the arrival order.
+    assert await store.get_parallel_results("t1", "inv-1") == [
+        ("local", {"clock": "12:00"}), ("call-0", {"text": "zero"}),
+        ("call-1", {"text": "one"}), ("call-2", {"text": "two"})]
+    assert restored.context.parallel_tool_calls["inv-1"].ordered_results() == \
+        await store.get_parallel_results("t1", "inv-1")
+    assert restored.context.active_peer_sub_tasks == {}
+
+
+async def test_two_step_claim_then_record(store: SqlStore) -> None:
+    await store.checkpoint_task(fan_out("t1", peers=1, local=False), AGENT)
+    claimed = await store.claim_peer_sub_task("t1/sub-0")
+    assert claimed is not None and claimed.function_call_id == "call-0"
+    assert await store.claim_peer_sub_task("t1/sub-0") is None
+    # A claimed sub-task can no longer be resolved by an answer or a timeout...
+    assert await store.resolve_peer_sub_task("t1/sub-0", "late") is None
+    # ...and counts once its result is recorded.
+    done = await store.record_parallel_result("t1", "inv-1", "call-0", {"text": "ok"})
+    assert (done.completed, done.total, done.join_complete) == (1, 1, True)
+    with pytest.raises(CheckpointConflictError, match="resolved, not claimed"):
+        await store.record_parallel_result("t1", "inv-1", "call-0", {"text": "again"})
+    with pytest.raises(InvalidArgumentError, match="no peer call 'nope'"):
+        await store.record_parallel_result("t1", "inv-1", "nope", 1)
+    assert await store.get_parallel_results("t1", "inv-1") == [("call-0", {"text": "ok"})]
+
+
+async def test_status_update_moves_the_deadline_without_claiming(
+        store: SqlStore, clock: FakeClock) -> None:
+    await store.checkpoint_task(fan_out("t1", timeout_s=10), AGENT)
+    clock.advance(8)
+    deadline = await store.reset_timeout_deadline("t1/sub-0", peer_task_id="peer-task-9")
+    assert deadline == clock.now + 10
+    sub = await store.get_peer_sub_task("t1/sub-0")
+    assert sub.status == "pending" and sub.timeout_deadline == deadline
+    assert sub.peer_task_id == "peer-task-9"
+    assert sub.correlation_data["peer_task_id"] == "peer-task-9"
+    assert await store.reset_timeout_deadline("t1/sub-0", timeout_s=100) == clock.now + 100
+    clock.advance(5)  # sub-1 and sub-2 expired, sub-0 did not
+    swept = await store.sweep_expired_timeouts(AGENT)
+    assert sorted(r.sub_task.sub_task_id for r in swept) == ["t1/sub-1", "t1/sub-2"]
+    await store.resolve_peer_sub_task("t1/sub-1", "late")  # lost to the sweep
+    assert await store.reset_timeout_deadline("t1/sub-1") is None
+
+
+async def test_sweep_resolves_only_expired_sub_tasks_of_the_agent_once(
+        store: SqlStore, clock: FakeClock) -> None:
+    await store.checkpoint_task(fan_out("t1", timeout_s=5), AGENT)
+    await store.checkpoint_task(fan_out("t2", timeout_s=50), AGENT)
+    await store.checkpoint_task(fan_out("t3", timeout_s=5), "other-agent")
+    assert await store.sweep_expired_timeouts(AGENT) == []
+    clock.advance(6)
+    first = await store.sweep_expired_timeouts(AGENT, limit=2)
+    rest = await store.sweep_expired_timeouts(AGENT, limit=10, lease_owner="sweeper")
+    assert len(first) == 2 and len(rest) == 1
+    assert {r.sub_task.sub_task_id for r in first + rest} == {f"t1/sub-{n}" for n in range(3)}
+    assert all(r.sub_task.result == TIMEOUT_RESULT for r in first + rest)
+    assert all(r.sub_task.resolved_by == "timeout" for r in first + rest)
+    assert [r.join_complete for r in first + rest] == [False, False, True]
+    assert rest[0].lease_owner == "sweeper"
+    assert await store.sweep_expired_timeouts(AGENT) == []
+    assert await store.resolve_peer_sub_task("t1/sub-0", "too late") is None
+    assert (await store.restore_task("t2")).status == "waiting_peers"
+    assert len(await store.sweep_expired_timeouts("other-agent")) == 3
+
+
+async def test_a_sweep_batch_spanning_tasks_counts_each_join(
+        store: SqlStore, clock: FakeClock) -> None:
+    for n in range(4):
+        await store.checkpoint_task(fan_out(f"t{n}", peers=2, timeout_s=1), AGENT)
+    await store.resolve_peer_sub_task("t2/sub-0", "answered")
+    clock.advance(2)
+    swept = await store.sweep_expired_timeouts(AGENT, limit=100)
+    assert len(swept) == 7
+    assert sorted(r.sub_task.task_id for r in swept if r.join_complete) == ["t0", "t1", "t2",
+                                                                            "t3"]
+    for n in range(4):
+        assert (await store.restore_task(f"t{n}")).status == "resuming"
+
+
+async def test_lease_is_held_by_one_owner_at_a_time(store: SqlStore, clock: FakeClock) -> None:
+    await store.checkpoint_task(fan_out("t1", peers=1), AGENT)
+    # A task still waiting on its peers cannot be taken for resumption...
+    assert await store.take_resume_lease("t1", "a", ttl_s=10) is None
+    # ...unless the caller says which waiting status it resumes from.
+    assert await store.take_resume_lease("t1", "a", 10, statuses=["waiting_peers"]) is not None
+    assert await store.release_resume_lease("t1", "a")
+    await store.resolve_peer_sub_task("t1/sub-0", "done")
+    lease = await store.take_resume_lease("t1", "a", ttl_s=10)
+    assert lease is not None and lease.owner == "a" and lease.expires_at == clock.now + 10
+    assert await store.take_resume_lease("t1", "b", ttl_s=10) is None
+    assert await store.take_resume_lease("t1", "a", ttl_s=10) is not None  # re-entrant
+    renewed = await store.renew_resume_lease("t1", "a", ttl_s=20)
+    assert renewed is not None and renewed.expires_at == clock.now + 20
+    clock.advance(15)
+    assert await store.take_resume_lease("t1", "b", ttl_s=10) is None  # renewal counted
+    clock.advance(6)
+    taken = await store.take_resume_lease("t1", "b", ttl_s=10)  # expired: b takes over
+    assert taken is not None and taken.version > renewed.version
+    assert await store.renew_resume_lease("t1", "a", ttl_s=10) is None
+    assert not await store.release_resume_lease("t1", "a")
+    with pytest.raises(LeaseNotHeldError):
+        await store.restore_task("t1", lease_owner="a")
+    assert await store.release_resume_lease("t1", "b")
+    assert await store.take_resume_lease("t1", "c", ttl_s=10) is not None
+
+
+async def test_an_expired_lease_not_taken_by_anyone_is_still_its_owners(
+        store: SqlStore, clock: FakeClock) -> None:
+    await store.checkpoint_task(fan_out("t1", peers=1), AGENT)
+    await store.resolve_peer_sub_task("t1/sub-0", "done", lease_owner="a", lease_ttl_s=5)
+    clock.advance(10)
+    assert await store.renew_resume_lease("t1", "a", ttl_s=5) is not None
+
+
+async def test_resumed_task_checkpoints_again_under_its_lease(
+        store: SqlStore, clock: FakeClock) -> None:
+    await store.checkpoint_task(fan_out("t1", peers=2), AGENT)
+    for n in range(2):
+        await store.resolve_peer_sub_task(f"t1/sub-{n}", f"answer {n}", lease_owner="i-1")
+    ctx = (await store.restore_task("t1", lease_owner="i-1")).context
+    assert ctx.session_events_persisted == 2
+    ctx.append_session_event({"role": "tool", "results": ["answer 0", "answer 1"]})
+    ctx.append_session_event({"role": "model", "calls": ["follow-up"]})
+    ctx.current_invocation_id = "inv-2"
+    ctx.register_peer_sub_task("t1/follow-up", {"peer_agent_name": "peer-0"})
+    with pytest.raises(CheckpointConflictError, match="resume lease"):
+        await store.checkpoint_task(ctx, AGENT)  # without the lease
+    with pytest.raises(LeaseNotHeldError):
+        await store.checkpoint_task(ctx, AGENT, lease_owner="i-2")
+    clock.advance(1)
+    receipt = await store.checkpoint_task(ctx, AGENT, lease_owner="i-1")
+    assert receipt.version > 1
+    assert receipt.events_appended == 2  # only the new events, never the whole conversation
+    assert ctx.session_events_persisted == 4
+    counts = await row_counts(store)
+    assert counts["agent_session_events"] == 4
+    assert counts["agent_peer_sub_tasks"] == 1  # the resolved sub-tasks are gone
+    restored = await store.restore_task("t1")
+    assert restored.status == "waiting_peers" and restored.owner is None
+    assert [e["role"] for e in restored.context.session_events] == ["user", "model", "tool",
+                                                                      "model"]
+    assert list(restored.context.active_peer_sub_tasks) == ["t1/follow-up"]
+    assert restored.context.parallel_tool_calls["inv-1"].completed == 3
+
+
+async def test_restore_rebuilds_the_context(store: SqlStore) -> None:
+    ctx = fan_out("t1")
+    ctx.response_buffer = "So far: "
+    ctx.produced_artifacts.append({"name": "notes.md", "version": 2})
+    ctx.record_token_usage(model="m", source="agent", prompt_tokens=7)
+    await store.checkpoint_task(ctx, AGENT)
+    restored = await store.restore_task("t1")
+    assert restored.agent_name == AGENT and restored.version == 1
+    assert restored.context.to_checkpoint_dict() == ctx.to_checkpoint_dict()
+
+
+async def test_large_contexts_are_compressed_and_restore_intact(store: SqlStore) -> None:
+    ctx = fan_out("t1")
+    ctx.flags["notes"] = ["a fairly repetitive research note " * 40 for _ in range(20)]
+    receipt = await store.checkpoint_task(ctx, AGENT)
+    assert receipt.compressed and receipt.context_bytes < 5_000
+    assert (await store.restore_task("t1")).context.to_checkpoint_dict() == \
+        ctx.to_checkpoint_dict()
+
+
+async def test_cleanup_removes_every_live_row(store: SqlStore) -> None:
+    await store.checkpoint_task(fan_out("t1"), AGENT)
+    await store.checkpoint_task(fan_out("t2"), AGENT)
+    await store.resolve_peer_sub_task("t1/sub-0", "x")
+    await store.cleanup_task("t1")
+    counts = await row_counts(store)
+    assert counts == {"agent_paused_tasks": 1, "agent_peer_sub_tasks": 3,
+                      "agent_parallel_invocations": 1, "agent_session_events": 2,
+                      "agent_checkpoints": 0, "agent_events": 0}
+    await store.cleanup_task("t2")
+    assert set((await row_counts(store)).values()) == {0}
+
+
+async def test_cleanup_under_a_lease_is_reserved_to_its_holder(store: SqlStore) -> None:
+    await store.checkpoint_task(fan_out("t1", peers=1), AGENT)
+    await store.resolve_peer_sub_task("t1/sub-0", "x", lease_owner="a")
+    with pytest.raises(LeaseNotHeldError):
+        await store.cleanup_task("t1", lease_owner="b")
+    assert (await row_counts(store))["agent_paused_tasks"] == 1
+    await store.cleanup_task("t1", lease_owner="a")
+    assert set((await row_counts(store)).values()) == {0}
+
+
+async def test_operator_listing_and_counts(store: SqlStore, clock: FakeClock) -> None:
+    await store.checkpoint_task(fan_out("t1", timeout_s=100), AGENT)
+    clock.advance(1)
+    await store.checkpoint_task(fan_out("t2", timeout_s=10), AGENT)
+    clock.advance(1)
+    await store.checkpoint_task(fan_out("t3", peers=1, timeout_s=1), "researcher")
+    await store.resolve_peer_sub_task("t3/sub-0", "x")
+    clock.advance(20)
+    stats = await store.stats()
+    assert stats.paused_tasks == {(AGENT, "waiting_peers"): 2, ("researcher", "resuming"): 1}
+    assert stats.total_paused == 3 and stats.pending_sub_tasks == 6
+    assert stats.expired_sub_tasks == 3  # t2's
+    assert stats.oldest_checkpointed_at == clock.now - 22
+    assert stats.next_deadline == clock.now - 22 + 1 + 10
+    listed = await store.list_paused_tasks(agent_name=AGENT)
+    assert [t.task_id for t in listed] == ["t1", "t2"]
+    assert listed[0].pending_sub_tasks == 3 and listed[1].next_deadline == stats.next_deadline
+    resuming = await store.list_paused_tasks(status="resuming")
+    assert [(t.task_id, t.pending_sub_tasks, t.next_deadline) for t in resuming] == [
+        ("t3", 0, None)]
+    deadlines = await store.next_deadlines(limit=4)
+    assert [d.task_id for d in deadlines] == ["t2", "t2", "t2", "t1"]
+    assert [d.task_id for d in await store.next_deadlines(agent_name="researcher")] == []
+
+
+async def test_tenants_share_ids_without_seeing_each_other(store: SqlStore) -> None:
+    other = store.for_tenant("tenant-b")
+    await store.checkpoint_task(fan_out("t1", peers=1), AGENT)
+    await other.checkpoint_task(fan_out("t1", peers=1), AGENT)
+    mine = await store.resolve_peer_sub_task("t1/sub-0", "mine")
+    theirs = await other.resolve_peer_sub_task("t1/sub-0", "theirs")
+    assert mine is not None and theirs is not None and mine.join_complete
+    assert await store.get_parallel_results("t1", "inv-1") == [("local", {"clock": "12:00"}),
+                                                                ("call-0", "mine")]
+    assert (await other.stats()).total_paused == 1
+    await other.cleanup_task("t1")
+    assert (await store.restore_task("t1")).status == "resuming"
