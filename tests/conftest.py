@@ -12,10 +12,10 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
 
 from meshpoint.store import SqlStore, open_store
 from meshpoint.store.schema import metadata
@@ -25,7 +25,8 @@ POSTGRES_URL = os.environ.get("MESHPOINT_TEST_POSTGRES_URL",
 REQUIRE_SERVICES = os.environ.get("MESHPOINT_REQUIRE_SERVICES") == "1"
 
 
-async def _pg_execute(sql: str) -> None:
+async def pg_execute_async(sql: str) -> None:
+    """Run one SQL statement on the test PostgreSQL server."""
     import asyncpg
 
     dsn = POSTGRES_URL.replace("postgresql+asyncpg://", "postgresql://")
@@ -37,8 +38,13 @@ async def _pg_execute(sql: str) -> None:
 
 
 def pg_execute(sql: str) -> None:
-    """Run one SQL statement on the test PostgreSQL server (outside any event loop)."""
-    asyncio.run(_pg_execute(sql))
+    """Run one SQL statement on the test PostgreSQL server from synchronous code.
+
+    Runs its own event loop in a worker thread, so it works even when called while
+    a test's loop is running (a session fixture first requested by an async test).
+    """
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: asyncio.run(pg_execute_async(sql))).result()
 
 
 @pytest.fixture(scope="session")
@@ -65,15 +71,16 @@ def pg_schema(postgres_url: str) -> Iterator[str]:
         store = await open_store(postgres_url, schema=name)
         await store.close()
 
-    asyncio.run(migrate())
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: asyncio.run(migrate())).result()
     yield name
     pg_execute(f"DROP SCHEMA {name} CASCADE")
 
 
-def fresh_pg_schema(postgres_url: str) -> str:
+async def fresh_pg_schema() -> str:
     """A new, empty PostgreSQL schema (the caller drops it)."""
     name = f"mp_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    pg_execute(f"CREATE SCHEMA {name}")
+    await pg_execute_async(f"CREATE SCHEMA {name}")
     return name
 
 
@@ -120,7 +127,8 @@ async def snapshot(store: SqlStore) -> dict[str, list[tuple[object, ...]]]:
     out: dict[str, list[tuple[object, ...]]] = {}
     async with store.engine.connect() as conn:
         for table in metadata.sorted_tables:
-            rows = (await conn.execute(select(table))).all()
+            # Raw driver values: a corrupted JSON column must not break the snapshot.
+            rows = (await conn.exec_driver_sql(f"SELECT * FROM {table.name}")).all()
             out[table.name] = sorted((tuple(row) for row in rows), key=repr)
     return out
 

@@ -15,7 +15,6 @@ from typing import Any
 from meshpoint.errors import ContextSerializationError
 
 
-
 def json_copy(value: Any, path: str = "$") -> Any:
     """Return a deep copy of ``value`` that shares no mutable object with it.
 

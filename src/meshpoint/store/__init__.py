@@ -30,6 +30,7 @@ from meshpoint.store.records import (
     RestoredTask,
     StoreStats,
 )
+from meshpoint.store.rows import check_id
 from meshpoint.store.sql import TIMEOUT_RESULT, SqlStore
 
 __all__ = [
@@ -57,6 +58,7 @@ class StoreOpener:
     async def _open(self) -> SqlStore:
         opts = self._options
         url = parse_url(self._url)
+        check_id("tenant_id", opts["tenant_id"], max_len=64)
         if opts["pool_size"] < 1:
             raise ConfigurationError(f"pool_size must be at least 1, got {opts['pool_size']}")
         engine = create_engine(url, busy_timeout_s=opts["busy_timeout_s"],
@@ -66,11 +68,11 @@ class StoreOpener:
                 await migrate(engine)
             else:
                 await check_schema(engine)
+            return SqlStore(engine, tenant_id=opts["tenant_id"], clock=opts["clock"],
+                            compress_threshold_bytes=opts["compress_threshold_bytes"])
         except BaseException:
             await engine.dispose()
             raise
-        return SqlStore(engine, tenant_id=opts["tenant_id"], clock=opts["clock"],
-                        compress_threshold_bytes=opts["compress_threshold_bytes"])
 
     def __await__(self) -> Generator[Any, None, SqlStore]:
         return self._open().__await__()

@@ -16,7 +16,6 @@ Driver errors are translated into :mod:`meshpoint.errors` by :func:`translate`.
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -137,14 +136,14 @@ def head_revision() -> str:
     return head
 
 
-def _upgrade(sync_conn: Connection, revision: str) -> None:
+def _run_alembic(sync_conn: Connection, direction: str, revision: str) -> None:
     from alembic import command
 
     if sync_conn.dialect.name == "postgresql":
         sync_conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK})")
     config = alembic_config()
     config.attributes["connection"] = sync_conn
-    command.upgrade(config, revision)
+    getattr(command, direction)(config, revision)
 
 
 def _current_revision(sync_conn: Connection) -> str | None:
@@ -153,10 +152,19 @@ def _current_revision(sync_conn: Connection) -> str | None:
 
 async def migrate(engine: AsyncEngine, revision: str = "head") -> None:
     """Bring the database's schema up to ``revision`` (default: the newest)."""
+    await _migrate(engine, "upgrade", revision)
+
+
+async def downgrade(engine: AsyncEngine, revision: str) -> None:
+    """Take the schema down to ``revision`` (``"base"`` drops every meshpoint table)."""
+    await _migrate(engine, "downgrade", revision)
+
+
+async def _migrate(engine: AsyncEngine, direction: str, revision: str) -> None:
     write_engine = engine.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
-    with translate("migrating the schema"):
+    with translate(f"running the schema {direction} to {revision}"):
         async with write_engine.begin() as conn:
-            await conn.run_sync(_upgrade, revision)
+            await conn.run_sync(_run_alembic, direction, revision)
 
 
 async def check_schema(engine: AsyncEngine) -> None:
@@ -194,7 +202,7 @@ def translate(doing: str) -> Iterator[None]:
         yield
     except MeshpointError:
         raise
-    except (OSError, asyncio.TimeoutError) as error:
+    except (TimeoutError, OSError) as error:
         raise StoreUnavailableError(
             f"the database could not be reached while {doing}: {error}. Is it running, "
             "and is the store URL right?"

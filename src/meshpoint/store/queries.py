@@ -22,7 +22,8 @@ from meshpoint.store.schema import (
     session_events,
 )
 
-T, S, I, E = paused_tasks, peer_sub_tasks, parallel_invocations, session_events
+# Short names keep the statements readable.
+T, S, I, E = paused_tasks, peer_sub_tasks, parallel_invocations, session_events  # noqa: E741
 
 tenant = bindparam("p_tenant", type_=String)
 task = bindparam("p_task", type_=String)

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import math
 import random
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Row, exc, func, insert, select
+from sqlalchemy import exc, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from meshpoint import _json
@@ -41,6 +40,14 @@ from meshpoint.store.records import (
     RestoredTask,
     StoreStats,
 )
+from meshpoint.store.rows import (
+    check_id,
+    check_timeout,
+    check_ttl,
+    plan_join,
+    rebuild,
+    sub_task,
+)
 from meshpoint.store.schema import (
     TASK_STATUSES,
     parallel_invocations,
@@ -57,7 +64,6 @@ TIMEOUT_RESULT: dict[str, Any] = {"status": "timeout",
 #: Keys of the checkpoint dict that are stored in tables of their own.
 _SPLIT_KEYS = ("active_peer_sub_tasks", "parallel_tool_calls", "session_events",
                "session_events_persisted")
-_MAX_ID = 255
 _RETRIES = 6
 
 
@@ -72,7 +78,7 @@ class SqlStore:
     def __init__(self, engine: AsyncEngine, *, tenant_id: str,
                  clock: Callable[[], float] = time.time,
                  compress_threshold_bytes: int = 16_384, owns_engine: bool = True) -> None:
-        _check_id("tenant_id", tenant_id, max_len=64)
+        check_id("tenant_id", tenant_id, max_len=64)
         self._engine = engine
         # Same pool; only the SQLite BEGIN mode differs (ignored by PostgreSQL).
         self._writer = engine.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
@@ -145,15 +151,15 @@ class SqlStore:
         data's ``timeout_s``, or ``default_timeout_s``. On success
         ``ctx.session_events_persisted`` is advanced; on any error nothing is written.
         """
-        _check_id("agent_name", agent_name)
+        check_id("agent_name", agent_name)
         if status not in TASK_STATUSES:
             raise InvalidArgumentError(f"status must be one of {TASK_STATUSES}, got {status!r}")
-        _check_timeout("default_timeout_s", default_timeout_s)
+        check_timeout("default_timeout_s", default_timeout_s)
         if lease_owner is not None:
-            _check_id("lease_owner", lease_owner)
+            check_id("lease_owner", lease_owner)
         doc = ctx.to_checkpoint_dict()  # validates and copies before any I/O
         now = self._clock()
-        subs, invocations = _plan_join(doc, status, default_timeout_s)
+        subs, invocations = plan_join(doc, status, default_timeout_s)
         events = doc["session_events"]
         first_new = doc["session_events_persisted"]
         context_doc = {k: v for k, v in doc.items() if k not in _SPLIT_KEYS}
@@ -173,7 +179,8 @@ class SqlStore:
             "tenant_id": self.tenant_id, "sub_task_id": sub_task_id,
             "logical_task_id": ctx.task_id, "agent_name": agent_name,
             "invocation_id": corr["invocation_id"], "function_call_id": corr["function_call_id"],
-            "peer_agent_name": corr.get("peer_agent_name"), "peer_task_id": corr.get("peer_task_id"),
+            "peer_agent_name": corr.get("peer_agent_name"),
+            "peer_task_id": corr.get("peer_task_id"),
             "correlation_data": corr, "timeout_s": timeout_s, "timeout_deadline": now + timeout_s,
             "status": "pending", "created_at": now,
         } for sub_task_id, corr, timeout_s in subs]
@@ -245,7 +252,7 @@ class SqlStore:
         ``lease_owner`` the same transaction gives that owner the resume lease for
         ``lease_ttl_s``. Raises :class:`UnknownSubTaskError` for an unknown id.
         """
-        _check_id("sub_task_id", sub_task_id)
+        check_id("sub_task_id", sub_task_id)
         value = _json.json_copy(result, "result")
         lease_until = self._lease_until(lease_owner, lease_ttl_s)
 
@@ -257,7 +264,7 @@ class SqlStore:
             if row is None:
                 await self._raise_if_unknown_sub_task(conn, sub_task_id)
                 return None
-            return (await self._advance(conn, [_sub_task(row)], lease_owner, lease_until))[0]
+            return (await self._advance(conn, [sub_task(row)], lease_owner, lease_until))[0]
 
         return await self._write(f"resolving sub-task {sub_task_id!r}", body)
 
@@ -268,7 +275,7 @@ class SqlStore:
         counts towards its join only once :meth:`record_parallel_result` records its
         result; prefer :meth:`resolve_peer_sub_task`, which does both atomically.
         """
-        _check_id("sub_task_id", sub_task_id)
+        check_id("sub_task_id", sub_task_id)
 
         async def body(conn: AsyncConnection) -> PeerSubTask | None:
             row = (await conn.execute(q.CLAIM_PENDING, self._keys(
@@ -276,7 +283,7 @@ class SqlStore:
             if row is None:
                 await self._raise_if_unknown_sub_task(conn, sub_task_id)
                 return None
-            return _sub_task(row)
+            return sub_task(row)
 
         return await self._write(f"claiming sub-task {sub_task_id!r}", body)
 
@@ -293,7 +300,7 @@ class SqlStore:
         """
         for name, value in (("task_id", task_id), ("invocation_id", invocation_id),
                             ("function_call_id", function_call_id)):
-            _check_id(name, value)
+            check_id(name, value)
         copied = _json.json_copy(result, "result")
         lease_until = self._lease_until(lease_owner, lease_ttl_s)
         keys = self._keys(p_task=task_id, p_invocation=invocation_id, p_call=function_call_id)
@@ -313,7 +320,7 @@ class SqlStore:
                 raise CheckpointConflictError(
                     f"call {function_call_id!r} of task {task_id!r} is {status}, not claimed: "
                     "claim it with claim_peer_sub_task first, and record its result once")
-            return (await self._advance(conn, [_sub_task(row)], lease_owner, lease_until))[0]
+            return (await self._advance(conn, [sub_task(row)], lease_owner, lease_until))[0]
 
         return await self._write(f"recording a result for task {task_id!r}", body)
 
@@ -327,7 +334,7 @@ class SqlStore:
         :class:`Resolution` per sub-task; a completed join makes its task
         ``resuming`` (leased to ``lease_owner`` if given).
         """
-        _check_id("agent_name", agent_name)
+        check_id("agent_name", agent_name)
         if type(limit) is not int or limit < 1:
             raise InvalidArgumentError(f"limit must be a positive int, got {limit!r}")
         lease_until = self._lease_until(lease_owner, lease_ttl_s)
@@ -336,7 +343,7 @@ class SqlStore:
             rows = (await conn.execute(q.SWEEP_EXPIRED, self._keys(
                 p_agent=agent_name, p_now=self._clock(), p_limit=limit,
                 p_result=TIMEOUT_RESULT))).all()
-            return await self._advance(conn, [_sub_task(row) for row in rows], lease_owner,
+            return await self._advance(conn, [sub_task(row) for row in rows], lease_owner,
                                        lease_until)
 
         return await self._write(f"sweeping expired sub-tasks of {agent_name!r}", body)
@@ -379,11 +386,11 @@ class SqlStore:
         from the peer), without claiming it. ``timeout_s`` replaces the timeout;
         ``peer_task_id`` records the peer's own task id for a later cancel.
         Returns the new deadline, or ``None`` if the sub-task is already resolved."""
-        _check_id("sub_task_id", sub_task_id)
+        check_id("sub_task_id", sub_task_id)
         if timeout_s is not None:
-            _check_timeout("timeout_s", timeout_s)
+            check_timeout("timeout_s", timeout_s)
         if peer_task_id is not None:
-            _check_id("peer_task_id", peer_task_id)
+            check_id("peer_task_id", peer_task_id)
 
         async def body(conn: AsyncConnection) -> float | None:
             deadline = (await conn.execute(q.RESET_DEADLINE, self._keys(
@@ -391,7 +398,7 @@ class SqlStore:
                 p_peer_task=peer_task_id))).scalar()
             if deadline is None:
                 await self._raise_if_unknown_sub_task(conn, sub_task_id)
-            return deadline
+            return None if deadline is None else float(deadline)
 
         return await self._write(f"resetting the deadline of {sub_task_id!r}", body)
 
@@ -405,9 +412,9 @@ class SqlStore:
         expired, or already ``owner``'s; returns ``None`` while another owner holds
         it. The task's status becomes ``resuming``.
         """
-        _check_id("task_id", task_id)
-        _check_id("owner", owner)
-        _check_ttl(ttl_s)
+        check_id("task_id", task_id)
+        check_id("owner", owner)
+        check_ttl(ttl_s)
         bad = [s for s in statuses if s not in TASK_STATUSES]
         if bad or not statuses:
             raise InvalidArgumentError(f"statuses must be non-empty, from {TASK_STATUSES}")
@@ -426,9 +433,9 @@ class SqlStore:
 
     async def renew_resume_lease(self, task_id: str, owner: str, ttl_s: float) -> Lease | None:
         """Extend ``owner``'s lease to now + ``ttl_s``; ``None`` if it no longer holds it."""
-        _check_id("task_id", task_id)
-        _check_id("owner", owner)
-        _check_ttl(ttl_s)
+        check_id("task_id", task_id)
+        check_id("owner", owner)
+        check_ttl(ttl_s)
 
         async def body(conn: AsyncConnection) -> Lease | None:
             now = self._clock()
@@ -443,8 +450,8 @@ class SqlStore:
 
     async def release_resume_lease(self, task_id: str, owner: str) -> bool:
         """Give the lease up so any instance may take it now; ``False`` if not held."""
-        _check_id("task_id", task_id)
-        _check_id("owner", owner)
+        check_id("task_id", task_id)
+        check_id("owner", owner)
 
         async def body(conn: AsyncConnection) -> bool:
             version = (await conn.execute(q.RELEASE_LEASE, self._keys(
@@ -462,7 +469,7 @@ class SqlStore:
         """Read a paused task back as a live context, with its conversation, pending
         sub-tasks and every known result. With ``lease_owner``, raises
         :class:`LeaseNotHeldError` unless that owner holds the resume lease."""
-        _check_id("task_id", task_id)
+        check_id("task_id", task_id)
         keys = self._keys(p_task=task_id)
 
         async def body(conn: AsyncConnection) -> RestoredTask:
@@ -473,32 +480,32 @@ class SqlStore:
                 raise LeaseNotHeldError(task_id, lease_owner)
             event_rows = (await conn.execute(q.GET_EVENTS, keys)).all()
             invocations = (await conn.execute(q.GET_INVOCATIONS, keys)).all()
-            subs = [_sub_task(row) for row in
+            subs = [sub_task(row) for row in
                     (await conn.execute(q.GET_TASK_SUB_TASKS, keys)).all()]
-            return _rebuild(task, event_rows, invocations, subs)
+            return rebuild(task, event_rows, invocations, subs)
 
         return await self._read(f"restoring task {task_id!r}", body)
 
     async def get_peer_sub_task(self, sub_task_id: str) -> PeerSubTask:
         """Read one sub-task without claiming it (for status updates and operators)."""
-        _check_id("sub_task_id", sub_task_id)
+        check_id("sub_task_id", sub_task_id)
 
         async def body(conn: AsyncConnection) -> PeerSubTask:
             row = (await conn.execute(q.GET_SUB_TASK, self._keys(p_sub=sub_task_id))).first()
             if row is None:
                 raise UnknownSubTaskError(sub_task_id)
-            return _sub_task(row)
+            return sub_task(row)
 
         return await self._read(f"reading sub-task {sub_task_id!r}", body)
 
     async def get_peer_sub_tasks_for_task(self, task_id: str) -> list[PeerSubTask]:
         """Every sub-task of a paused task, pending and resolved (e.g. to cancel peers)."""
-        _check_id("task_id", task_id)
+        check_id("task_id", task_id)
         keys = self._keys(p_task=task_id)
 
         async def body(conn: AsyncConnection) -> list[PeerSubTask]:
             await self._raise_if_unknown_task(conn, task_id)
-            return [_sub_task(row) for row in
+            return [sub_task(row) for row in
                     (await conn.execute(q.GET_TASK_SUB_TASKS, keys)).all()]
 
         return await self._read(f"listing the sub-tasks of task {task_id!r}", body)
@@ -506,8 +513,8 @@ class SqlStore:
     async def get_parallel_results(self, task_id: str,
                                    invocation_id: str) -> list[tuple[str, Any]]:
         """``(function_call_id, result)`` of an invocation's finished calls, in call order."""
-        _check_id("task_id", task_id)
-        _check_id("invocation_id", invocation_id)
+        check_id("task_id", task_id)
+        check_id("invocation_id", invocation_id)
         keys = self._keys(p_task=task_id, p_invocation=invocation_id)
 
         async def body(conn: AsyncConnection) -> list[tuple[str, Any]]:
@@ -528,7 +535,7 @@ class SqlStore:
     async def cleanup_task(self, task_id: str, *, lease_owner: str | None = None) -> None:
         """Delete every live row of a task in one transaction (it completed, failed
         or was canceled). With ``lease_owner``, only that lease holder may do it."""
-        _check_id("task_id", task_id)
+        check_id("task_id", task_id)
         keys = self._keys(p_task=task_id, p_owner=lease_owner)
 
         async def body(conn: AsyncConnection) -> None:
@@ -583,7 +590,7 @@ class SqlStore:
             stmt = stmt.where(peer_sub_tasks.c.agent_name == agent_name)
 
         async def body(conn: AsyncConnection) -> list[PeerSubTask]:
-            return [_sub_task(row) for row in (await conn.execute(stmt)).all()]
+            return [sub_task(row) for row in (await conn.execute(stmt)).all()]
 
         return await self._read("listing deadlines", body)
 
@@ -609,8 +616,8 @@ class SqlStore:
     def _lease_until(self, owner: str | None, ttl_s: float) -> float | None:
         if owner is None:
             return None
-        _check_id("lease_owner", owner)
-        _check_ttl(ttl_s)
+        check_id("lease_owner", owner)
+        check_ttl(ttl_s)
         return self._clock() + ttl_s
 
     async def _raise_if_unknown_sub_task(self, conn: AsyncConnection, sub_task_id: str) -> None:
@@ -625,134 +632,3 @@ class SqlStore:
                                          owner: str | None) -> None:
         await self._raise_if_unknown_task(conn, task_id)
         raise LeaseNotHeldError(task_id, owner)
-
-
-# -- pure helpers (no I/O) -------------------------------------------------------------------
-
-def _check_id(name: str, value: Any, *, max_len: int = _MAX_ID) -> None:
-    if type(value) is not str or not 0 < len(value) <= max_len:
-        raise InvalidArgumentError(
-            f"{name} must be a str of 1 to {max_len} characters, got {value!r:.80}")
-
-
-def _check_timeout(name: str, value: Any) -> None:
-    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
-        raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {value!r}")
-
-
-def _check_ttl(ttl_s: Any) -> None:
-    if type(ttl_s) not in (int, float) or not math.isfinite(ttl_s) or ttl_s <= 0:
-        raise InvalidArgumentError(f"ttl_s must be a finite number > 0, got {ttl_s!r}")
-
-
-def _plan_join(doc: dict[str, Any], status: str, default_timeout_s: float
-               ) -> tuple[list[tuple[str, dict[str, Any], float]], dict[str, ParallelCalls]]:
-    """Check that the pending sub-tasks and the parallel calls describe joins that
-    can complete, and return ``(sub-tasks with timeouts, invocations)``.
-
-    Every call of an invocation without a result must have exactly one pending
-    sub-task, or the task would wait forever; a task waiting on peers must wait on one.
-    """
-    invocations = {inv: ParallelCalls.from_dict(calls, f"parallel_tool_calls[{inv!r}]")
-                   for inv, calls in doc["parallel_tool_calls"].items()}
-    subs: list[tuple[str, dict[str, Any], float]] = []
-    waiting: dict[str, set[str]] = {}
-    for sub_task_id, corr in doc["active_peer_sub_tasks"].items():
-        _check_id("sub_task_id", sub_task_id)
-        corr.setdefault("invocation_id", doc["current_invocation_id"])
-        corr.setdefault("function_call_id", sub_task_id)
-        inv, call = corr["invocation_id"], corr["function_call_id"]
-        _check_id(f"invocation_id of sub-task {sub_task_id!r}", inv)
-        _check_id(f"function_call_id of sub-task {sub_task_id!r}", call)
-        for key in ("peer_agent_name", "peer_task_id"):
-            if corr.get(key) is not None:
-                _check_id(f"{key} of sub-task {sub_task_id!r}", corr[key])
-        timeout_s = corr.get("timeout_s", default_timeout_s)
-        _check_timeout(f"timeout_s of sub-task {sub_task_id!r}", timeout_s)
-        calls = invocations.setdefault(inv, ParallelCalls())
-        if call not in calls.call_order:
-            calls.call_order.append(call)
-        if call in calls.results or call in waiting.setdefault(inv, set()):
-            raise InvalidArgumentError(
-                f"call {call!r} of invocation {inv!r} already has a result or another "
-                f"pending sub-task; sub-task {sub_task_id!r} could never count")
-        waiting[inv].add(call)
-        subs.append((sub_task_id, corr, float(timeout_s)))
-    for inv, calls in invocations.items():
-        missing = set(calls.call_order) - set(calls.results) - waiting.get(inv, set())
-        if missing:
-            raise InvalidArgumentError(
-                f"calls {sorted(missing)} of invocation {inv!r} have neither a result nor a "
-                "pending peer sub-task, so the join could never complete")
-    if status == "waiting_peers" and not subs:
-        raise InvalidArgumentError(
-            "a task checkpointed as waiting_peers must have at least one pending peer "
-            "sub-task (register_peer_sub_task); use another status for other pauses")
-    return subs, invocations
-
-
-def _sub_task(row: Row[Any]) -> PeerSubTask:
-    corr = row.correlation_data
-    if type(corr) is not dict:
-        raise CorruptCheckpointError(
-            f"sub-task {row.sub_task_id!r} has correlation data of type "
-            f"{type(corr).__name__}, not an object", task_id=row.logical_task_id)
-    if row.peer_task_id is not None:
-        corr = {**corr, "peer_task_id": row.peer_task_id}
-    return PeerSubTask(
-        sub_task_id=row.sub_task_id, task_id=row.logical_task_id, agent_name=row.agent_name,
-        invocation_id=row.invocation_id, function_call_id=row.function_call_id,
-        peer_agent_name=row.peer_agent_name, peer_task_id=row.peer_task_id,
-        correlation_data=corr, timeout_deadline=row.timeout_deadline, status=row.status,
-        resolved_by=row.resolved_by, result=row.result)
-
-
-def _decode_context(task: Row[Any]) -> dict[str, Any]:
-    task_id = task.logical_task_id
-    try:
-        raw = bytes(task.context)
-        if task.context_encoding == "zlib":
-            raw = zlib.decompress(raw)
-        elif task.context_encoding != "json":
-            raise ValueError(f"unknown context encoding {task.context_encoding!r}")
-        if hashlib.sha256(raw).hexdigest() != task.context_sha256:
-            raise ValueError("its SHA-256 does not match the stored checksum")
-        doc = _json.loads(raw)
-        if type(doc) is not dict:
-            raise ValueError("it is not a JSON object")
-    except (ValueError, zlib.error) as error:
-        raise CorruptCheckpointError(
-            f"the stored context of task {task_id!r} is corrupt ({error}); it was not used. "
-            "Restore the row from a backup or cancel the task", task_id=task_id) from None
-    return doc  # type: ignore[no-any-return]
-
-
-def _rebuild(task: Row[Any], event_rows: Iterable[Row[Any]], invocations: Iterable[Row[Any]],
-             subs: list[PeerSubTask]) -> RestoredTask:
-    doc = _decode_context(task)
-    events = [row.data for row in event_rows]
-    if len(events) != task.session_event_count:
-        raise CorruptCheckpointError(
-            f"task {task.logical_task_id!r} should have {task.session_event_count} "
-            f"conversation events but {len(events)} are stored", task_id=task.logical_task_id)
-    parallel: dict[str, dict[str, Any]] = {
-        row.invocation_id: {"call_order": row.call_order, "results": dict(row.results)}
-        for row in invocations}
-    active: dict[str, dict[str, Any]] = {}
-    for item in subs:
-        if item.status == "pending":
-            active[item.sub_task_id] = item.correlation_data
-        elif item.status == "resolved" and item.invocation_id in parallel:
-            parallel[item.invocation_id]["results"][item.function_call_id] = item.result
-    doc.update(active_peer_sub_tasks=active, parallel_tool_calls=parallel,
-               session_events=events, session_events_persisted=len(events))
-    try:
-        context = TaskExecutionContext.from_checkpoint_dict(doc)
-    except InvalidArgumentError as error:
-        raise CorruptCheckpointError(
-            f"the stored context of task {task.logical_task_id!r} is malformed: {error}",
-            task_id=task.logical_task_id) from None
-    return RestoredTask(context=context, agent_name=task.agent_name, status=task.status,
-                        version=task.version, owner=task.owner,
-                        lease_expires_at=task.lease_expires_at,
-                        checkpointed_at=task.checkpointed_at, expires_at=task.expires_at)

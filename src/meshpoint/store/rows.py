@@ -1,0 +1,146 @@
+"""Pure helpers of the store: argument checks, the join plan of a checkpoint, and
+decoding rows back into records and contexts. No I/O happens here."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import zlib
+from collections.abc import Iterable
+from typing import Any
+
+from meshpoint import _json
+from meshpoint.context import ParallelCalls, TaskExecutionContext
+from meshpoint.errors import CorruptCheckpointError, InvalidArgumentError
+from meshpoint.store.records import PeerSubTask, RestoredTask
+
+MAX_ID = 255
+
+def check_id(name: str, value: Any, *, max_len: int = MAX_ID) -> None:
+    if type(value) is not str or not 0 < len(value) <= max_len:
+        raise InvalidArgumentError(
+            f"{name} must be a str of 1 to {max_len} characters, got {value!r:.80}")
+
+
+def check_timeout(name: str, value: Any) -> None:
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+        raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def check_ttl(ttl_s: Any) -> None:
+    if type(ttl_s) not in (int, float) or not math.isfinite(ttl_s) or ttl_s <= 0:
+        raise InvalidArgumentError(f"ttl_s must be a finite number > 0, got {ttl_s!r}")
+
+
+def plan_join(doc: dict[str, Any], status: str, default_timeout_s: float
+               ) -> tuple[list[tuple[str, dict[str, Any], float]], dict[str, ParallelCalls]]:
+    """Check that the pending sub-tasks and the parallel calls describe joins that
+    can complete, and return ``(sub-tasks with timeouts, invocations)``.
+
+    Every call of an invocation without a result must have exactly one pending
+    sub-task, or the task would wait forever; a task waiting on peers must wait on one.
+    """
+    invocations = {inv: ParallelCalls.from_dict(calls, f"parallel_tool_calls[{inv!r}]")
+                   for inv, calls in doc["parallel_tool_calls"].items()}
+    subs: list[tuple[str, dict[str, Any], float]] = []
+    waiting: dict[str, set[str]] = {}
+    for sub_task_id, corr in doc["active_peer_sub_tasks"].items():
+        check_id("sub_task_id", sub_task_id)
+        corr.setdefault("invocation_id", doc["current_invocation_id"])
+        corr.setdefault("function_call_id", sub_task_id)
+        inv, call = corr["invocation_id"], corr["function_call_id"]
+        check_id(f"invocation_id of sub-task {sub_task_id!r}", inv)
+        check_id(f"function_call_id of sub-task {sub_task_id!r}", call)
+        for key in ("peer_agent_name", "peer_task_id"):
+            if corr.get(key) is not None:
+                check_id(f"{key} of sub-task {sub_task_id!r}", corr[key])
+        timeout_s = corr.get("timeout_s", default_timeout_s)
+        check_timeout(f"timeout_s of sub-task {sub_task_id!r}", timeout_s)
+        calls = invocations.setdefault(inv, ParallelCalls())
+        if call not in calls.call_order:
+            calls.call_order.append(call)
+        if call in calls.results or call in waiting.setdefault(inv, set()):
+            raise InvalidArgumentError(
+                f"call {call!r} of invocation {inv!r} already has a result or another "
+                f"pending sub-task; sub-task {sub_task_id!r} could never count")
+        waiting[inv].add(call)
+        subs.append((sub_task_id, corr, float(timeout_s)))
+    for inv, calls in invocations.items():
+        missing = set(calls.call_order) - set(calls.results) - waiting.get(inv, set())
+        if missing:
+            raise InvalidArgumentError(
+                f"calls {sorted(missing)} of invocation {inv!r} have neither a result nor a "
+                "pending peer sub-task, so the join could never complete")
+    if status == "waiting_peers" and not subs:
+        raise InvalidArgumentError(
+            "a task checkpointed as waiting_peers must have at least one pending peer "
+            "sub-task (register_peer_sub_task); use another status for other pauses")
+    return subs, invocations
+
+
+def sub_task(row: Any) -> PeerSubTask:
+    corr = row.correlation_data
+    if type(corr) is not dict:
+        raise CorruptCheckpointError(
+            f"sub-task {row.sub_task_id!r} has correlation data of type "
+            f"{type(corr).__name__}, not an object", task_id=row.logical_task_id)
+    if row.peer_task_id is not None:
+        corr = {**corr, "peer_task_id": row.peer_task_id}
+    return PeerSubTask(
+        sub_task_id=row.sub_task_id, task_id=row.logical_task_id, agent_name=row.agent_name,
+        invocation_id=row.invocation_id, function_call_id=row.function_call_id,
+        peer_agent_name=row.peer_agent_name, peer_task_id=row.peer_task_id,
+        correlation_data=corr, timeout_deadline=row.timeout_deadline, status=row.status,
+        resolved_by=row.resolved_by, result=row.result)
+
+
+def decode_context(task: Any) -> dict[str, Any]:
+    """Decompress, verify and parse a paused task's context column."""
+    task_id = task.logical_task_id
+    try:
+        raw = bytes(task.context)
+        if task.context_encoding == "zlib":
+            raw = zlib.decompress(raw)
+        elif task.context_encoding != "json":
+            raise ValueError(f"unknown context encoding {task.context_encoding!r}")
+        if hashlib.sha256(raw).hexdigest() != task.context_sha256:
+            raise ValueError("its SHA-256 does not match the stored checksum")
+        doc = _json.loads(raw)
+        if type(doc) is not dict:
+            raise ValueError("it is not a JSON object")
+    except (ValueError, zlib.error) as error:
+        raise CorruptCheckpointError(
+            f"the stored context of task {task_id!r} is corrupt ({error}); it was not used. "
+            "Restore the row from a backup or cancel the task", task_id=task_id) from None
+    return doc
+
+
+def rebuild(task: Any, event_rows: Iterable[Any], invocations: Iterable[Any],
+             subs: list[PeerSubTask]) -> RestoredTask:
+    doc = decode_context(task)
+    events = [row.data for row in event_rows]
+    if len(events) != task.session_event_count:
+        raise CorruptCheckpointError(
+            f"task {task.logical_task_id!r} should have {task.session_event_count} "
+            f"conversation events but {len(events)} are stored", task_id=task.logical_task_id)
+    parallel: dict[str, dict[str, Any]] = {
+        row.invocation_id: {"call_order": row.call_order, "results": dict(row.results)}
+        for row in invocations}
+    active: dict[str, dict[str, Any]] = {}
+    for item in subs:
+        if item.status == "pending":
+            active[item.sub_task_id] = item.correlation_data
+        elif item.status == "resolved" and item.invocation_id in parallel:
+            parallel[item.invocation_id]["results"][item.function_call_id] = item.result
+    doc.update(active_peer_sub_tasks=active, parallel_tool_calls=parallel,
+               session_events=events, session_events_persisted=len(events))
+    try:
+        context = TaskExecutionContext.from_checkpoint_dict(doc)
+    except InvalidArgumentError as error:
+        raise CorruptCheckpointError(
+            f"the stored context of task {task.logical_task_id!r} is malformed: {error}",
+            task_id=task.logical_task_id) from None
+    return RestoredTask(context=context, agent_name=task.agent_name, status=task.status,
+                        version=task.version, owner=task.owner,
+                        lease_expires_at=task.lease_expires_at,
+                        checkpointed_at=task.checkpointed_at, expires_at=task.expires_at)

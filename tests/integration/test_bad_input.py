@@ -1,0 +1,179 @@
+"""Bad input gets a clear, typed error and changes nothing, on both backends."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import delete, update
+
+from meshpoint import TaskExecutionContext
+from meshpoint.errors import (
+    CheckpointConflictError,
+    ContextSerializationError,
+    CorruptCheckpointError,
+    InvalidArgumentError,
+    MeshpointError,
+    UnknownSubTaskError,
+    UnknownTaskError,
+)
+from meshpoint.store import SqlStore
+from meshpoint.store.schema import parallel_invocations, paused_tasks, peer_sub_tasks
+from meshpoint.store.schema import session_events as events_table
+from tests.conftest import snapshot
+from tests.integration.test_store import AGENT, fan_out
+
+Op = Callable[[SqlStore], Awaitable[Any]]
+
+SUB_TASK_OPS: dict[str, Op] = {
+    "resolve": lambda s: s.resolve_peer_sub_task("t1/sub-0", "x"),
+    "claim": lambda s: s.claim_peer_sub_task("t1/sub-0"),
+    "get": lambda s: s.get_peer_sub_task("t1/sub-0"),
+    "reset_deadline": lambda s: s.reset_timeout_deadline("t1/sub-0"),
+}
+TASK_OPS: dict[str, Op] = {
+    "restore": lambda s: s.restore_task("t1"),
+    "cleanup": lambda s: s.cleanup_task("t1"),
+    "take_lease": lambda s: s.take_resume_lease("t1", "o", 5, statuses=["waiting_peers"]),
+    "renew_lease": lambda s: s.renew_resume_lease("t1", "o", 5),
+    "release_lease": lambda s: s.release_resume_lease("t1", "o"),
+    "sub_tasks_for_task": lambda s: s.get_peer_sub_tasks_for_task("t1"),
+    "parallel_results": lambda s: s.get_parallel_results("t1", "inv-1"),
+    "record_result": lambda s: s.record_parallel_result("t1", "inv-1", "call-0", "x"),
+}
+
+
+async def expect_unchanged(store: SqlStore, op: Op, error: type[MeshpointError],
+                           match: str | None = None) -> MeshpointError:
+    before = await snapshot(store)
+    with pytest.raises(error, match=match) as caught:
+        await op(store)
+    assert await snapshot(store) == before
+    return caught.value
+
+
+@pytest.mark.parametrize("name", SUB_TASK_OPS)
+async def test_unknown_sub_task_ids(store: SqlStore, name: str) -> None:
+    await store.checkpoint_task(fan_out("other"), AGENT)
+    error = await expect_unchanged(store, SUB_TASK_OPS[name], UnknownSubTaskError, "t1/sub-0")
+    assert "never checkpointed" in str(error)
+
+
+@pytest.mark.parametrize("name", TASK_OPS)
+async def test_unknown_task_ids(store: SqlStore, name: str) -> None:
+    await store.checkpoint_task(fan_out("other"), AGENT)
+    await expect_unchanged(store, TASK_OPS[name], UnknownTaskError, "'t1'")
+
+
+@pytest.mark.parametrize("name", [*SUB_TASK_OPS, *TASK_OPS])
+async def test_another_tenants_ids_are_unknown(store: SqlStore, name: str) -> None:
+    await store.checkpoint_task(fan_out("t1"), AGENT)
+    ops = {**SUB_TASK_OPS, **TASK_OPS}
+    expected = UnknownSubTaskError if name in SUB_TASK_OPS else UnknownTaskError
+    await expect_unchanged(store.for_tenant("intruder"), ops[name], expected)
+    assert (await store.get_peer_sub_task("t1/sub-0")).status == "pending"
+
+
+async def test_a_context_that_cannot_be_serialised_writes_nothing(store: SqlStore) -> None:
+    ctx = fan_out("t1")
+    ctx.a2a_context["reply_to"] = lambda: None
+    error = await expect_unchanged(store, lambda s: s.checkpoint_task(ctx, AGENT),
+                                   ContextSerializationError)
+    assert error.path == "context['a2a_context']['reply_to']"  # type: ignore[attr-defined]
+    assert "function" in str(error)
+
+
+async def test_a_result_that_cannot_be_serialised_resolves_nothing(store: SqlStore) -> None:
+    await store.checkpoint_task(fan_out("t1"), AGENT)
+    await expect_unchanged(store, lambda s: s.resolve_peer_sub_task("t1/sub-0", {1, 2}),
+                           ContextSerializationError, "set")
+
+
+@pytest.mark.parametrize(("op", "match"), [
+    (lambda s: s.checkpoint_task(fan_out("t"), ""), "agent_name"),
+    (lambda s: s.checkpoint_task(fan_out("t"), AGENT, status="sleeping"), "status"),
+    (lambda s: s.checkpoint_task(fan_out("t"), AGENT, default_timeout_s=-1), "default_timeout"),
+    (lambda s: s.checkpoint_task(fan_out("t", timeout_s=float("inf")), AGENT), "timeout_s"),
+    (lambda s: s.resolve_peer_sub_task("", "x"), "sub_task_id"),
+    (lambda s: s.resolve_peer_sub_task("x" * 300, "x"), "sub_task_id"),
+    (lambda s: s.resolve_peer_sub_task("t1/sub-0", "x", lease_owner="o", lease_ttl_s=0),
+     "ttl_s"),
+    (lambda s: s.sweep_expired_timeouts(AGENT, limit=0), "limit"),
+    (lambda s: s.take_resume_lease("t1", "o", ttl_s=-5), "ttl_s"),
+    (lambda s: s.take_resume_lease("t1", "o", 5, statuses=["asleep"]), "statuses"),
+    (lambda s: s.reset_timeout_deadline("t1/sub-0", timeout_s=float("nan")), "timeout_s"),
+])
+async def test_malformed_arguments_are_named(store: SqlStore, op: Op, match: str) -> None:
+    await store.checkpoint_task(fan_out("t1"), AGENT)
+    await expect_unchanged(store, op, InvalidArgumentError, match)
+
+
+async def test_a_join_that_could_never_complete_is_refused(store: SqlStore) -> None:
+    ctx = fan_out("t1")
+    ctx.begin_parallel_calls("inv-1", ["forgotten"])  # no result, no sub-task
+    await expect_unchanged(store, lambda s: s.checkpoint_task(ctx, AGENT),
+                           InvalidArgumentError, "forgotten")
+    idle = TaskExecutionContext("t2")
+    await expect_unchanged(store, lambda s: s.checkpoint_task(idle, AGENT),
+                           InvalidArgumentError, "at least one pending peer sub-task")
+    await store.checkpoint_task(idle, AGENT, status="input_required")  # other pauses are fine
+
+
+async def test_colliding_ids_write_nothing(store: SqlStore) -> None:
+    await store.checkpoint_task(fan_out("t1"), AGENT)
+    await expect_unchanged(store, lambda s: s.checkpoint_task(fan_out("t1"), AGENT),
+                           CheckpointConflictError, "already checkpointed")
+    thief = fan_out("t2")
+    thief.register_peer_sub_task("t1/sub-0", {"peer_agent_name": "p"})  # t1's sub-task id
+    await expect_unchanged(store, lambda s: s.checkpoint_task(thief, AGENT),
+                           CheckpointConflictError, "sub-task id already in use")
+
+
+async def _corrupt(store: SqlStore, statement: Any) -> None:
+    async with store.engine.begin() as conn:
+        await conn.execute(statement)
+
+
+TASK_ROW = (paused_tasks.c.tenant_id == "default") & (paused_tasks.c.logical_task_id == "t1")
+
+
+@pytest.mark.parametrize(("damage", "match"), [
+    (update(paused_tasks).where(TASK_ROW).values(context=b"\x00\xff garbage"), "SHA-256"),
+    (update(paused_tasks).where(TASK_ROW).values(context_encoding="zlib"), "corrupt"),
+    (update(paused_tasks).where(TASK_ROW).values(context_encoding="rot13"), "encoding"),
+    (update(paused_tasks).where(TASK_ROW).values(context_sha256="0" * 64), "SHA-256"),
+    (delete(events_table).where(events_table.c.seq == 1), "2 conversation events but 1"),
+])
+async def test_a_corrupted_task_row_is_never_restored(store: SqlStore, damage: Any,
+                                                      match: str) -> None:
+    await store.checkpoint_task(fan_out("t1"), AGENT)
+    await _corrupt(store, damage)
+    error = await expect_unchanged(store, lambda s: s.restore_task("t1"),
+                                   CorruptCheckpointError, match)
+    assert error.task_id == "t1"  # type: ignore[attr-defined]
+
+
+async def test_a_corrupted_sub_task_row_resolves_nothing(store: SqlStore) -> None:
+    await store.checkpoint_task(fan_out("t1"), AGENT)
+    # JSON that decodes to the wrong shape (both backends); on SQLite also text that
+    # is not JSON at all.
+    await _corrupt(store, update(peer_sub_tasks).where(peer_sub_tasks.c.sub_task_id == "t1/sub-0")
+                   .values(correlation_data=[1, 2]))
+    await expect_unchanged(store, lambda s: s.resolve_peer_sub_task("t1/sub-0", "x"),
+                           CorruptCheckpointError, "correlation data")
+    if store.dialect == "sqlite":
+        async with store.engine.begin() as conn:
+            await conn.exec_driver_sql(
+                "UPDATE agent_peer_sub_tasks SET correlation_data = '{broken' "
+                "WHERE sub_task_id = 't1/sub-1'")
+        await expect_unchanged(store, lambda s: s.resolve_peer_sub_task("t1/sub-1", "x"),
+                               CorruptCheckpointError, "does not decode")
+
+
+async def test_a_missing_invocation_row_resolves_nothing(store: SqlStore) -> None:
+    await store.checkpoint_task(fan_out("t1"), AGENT)
+    await _corrupt(store, delete(parallel_invocations))
+    await expect_unchanged(store, lambda s: s.resolve_peer_sub_task("t1/sub-0", "x"),
+                           CorruptCheckpointError, "no row for invocation")
+    assert (await store.get_peer_sub_task("t1/sub-0")).status == "pending"
