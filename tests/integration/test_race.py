@@ -1,0 +1,130 @@
+"""Exactly-once under a race of real OS processes, counted (DESIGN.md invariants 1-3, 8).
+
+Paused tasks each wait on peer sub-tasks whose deadlines have already passed. Every
+sub-task is then hit by its answer, a duplicate of the answer (in another process,
+in a random order), and by two sweeper processes that resolve expired sub-tasks
+with a timeout. The process that completes a join restores the task under its
+lease, checks the results, and cleans up; every process also tries to take leases
+of tasks it did not complete. Afterwards the counts must match exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import random
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.progress import track
+
+from meshpoint import TaskExecutionContext
+from meshpoint.store import SqlStore, open_store
+from tests.conftest import fresh_pg_schema, pg_execute_async, row_counts
+from tests.integration import race_worker
+from tests.integration.race_worker import LOCAL_RESULT, WorkerPlan
+
+pytestmark = pytest.mark.race
+AGENT = "coordinator"
+
+
+def paused_task(task_id: str, peers: int) -> TaskExecutionContext:
+    ctx = TaskExecutionContext(task_id, {"session_id": task_id})
+    ctx.current_invocation_id = "inv"
+    ctx.begin_parallel_calls("inv", ["local", *[f"call-{n}" for n in range(peers)]])
+    ctx.record_parallel_result("inv", "local", LOCAL_RESULT)
+    for n in range(peers):
+        # timeout_s=0: the deadline has passed before the race starts, so the sweepers
+        # compete with the answers for every single sub-task.
+        ctx.register_peer_sub_task(f"{task_id}/sub-{n}", {
+            "function_call_id": f"call-{n}", "peer_agent_name": f"peer-{n}", "timeout_s": 0})
+    ctx.append_session_event({"role": "user", "text": f"question {task_id}"})
+    return ctx
+
+
+@pytest.fixture
+async def race_db(backend: str, request: pytest.FixtureRequest,
+                  tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """A fresh database for one race: a SQLite file, or a new PostgreSQL schema."""
+    if backend == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'race.db'}", {}
+        return
+    url = request.getfixturevalue("postgres_url")
+    schema = await fresh_pg_schema()
+    try:
+        yield url, {"schema": schema}
+    finally:
+        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
+
+
+async def run_race(url: str, options: dict[str, Any], tmp_path: Path, *, tasks: int,
+                   peers: int, processes: int, seed: int) -> None:
+    store: SqlStore = await open_store(url, **options)
+    try:
+        for n in track(range(tasks), description=f"checkpointing {tasks} paused tasks"):
+            await store.checkpoint_task(paused_task(f"task-{n}", peers), AGENT)
+        sub_ids = [f"task-{n}/sub-{s}" for n in range(tasks) for s in range(peers)]
+        rng = random.Random(seed)
+        deliveries = sub_ids * 2  # every answer, and a duplicate of it
+        rng.shuffle(deliveries)
+        spawn = multiprocessing.get_context("spawn")
+        barrier = spawn.Barrier(processes)
+        plans = [WorkerPlan(name=f"worker-{w}", url=url, options=options,
+                            answers=deliveries[w::processes], sweeper=w < 2, seed=seed + w,
+                            out_path=str(tmp_path / f"worker-{w}.json"))
+                 for w in range(processes)]
+        workers = [spawn.Process(target=race_worker.run, args=(plan, barrier))
+                   for plan in plans]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=240)
+        assert [w.exitcode for w in workers] == [0] * processes, "a racing process failed"
+        reports = [json.loads(Path(plan.out_path).read_text()) for plan in plans]
+
+        resolved = [entry for r in reports for entry in r["resolved"]]
+        winners = Counter(sub_id for sub_id, *_ in resolved)
+        # Invariant 1: every sub-task resolved exactly once, by its answer or its timeout.
+        assert len(winners) == len(sub_ids) and set(winners) == set(sub_ids)
+        assert max(winners.values()) == 1
+        by = Counter(kind for _, kind, _, _ in resolved)
+        assert by["answer"] + by["timeout"] == len(sub_ids)
+        assert sum(r["lost_answers"] for r in reports) == 2 * len(sub_ids) - by["answer"]
+        # The completion counter is exact: each invocation counted 2..total once each
+        # (the local tool's result was 1 at checkpoint time).
+        counts: dict[str, list[int]] = {}
+        for sub_id, _, done, total in resolved:
+            assert total == peers + 1
+            counts.setdefault(sub_id.rpartition("/")[0], []).append(done)
+        assert all(sorted(seen) == list(range(2, peers + 2)) for seen in counts.values())
+        # Invariant 3: every join completed once and resumed once, by its completer only.
+        joins = Counter(task for r in reports for task in r["joins"])
+        resumed = Counter(task for r in reports for task in r["resumed"])
+        assert len(joins) == tasks and max(joins.values()) == 1
+        assert resumed == joins
+        assert sum(r["steals"] for r in reports) == 0
+        assert [task for r in reports for task in r["bad_results"]] == []
+        # Invariant 8: nothing left behind.
+        assert set((await row_counts(store)).values()) == {0}
+        print(f"\nrace on {store.dialect}: {len(sub_ids)} sub-tasks, {processes} processes: "
+              f"{by['answer']} answered, {by['timeout']} timed out, "
+              f"{sum(r['lost_answers'] for r in reports)} late/duplicate answers ignored, "
+              f"{len(joins)} joins completed and resumed once each, 0 rows left")
+    finally:
+        await store.close()
+
+
+async def test_race_of_8_processes_over_5000_sub_tasks(
+        race_db: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
+    url, options = race_db
+    await run_race(url, options, tmp_path, tasks=1000, peers=5, processes=8, seed=2026)
+
+
+@pytest.mark.parametrize("seed", range(5))
+async def test_smaller_races_with_other_interleavings(
+        race_db: tuple[str, dict[str, Any]], tmp_path: Path, seed: int) -> None:
+    url, options = race_db
+    await run_race(url, options, tmp_path, tasks=60, peers=4, processes=4, seed=seed)
