@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Connection
 
 from meshpoint.store import SqlStore, open_store
 from meshpoint.store.schema import metadata
@@ -124,13 +125,15 @@ def clock() -> FakeClock:
 
 async def snapshot(store: SqlStore) -> dict[str, list[tuple[object, ...]]]:
     """Every row of every table (all tenants), to prove an operation changed nothing."""
-    out: dict[str, list[tuple[object, ...]]] = {}
-    async with store.engine.connect() as conn:
+    def read(conn: Connection) -> dict[str, list[tuple[object, ...]]]:
+        out: dict[str, list[tuple[object, ...]]] = {}
         for table in metadata.sorted_tables:
             # Raw driver values: a corrupted JSON column must not break the snapshot.
-            rows = (await conn.exec_driver_sql(f"SELECT * FROM {table.name}")).all()
+            rows = conn.exec_driver_sql(f"SELECT * FROM {table.name}").all()
             out[table.name] = sorted((tuple(row) for row in rows), key=repr)
-    return out
+        return out
+
+    return await store.run(read)
 
 
 async def row_counts(store: SqlStore) -> dict[str, int]:
@@ -144,8 +147,7 @@ async def store(backend: str, store_url: str, store_options: dict[str, object],
     opened = await open_store(store_url, clock=clock, **store_options)  # type: ignore[arg-type]
     if backend == "postgres":
         tables = ", ".join(table.name for table in metadata.sorted_tables)
-        async with opened.engine.begin() as conn:
-            await conn.exec_driver_sql(f"TRUNCATE {tables}")
+        await opened.run(lambda conn: conn.exec_driver_sql(f"TRUNCATE {tables}"), write=True)
     try:
         yield opened
     finally:

@@ -131,8 +131,7 @@ async def test_colliding_ids_write_nothing(store: SqlStore) -> None:
 
 
 async def _corrupt(store: SqlStore, statement: Any) -> None:
-    async with store.engine.begin() as conn:
-        await conn.execute(statement)
+    await store.run(lambda conn: conn.execute(statement), write=True)
 
 
 TASK_ROW = (paused_tasks.c.tenant_id == "default") & (paused_tasks.c.logical_task_id == "t1")
@@ -163,10 +162,9 @@ async def test_a_corrupted_sub_task_row_resolves_nothing(store: SqlStore) -> Non
     await expect_unchanged(store, lambda s: s.resolve_peer_sub_task("t1/sub-0", "x"),
                            CorruptCheckpointError, "correlation data")
     if store.dialect == "sqlite":
-        async with store.engine.begin() as conn:
-            await conn.exec_driver_sql(
-                "UPDATE agent_peer_sub_tasks SET correlation_data = '{broken' "
-                "WHERE sub_task_id = 't1/sub-1'")
+        await store.run(lambda conn: conn.exec_driver_sql(
+            "UPDATE agent_peer_sub_tasks SET correlation_data = '{broken' "
+            "WHERE sub_task_id = 't1/sub-1'"), write=True)
         await expect_unchanged(store, lambda s: s.resolve_peer_sub_task("t1/sub-1", "x"),
                                CorruptCheckpointError, "does not decode")
 

@@ -14,10 +14,11 @@ from sqlalchemy import Connection, inspect
 from meshpoint.errors import SchemaError
 from meshpoint.store import open_store
 from meshpoint.store.engine import (
-    create_engine,
+    current_revision,
     downgrade,
     head_revision,
     migrate,
+    open_database,
     parse_url,
 )
 from meshpoint.store.schema import metadata
@@ -62,9 +63,8 @@ async def test_migrations_produce_exactly_the_table_definitions(
     url, options = empty_database
     store = await open_store(url, **options)
     try:
-        async with store.engine.connect() as conn:
-            assert await conn.run_sync(_diff) == []
-            tables = await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
+        assert await store.run(_diff) == []
+        tables = await store.run(lambda c: set(inspect(c).get_table_names()))
         assert tables == {*metadata.tables, "alembic_version"}
         for table in metadata.tables.values():
             assert table.c.tenant_id.primary_key, f"{table.name} is not keyed by tenant"
@@ -86,20 +86,17 @@ async def test_an_unmigrated_database_is_refused_with_the_fix(
 async def test_migrating_twice_and_down_and_up_again(
         empty_database: tuple[str, dict[str, Any]]) -> None:
     url, options = empty_database
-    engine = create_engine(parse_url(url), busy_timeout_s=5, schema=options.get("schema"),
-                           pool_size=1)
+    db = open_database(parse_url(url), busy_timeout_s=5, schema=options.get("schema"),
+                       pool_size=1)
     try:
-        await migrate(engine)
-        await migrate(engine)
-        await downgrade(engine, "base")
-        async with engine.connect() as conn:
-            left = await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
+        await migrate(db)
+        await migrate(db)
+        await downgrade(db, "base")
+        left = await db.run(lambda c: set(inspect(c).get_table_names()), write=False)
         assert left <= {"alembic_version"}
-        await migrate(engine)
-        async with engine.connect() as conn:
-            assert await conn.run_sync(_diff) == []
-            current = await conn.run_sync(
-                lambda c: MigrationContext.configure(c).get_current_revision())
-        assert current == head_revision()
+        assert await current_revision(db) is None
+        await migrate(db)
+        assert await db.run(_diff, write=False) == []
+        assert await current_revision(db) == head_revision()
     finally:
-        await engine.dispose()
+        await db.dispose()

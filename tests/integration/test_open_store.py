@@ -13,7 +13,7 @@ from meshpoint.store import open_store
 
 @pytest.mark.parametrize(("url", "match"), [
     ("mysql+aiomysql://root@localhost/test", "unsupported store URL scheme"),
-    ("sqlite+pysqlite:///x.db", "unsupported store URL scheme"),
+    ("sqlite+pysqlcipher:///x.db", "unsupported store URL scheme"),
     ("not a url", "cannot parse store URL"),
 ])
 async def test_unusable_urls_are_refused(url: str, match: str) -> None:

@@ -8,7 +8,8 @@ Open one from a URL::
 ``sqlite+aiosqlite:///path`` (or ``:memory:``) is the embedded default;
 ``postgresql+asyncpg://user@host/db`` scales out. Both run the same SQL
 (:mod:`meshpoint.store.sql`); the PostgreSQL driver is imported only when a
-PostgreSQL URL is opened.
+PostgreSQL URL is opened. SQLite runs on the standard library's sqlite3 driver,
+one worker-thread hop per operation (see :mod:`meshpoint.store.engine`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from sqlalchemy.engine import URL
 
 from meshpoint.errors import ConfigurationError
-from meshpoint.store.engine import check_schema, create_engine, migrate, parse_url
+from meshpoint.store.engine import check_schema, migrate, open_database, parse_url
 from meshpoint.store.records import (
     CheckpointReceipt,
     Lease,
@@ -61,17 +62,17 @@ class StoreOpener:
         check_id("tenant_id", opts["tenant_id"], max_len=64)
         if opts["pool_size"] < 1:
             raise ConfigurationError(f"pool_size must be at least 1, got {opts['pool_size']}")
-        engine = create_engine(url, busy_timeout_s=opts["busy_timeout_s"],
-                               schema=opts["schema"], pool_size=opts["pool_size"])
+        db = open_database(url, busy_timeout_s=opts["busy_timeout_s"], schema=opts["schema"],
+                           pool_size=opts["pool_size"])
         try:
             if opts["migrate"]:
-                await migrate(engine)
+                await migrate(db)
             else:
-                await check_schema(engine)
-            return SqlStore(engine, tenant_id=opts["tenant_id"], clock=opts["clock"],
+                await check_schema(db)
+            return SqlStore(db, tenant_id=opts["tenant_id"], clock=opts["clock"],
                             compress_threshold_bytes=opts["compress_threshold_bytes"])
         except BaseException:
-            await engine.dispose()
+            await db.dispose()
             raise
 
     def __await__(self) -> Generator[Any, None, SqlStore]:

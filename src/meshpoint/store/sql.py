@@ -13,11 +13,10 @@ import hashlib
 import random
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
 
-from sqlalchemy import exc, func, insert, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy import Connection, exc, func, insert, select
 
 from meshpoint import _json
 from meshpoint.context import ParallelCalls, TaskExecutionContext
@@ -30,7 +29,7 @@ from meshpoint.errors import (
     UnknownTaskError,
 )
 from meshpoint.store import queries as q
-from meshpoint.store.engine import SQLITE_BEGIN, is_retryable, translate
+from meshpoint.store.engine import Database, is_retryable, translate
 from meshpoint.store.records import (
     CheckpointReceipt,
     Lease,
@@ -53,7 +52,6 @@ from meshpoint.store.schema import (
     parallel_invocations,
     paused_tasks,
     peer_sub_tasks,
-    session_events,
 )
 
 R = TypeVar("R")
@@ -75,36 +73,30 @@ class SqlStore:
     tenant is reported exactly like an unknown one.
     """
 
-    def __init__(self, engine: AsyncEngine, *, tenant_id: str,
+    def __init__(self, db: Database, *, tenant_id: str,
                  clock: Callable[[], float] = time.time,
-                 compress_threshold_bytes: int = 16_384, owns_engine: bool = True) -> None:
+                 compress_threshold_bytes: int = 16_384, owns_db: bool = True) -> None:
         check_id("tenant_id", tenant_id, max_len=64)
-        self._engine = engine
-        # Same pool; only the SQLite BEGIN mode differs (ignored by PostgreSQL).
-        self._writer = engine.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
+        self._db = db
         self.tenant_id = tenant_id
         self._clock = clock
         self._compress_threshold = compress_threshold_bytes
-        self._owns_engine = owns_engine
+        self._owns_db = owns_db
 
     @property
     def dialect(self) -> str:
         """``"sqlite"`` or ``"postgresql"``."""
-        return self._engine.dialect.name
-
-    @property
-    def engine(self) -> AsyncEngine:
-        return self._engine
+        return self._db.dialect
 
     def for_tenant(self, tenant_id: str) -> SqlStore:
         """A view of the same database for another tenant, sharing this store's pool."""
-        return SqlStore(self._engine, tenant_id=tenant_id, clock=self._clock,
-                        compress_threshold_bytes=self._compress_threshold, owns_engine=False)
+        return SqlStore(self._db, tenant_id=tenant_id, clock=self._clock,
+                        compress_threshold_bytes=self._compress_threshold, owns_db=False)
 
     async def close(self) -> None:
         """Close the connection pool (a no-op on a :meth:`for_tenant` view)."""
-        if self._owns_engine:
-            await self._engine.dispose()
+        if self._owns_db:
+            await self._db.dispose()
 
     async def __aenter__(self) -> SqlStore:
         return self
@@ -112,14 +104,22 @@ class SqlStore:
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
 
+    async def run(self, body: Callable[[Connection], R], *, write: bool = False) -> R:
+        """Run ``body(connection)`` in one transaction of this store's database.
+
+        For operator tooling and tests that need SQL of their own; driver errors
+        are translated like the store's. Rows of every tenant are visible to it.
+        """
+        with translate("running a caller's transaction"):
+            return await self._db.run(body, write=write)
+
     # -- transactions -----------------------------------------------------------------
 
-    async def _write(self, doing: str, body: Callable[[AsyncConnection], Awaitable[R]]) -> R:
+    async def _write(self, doing: str, body: Callable[[Connection], R]) -> R:
         for attempt in range(_RETRIES):
             with translate(doing):
                 try:
-                    async with self._writer.begin() as conn:
-                        return await body(conn)
+                    return await self._db.run(body, write=True)
                 except exc.DBAPIError as error:
                     if not is_retryable(error) or attempt == _RETRIES - 1:
                         raise
@@ -127,10 +127,9 @@ class SqlStore:
             await asyncio.sleep(random.uniform(0, 0.002 * (attempt + 1)))
         raise AssertionError("unreachable")
 
-    async def _read(self, doing: str, body: Callable[[AsyncConnection], Awaitable[R]]) -> R:
+    async def _read(self, doing: str, body: Callable[[Connection], R]) -> R:
         with translate(doing):
-            async with self._engine.begin() as conn:
-                return await body(conn)
+            return await self._db.run(body, write=False)
 
     def _keys(self, **extra: Any) -> dict[str, Any]:
         return {"p_tenant": self.tenant_id, **extra}
@@ -189,16 +188,14 @@ class SqlStore:
             "total_expected": calls.total, "completed_count": calls.completed,
             "call_order": calls.call_order, "results": calls.results, "created_at": now,
         } for inv, calls in invocations.items()]
-        event_rows = [{
-            "tenant_id": self.tenant_id, "logical_task_id": ctx.task_id, "seq": seq,
-            "data": events[seq], "created_at": now,
-        } for seq in range(first_new, len(events))]
+        new_events = events[first_new:]
+        append_events = q.APPEND_EVENTS[self.dialect]
         keys = self._keys(p_task=ctx.task_id)
 
-        async def body(conn: AsyncConnection) -> int:
+        def body(conn: Connection) -> int:
             if lease_owner is None:
                 try:
-                    await conn.execute(insert(paused_tasks), task_values)
+                    conn.execute(insert(paused_tasks), task_values)
                 except exc.IntegrityError:
                     raise CheckpointConflictError(
                         f"task {ctx.task_id!r} is already checkpointed; a resumed task is "
@@ -206,25 +203,26 @@ class SqlStore:
                     ) from None
                 version = 1
             else:
-                row = (await conn.execute(q.RECHECKPOINT_TASK, {
+                row = (conn.execute(q.RECHECKPOINT_TASK, {
                     **keys, "p_owner": lease_owner, "p_agent": agent_name, "p_status": status,
                     "p_invocation": task_values["current_invocation_id"], "p_context": blob,
                     "p_encoding": task_values["context_encoding"],
                     "p_sha256": task_values["context_sha256"], "p_event_count": len(events),
                     "p_now": now, "p_expires_at": expires_at})).first()
                 if row is None:
-                    await self._raise_missing_or_unleased(conn, ctx.task_id, lease_owner)
+                    self._raise_missing_or_unleased(conn, ctx.task_id, lease_owner)
                 version = row[0]
                 # The previous pause's rows are all resolved; the context is the truth now.
-                await conn.execute(q.DELETE_TASK_SUB_TASKS, keys)
-                await conn.execute(q.DELETE_TASK_INVOCATIONS, keys)
+                conn.execute(q.DELETE_TASK_SUB_TASKS, keys)
+                conn.execute(q.DELETE_TASK_INVOCATIONS, keys)
             try:
                 if sub_rows:
-                    await conn.execute(insert(peer_sub_tasks), sub_rows)
+                    conn.execute(insert(peer_sub_tasks), sub_rows)
                 if invocation_rows:
-                    await conn.execute(insert(parallel_invocations), invocation_rows)
-                if event_rows:
-                    await conn.execute(insert(session_events), event_rows)
+                    conn.execute(insert(parallel_invocations), invocation_rows)
+                if new_events:
+                    conn.execute(append_events, {**keys, "p_events": new_events,
+                                                 "p_first": first_new, "p_now": now})
             except exc.IntegrityError as error:
                 raise CheckpointConflictError(
                     f"checkpoint of task {ctx.task_id!r} collides with stored rows (a sub-task "
@@ -237,7 +235,7 @@ class SqlStore:
         return CheckpointReceipt(
             task_id=ctx.task_id, version=version,
             sub_task_deadlines={row["sub_task_id"]: row["timeout_deadline"] for row in sub_rows},
-            events_appended=len(event_rows), context_bytes=len(blob), compressed=compressed)
+            events_appended=len(new_events), context_bytes=len(blob), compressed=compressed)
 
     # -- resolving sub-tasks ------------------------------------------------------------------
 
@@ -256,15 +254,15 @@ class SqlStore:
         value = _json.json_copy(result, "result")
         lease_until = self._lease_until(lease_owner, lease_ttl_s)
 
-        async def body(conn: AsyncConnection) -> Resolution | None:
+        def body(conn: Connection) -> Resolution | None:
             now = self._clock()
-            row = (await conn.execute(q.RESOLVE_PENDING, self._keys(
+            row = (conn.execute(q.RESOLVE_PENDING, self._keys(
                 p_sub=sub_task_id, p_resolved_by=resolved_by, p_result=value,
                 p_now=now))).first()
             if row is None:
-                await self._raise_if_unknown_sub_task(conn, sub_task_id)
+                self._raise_if_unknown_sub_task(conn, sub_task_id)
                 return None
-            return (await self._advance(conn, [sub_task(row)], lease_owner, lease_until))[0]
+            return (self._advance(conn, [sub_task(row)], lease_owner, lease_until))[0]
 
         return await self._write(f"resolving sub-task {sub_task_id!r}", body)
 
@@ -277,11 +275,11 @@ class SqlStore:
         """
         check_id("sub_task_id", sub_task_id)
 
-        async def body(conn: AsyncConnection) -> PeerSubTask | None:
-            row = (await conn.execute(q.CLAIM_PENDING, self._keys(
+        def body(conn: Connection) -> PeerSubTask | None:
+            row = (conn.execute(q.CLAIM_PENDING, self._keys(
                 p_sub=sub_task_id, p_now=self._clock()))).first()
             if row is None:
-                await self._raise_if_unknown_sub_task(conn, sub_task_id)
+                self._raise_if_unknown_sub_task(conn, sub_task_id)
                 return None
             return sub_task(row)
 
@@ -305,14 +303,14 @@ class SqlStore:
         lease_until = self._lease_until(lease_owner, lease_ttl_s)
         keys = self._keys(p_task=task_id, p_invocation=invocation_id, p_call=function_call_id)
 
-        async def body(conn: AsyncConnection) -> Resolution:
-            row = (await conn.execute(q.RECORD_CLAIMED, {
+        def body(conn: Connection) -> Resolution:
+            row = (conn.execute(q.RECORD_CLAIMED, {
                 **keys, "p_resolved_by": "answer", "p_result": copied,
                 "p_now": self._clock()})).first()
             if row is None:
-                status = (await conn.execute(q.CALL_STATUS, keys)).scalar()
+                status = (conn.execute(q.CALL_STATUS, keys)).scalar()
                 if status is None:
-                    if (await conn.execute(q.TASK_STATE, keys)).first() is None:
+                    if (conn.execute(q.TASK_STATE, keys)).first() is None:
                         raise UnknownTaskError(task_id)
                     raise InvalidArgumentError(
                         f"task {task_id!r} has no peer call {function_call_id!r} in "
@@ -320,7 +318,7 @@ class SqlStore:
                 raise CheckpointConflictError(
                     f"call {function_call_id!r} of task {task_id!r} is {status}, not claimed: "
                     "claim it with claim_peer_sub_task first, and record its result once")
-            return (await self._advance(conn, [sub_task(row)], lease_owner, lease_until))[0]
+            return (self._advance(conn, [sub_task(row)], lease_owner, lease_until))[0]
 
         return await self._write(f"recording a result for task {task_id!r}", body)
 
@@ -339,16 +337,16 @@ class SqlStore:
             raise InvalidArgumentError(f"limit must be a positive int, got {limit!r}")
         lease_until = self._lease_until(lease_owner, lease_ttl_s)
 
-        async def body(conn: AsyncConnection) -> list[Resolution]:
-            rows = (await conn.execute(q.SWEEP_EXPIRED, self._keys(
+        def body(conn: Connection) -> list[Resolution]:
+            rows = (conn.execute(q.SWEEP_EXPIRED, self._keys(
                 p_agent=agent_name, p_now=self._clock(), p_limit=limit,
                 p_result=TIMEOUT_RESULT))).all()
-            return await self._advance(conn, [sub_task(row) for row in rows], lease_owner,
+            return self._advance(conn, [sub_task(row) for row in rows], lease_owner,
                                        lease_until)
 
         return await self._write(f"sweeping expired sub-tasks of {agent_name!r}", body)
 
-    async def _advance(self, conn: AsyncConnection, resolved: list[PeerSubTask],
+    def _advance(self, conn: Connection, resolved: list[PeerSubTask],
                        lease_owner: str | None, lease_until: float | None) -> list[Resolution]:
         """Count freshly resolved sub-tasks on their invocations and mark completed joins.
 
@@ -359,7 +357,7 @@ class SqlStore:
             groups.setdefault((item.task_id, item.invocation_id), []).append(item)
         out: list[Resolution] = []
         for (task_id, invocation_id), items in sorted(groups.items()):
-            counts = (await conn.execute(q.ADVANCE_INVOCATION, self._keys(
+            counts = (conn.execute(q.ADVANCE_INVOCATION, self._keys(
                 p_task=task_id, p_invocation=invocation_id, p_n=len(items)))).first()
             if counts is None:
                 raise CorruptCheckpointError(
@@ -371,7 +369,7 @@ class SqlStore:
                     f"invocation {invocation_id!r} of task {task_id!r} would count "
                     f"{completed} of {total} calls; nothing was resolved", task_id=task_id)
             if completed == total:
-                await conn.execute(q.MARK_RESUMING, self._keys(
+                conn.execute(q.MARK_RESUMING, self._keys(
                     p_task=task_id, p_owner=lease_owner, p_lease_until=lease_until))
             first = completed - len(items) + 1
             for offset, item in enumerate(items):
@@ -392,12 +390,12 @@ class SqlStore:
         if peer_task_id is not None:
             check_id("peer_task_id", peer_task_id)
 
-        async def body(conn: AsyncConnection) -> float | None:
-            deadline = (await conn.execute(q.RESET_DEADLINE, self._keys(
+        def body(conn: Connection) -> float | None:
+            deadline = (conn.execute(q.RESET_DEADLINE, self._keys(
                 p_sub=sub_task_id, p_now=self._clock(), p_timeout=timeout_s,
                 p_peer_task=peer_task_id))).scalar()
             if deadline is None:
-                await self._raise_if_unknown_sub_task(conn, sub_task_id)
+                self._raise_if_unknown_sub_task(conn, sub_task_id)
             return None if deadline is None else float(deadline)
 
         return await self._write(f"resetting the deadline of {sub_task_id!r}", body)
@@ -419,13 +417,13 @@ class SqlStore:
         if bad or not statuses:
             raise InvalidArgumentError(f"statuses must be non-empty, from {TASK_STATUSES}")
 
-        async def body(conn: AsyncConnection) -> Lease | None:
+        def body(conn: Connection) -> Lease | None:
             now = self._clock()
-            version = (await conn.execute(q.TAKE_LEASE, self._keys(
+            version = (conn.execute(q.TAKE_LEASE, self._keys(
                 p_task=task_id, p_owner=owner, p_now=now, p_lease_until=now + ttl_s,
                 p_statuses=list(statuses)))).scalar()
             if version is None:
-                await self._raise_if_unknown_task(conn, task_id)
+                self._raise_if_unknown_task(conn, task_id)
                 return None
             return Lease(task_id=task_id, owner=owner, expires_at=now + ttl_s, version=version)
 
@@ -437,12 +435,12 @@ class SqlStore:
         check_id("owner", owner)
         check_ttl(ttl_s)
 
-        async def body(conn: AsyncConnection) -> Lease | None:
+        def body(conn: Connection) -> Lease | None:
             now = self._clock()
-            version = (await conn.execute(q.RENEW_LEASE, self._keys(
+            version = (conn.execute(q.RENEW_LEASE, self._keys(
                 p_task=task_id, p_owner=owner, p_lease_until=now + ttl_s))).scalar()
             if version is None:
-                await self._raise_if_unknown_task(conn, task_id)
+                self._raise_if_unknown_task(conn, task_id)
                 return None
             return Lease(task_id=task_id, owner=owner, expires_at=now + ttl_s, version=version)
 
@@ -453,11 +451,11 @@ class SqlStore:
         check_id("task_id", task_id)
         check_id("owner", owner)
 
-        async def body(conn: AsyncConnection) -> bool:
-            version = (await conn.execute(q.RELEASE_LEASE, self._keys(
+        def body(conn: Connection) -> bool:
+            version = (conn.execute(q.RELEASE_LEASE, self._keys(
                 p_task=task_id, p_owner=owner))).scalar()
             if version is None:
-                await self._raise_if_unknown_task(conn, task_id)
+                self._raise_if_unknown_task(conn, task_id)
                 return False
             return True
 
@@ -472,16 +470,16 @@ class SqlStore:
         check_id("task_id", task_id)
         keys = self._keys(p_task=task_id)
 
-        async def body(conn: AsyncConnection) -> RestoredTask:
-            task = (await conn.execute(q.GET_TASK, keys)).first()
+        def body(conn: Connection) -> RestoredTask:
+            task = (conn.execute(q.GET_TASK, keys)).first()
             if task is None:
                 raise UnknownTaskError(task_id)
             if lease_owner is not None and task.owner != lease_owner:
                 raise LeaseNotHeldError(task_id, lease_owner)
-            event_rows = (await conn.execute(q.GET_EVENTS, keys)).all()
-            invocations = (await conn.execute(q.GET_INVOCATIONS, keys)).all()
+            event_rows = (conn.execute(q.GET_EVENTS, keys)).all()
+            invocations = (conn.execute(q.GET_INVOCATIONS, keys)).all()
             subs = [sub_task(row) for row in
-                    (await conn.execute(q.GET_TASK_SUB_TASKS, keys)).all()]
+                    (conn.execute(q.GET_TASK_SUB_TASKS, keys)).all()]
             return rebuild(task, event_rows, invocations, subs)
 
         return await self._read(f"restoring task {task_id!r}", body)
@@ -490,8 +488,8 @@ class SqlStore:
         """Read one sub-task without claiming it (for status updates and operators)."""
         check_id("sub_task_id", sub_task_id)
 
-        async def body(conn: AsyncConnection) -> PeerSubTask:
-            row = (await conn.execute(q.GET_SUB_TASK, self._keys(p_sub=sub_task_id))).first()
+        def body(conn: Connection) -> PeerSubTask:
+            row = (conn.execute(q.GET_SUB_TASK, self._keys(p_sub=sub_task_id))).first()
             if row is None:
                 raise UnknownSubTaskError(sub_task_id)
             return sub_task(row)
@@ -503,10 +501,10 @@ class SqlStore:
         check_id("task_id", task_id)
         keys = self._keys(p_task=task_id)
 
-        async def body(conn: AsyncConnection) -> list[PeerSubTask]:
-            await self._raise_if_unknown_task(conn, task_id)
+        def body(conn: Connection) -> list[PeerSubTask]:
+            self._raise_if_unknown_task(conn, task_id)
             return [sub_task(row) for row in
-                    (await conn.execute(q.GET_TASK_SUB_TASKS, keys)).all()]
+                    (conn.execute(q.GET_TASK_SUB_TASKS, keys)).all()]
 
         return await self._read(f"listing the sub-tasks of task {task_id!r}", body)
 
@@ -517,14 +515,14 @@ class SqlStore:
         check_id("invocation_id", invocation_id)
         keys = self._keys(p_task=task_id, p_invocation=invocation_id)
 
-        async def body(conn: AsyncConnection) -> list[tuple[str, Any]]:
-            invocation = (await conn.execute(q.GET_INVOCATION, keys)).first()
+        def body(conn: Connection) -> list[tuple[str, Any]]:
+            invocation = (conn.execute(q.GET_INVOCATION, keys)).first()
             if invocation is None:
-                await self._raise_if_unknown_task(conn, task_id)
+                self._raise_if_unknown_task(conn, task_id)
                 raise InvalidArgumentError(
                     f"task {task_id!r} has no parallel invocation {invocation_id!r}")
             calls = ParallelCalls(list(invocation.call_order), dict(invocation.results))
-            for call, value in (await conn.execute(q.GET_INVOCATION_RESULTS, keys)).all():
+            for call, value in (conn.execute(q.GET_INVOCATION_RESULTS, keys)).all():
                 calls.results[call] = value
             return calls.ordered_results()
 
@@ -538,15 +536,15 @@ class SqlStore:
         check_id("task_id", task_id)
         keys = self._keys(p_task=task_id, p_owner=lease_owner)
 
-        async def body(conn: AsyncConnection) -> None:
-            # Children first, matching the lock order of resolvers (see queries.py);
-            # explicit even though the foreign keys cascade.
+        def body(conn: Connection) -> None:
+            # Children first, matching the lock order of resolvers (see queries.py).
+            # These deletes are what keeps a task from leaving orphans (no foreign keys).
             for statement in (q.DELETE_TASK_SUB_TASKS, q.DELETE_TASK_INVOCATIONS,
                               q.DELETE_TASK_EVENTS):
-                await conn.execute(statement, keys)
+                conn.execute(statement, keys)
             delete = q.DELETE_TASK if lease_owner is None else q.DELETE_TASK_OF_OWNER
-            if (await conn.execute(delete, keys)).first() is None:
-                await self._raise_missing_or_unleased(conn, task_id, lease_owner)
+            if (conn.execute(delete, keys)).first() is None:
+                self._raise_missing_or_unleased(conn, task_id, lease_owner)
 
         await self._write(f"cleaning up task {task_id!r}", body)
 
@@ -571,11 +569,11 @@ class SqlStore:
         if status is not None:
             stmt = stmt.where(t.c.status == status)
 
-        async def body(conn: AsyncConnection) -> list[PausedTaskSummary]:
+        def body(conn: Connection) -> list[PausedTaskSummary]:
             return [PausedTaskSummary(
                 task_id=r[0], agent_name=r[1], status=r[2], owner=r[3], lease_expires_at=r[4],
                 version=r[5], checkpointed_at=r[6], pending_sub_tasks=r[7] or 0,
-                next_deadline=r[8]) for r in (await conn.execute(stmt)).all()]
+                next_deadline=r[8]) for r in (conn.execute(stmt)).all()]
 
         return await self._read("listing paused tasks", body)
 
@@ -589,8 +587,8 @@ class SqlStore:
         if agent_name is not None:
             stmt = stmt.where(peer_sub_tasks.c.agent_name == agent_name)
 
-        async def body(conn: AsyncConnection) -> list[PeerSubTask]:
-            return [sub_task(row) for row in (await conn.execute(stmt)).all()]
+        def body(conn: Connection) -> list[PeerSubTask]:
+            return [sub_task(row) for row in (conn.execute(stmt)).all()]
 
         return await self._read("listing deadlines", body)
 
@@ -599,14 +597,14 @@ class SqlStore:
         sub-tasks, the oldest checkpoint and the next deadline."""
         keys = self._keys(p_now=self._clock())
 
-        async def body(conn: AsyncConnection) -> StoreStats:
+        def body(conn: Connection) -> StoreStats:
             by_status = {(a, s): n for a, s, n in
-                         (await conn.execute(q.COUNT_BY_AGENT_STATUS, keys)).all()}
-            pending, next_deadline = (await conn.execute(q.PENDING_SUMMARY, keys)).one()
+                         (conn.execute(q.COUNT_BY_AGENT_STATUS, keys)).all()}
+            pending, next_deadline = (conn.execute(q.PENDING_SUMMARY, keys)).one()
             return StoreStats(
                 paused_tasks=by_status, pending_sub_tasks=pending,
-                expired_sub_tasks=(await conn.execute(q.EXPIRED_COUNT, keys)).scalar_one(),
-                oldest_checkpointed_at=(await conn.execute(q.OLDEST_CHECKPOINT, keys)).scalar(),
+                expired_sub_tasks=(conn.execute(q.EXPIRED_COUNT, keys)).scalar_one(),
+                oldest_checkpointed_at=(conn.execute(q.OLDEST_CHECKPOINT, keys)).scalar(),
                 next_deadline=next_deadline)
 
         return await self._read("computing store stats", body)
@@ -620,15 +618,15 @@ class SqlStore:
         check_ttl(ttl_s)
         return self._clock() + ttl_s
 
-    async def _raise_if_unknown_sub_task(self, conn: AsyncConnection, sub_task_id: str) -> None:
-        if (await conn.execute(q.SUB_TASK_STATUS, self._keys(p_sub=sub_task_id))).first() is None:
+    def _raise_if_unknown_sub_task(self, conn: Connection, sub_task_id: str) -> None:
+        if (conn.execute(q.SUB_TASK_STATUS, self._keys(p_sub=sub_task_id))).first() is None:
             raise UnknownSubTaskError(sub_task_id)
 
-    async def _raise_if_unknown_task(self, conn: AsyncConnection, task_id: str) -> None:
-        if (await conn.execute(q.TASK_STATE, self._keys(p_task=task_id))).first() is None:
+    def _raise_if_unknown_task(self, conn: Connection, task_id: str) -> None:
+        if (conn.execute(q.TASK_STATE, self._keys(p_task=task_id))).first() is None:
             raise UnknownTaskError(task_id)
 
-    async def _raise_missing_or_unleased(self, conn: AsyncConnection, task_id: str,
-                                         owner: str | None) -> None:
-        await self._raise_if_unknown_task(conn, task_id)
+    def _raise_missing_or_unleased(self, conn: Connection, task_id: str,
+                                         owner: str | None) -> NoReturn:
+        self._raise_if_unknown_task(conn, task_id)
         raise LeaseNotHeldError(task_id, owner)

@@ -24,15 +24,6 @@ JSONDoc = sa.JSON(none_as_null=True).with_variant(
 )
 
 
-def _task_fk(name: str) -> sa.ForeignKeyConstraint:
-    return sa.ForeignKeyConstraint(
-        ["tenant_id", "logical_task_id"],
-        ["agent_paused_tasks.tenant_id", "agent_paused_tasks.logical_task_id"],
-        ondelete="CASCADE",
-        name=name,
-    )
-
-
 def upgrade() -> None:
     op.create_table(
         "agent_paused_tasks",
@@ -77,7 +68,6 @@ def upgrade() -> None:
         sa.Column("resolved_at", sa.Float()),
         sa.Column("created_at", sa.Float(), nullable=False),
         sa.PrimaryKeyConstraint("tenant_id", "sub_task_id"),
-        _task_fk("fk_agent_peer_sub_tasks_task"),
     )
     op.create_index("ix_agent_peer_sub_tasks_task", "agent_peer_sub_tasks",
                     ["tenant_id", "logical_task_id", "invocation_id"])
@@ -97,7 +87,6 @@ def upgrade() -> None:
         sa.Column("results", JSONDoc, nullable=False),
         sa.Column("created_at", sa.Float(), nullable=False),
         sa.PrimaryKeyConstraint("tenant_id", "logical_task_id", "invocation_id"),
-        _task_fk("fk_agent_parallel_invocations_task"),
     )
 
     op.create_table(
@@ -108,7 +97,6 @@ def upgrade() -> None:
         sa.Column("data", JSONDoc, nullable=False),
         sa.Column("created_at", sa.Float(), nullable=False),
         sa.PrimaryKeyConstraint("tenant_id", "logical_task_id", "seq"),
-        _task_fk("fk_agent_session_events_task"),
     )
 
     op.create_table(
