@@ -22,9 +22,11 @@ from sqlalchemy import (
     String,
     and_,
     bindparam,
+    column,
     delete,
     func,
     insert,
+    literal,
     or_,
     select,
     update,
@@ -62,6 +64,14 @@ SUB_COLUMNS = (S.c.sub_task_id, S.c.logical_task_id, S.c.agent_name, S.c.invocat
 
 # -- checkpoint ------------------------------------------------------------------------
 
+#: A first checkpoint's task row (version 1, no lease).
+INSERT_TASK = insert(T).values(
+    tenant_id=tenant, logical_task_id=task, agent_name=bindparam("p_agent", type_=String),
+    status=bindparam("p_status"), current_invocation_id=bindparam("p_invocation"),
+    context=bindparam("p_context"), context_encoding=bindparam("p_encoding"),
+    context_sha256=bindparam("p_sha256"), session_event_count=bindparam("p_event_count"),
+    version=1, created_at=now, checkpointed_at=now,
+    expires_at=bindparam("p_expires_at", type_=Float))
 #: A re-checkpoint of a resumed task: only the lease holder may overwrite its row.
 #: The lease is released by the same write, since the task leaves memory again.
 RECHECKPOINT_TASK = (
@@ -98,8 +108,49 @@ def _append_events(dialect: str) -> Insert:
                                  rows)
 
 
-#: The only statement that differs by dialect (JSON array expansion functions).
+#: Appends a checkpoint's new conversation events (JSON expansion differs by dialect).
 APPEND_EVENTS = {"postgresql": _append_events("postgresql"), "sqlite": _append_events("sqlite")}
+
+# PostgreSQL only: a checkpoint's rows in one statement. Every statement is a network
+# round trip; SQLite, in-process, inserts table by table. Sub-tasks and invocations are
+# sent as JSON arrays (``p_subs``, ``p_invs``) and expanded by jsonb_to_recordset.
+# Measured on 2,000 first checkpoints of a 20 KB context with 3 sub-tasks: six round
+# trips (BEGIN, four INSERTs, COMMIT) took p50 1.85 / p99 2.34 ms, this 1.24 / 1.52.
+_SUB_FIELDS = (("sub_task_id", String), ("invocation_id", String),
+               ("function_call_id", String), ("peer_agent_name", String),
+               ("peer_task_id", String), ("correlation_data", JSONB), ("timeout_s", Float),
+               ("timeout_deadline", Float))
+_INVOCATION_FIELDS = (("invocation_id", String), ("total_expected", Integer),
+                      ("completed_count", Integer), ("call_order", JSONB), ("results", JSONB))
+
+
+def _records(param: str, fields: tuple[tuple[str, Any], ...]) -> Any:
+    return (func.jsonb_to_recordset(bindparam(param, type_=JSONB))
+            .table_valued(*(column(name, kind) for name, kind in fields))
+            .render_derived(name=param.removeprefix("p_"), with_types=True))
+
+
+def _pg_child_inserts() -> tuple[Any, ...]:
+    subs = _records("p_subs", _SUB_FIELDS)
+    invs = _records("p_invs", _INVOCATION_FIELDS)
+    sub_names = [name for name, _ in _SUB_FIELDS]
+    inv_names = [name for name, _ in _INVOCATION_FIELDS]
+    insert_subs = insert(S).from_select(
+        ["tenant_id", "logical_task_id", "agent_name", *sub_names, "status", "created_at"],
+        select(tenant, task, bindparam("p_agent", type_=String),
+               *(subs.c[name] for name in sub_names), literal("pending"), now))
+    insert_invs = insert(I).from_select(
+        ["tenant_id", "logical_task_id", *inv_names, "created_at"],
+        select(tenant, task, *(invs.c[name] for name in inv_names), now))
+    return (insert_subs.cte("new_sub_tasks"), insert_invs.cte("new_invocations"),
+            _append_events("postgresql").cte("new_events"))
+
+
+#: A first checkpoint on PostgreSQL: the task row and all its children.
+PG_FIRST_CHECKPOINT = select(literal(1)).add_cte(INSERT_TASK.cte("new_task"),
+                                                 *_pg_child_inserts())
+#: The children of a re-checkpoint (its task row is updated by RECHECKPOINT_TASK).
+PG_INSERT_CHILDREN = select(literal(1)).add_cte(*_pg_child_inserts())
 DELETE_TASK_SUB_TASKS = delete(S).where(S.c.tenant_id == tenant, S.c.logical_task_id == task)
 DELETE_TASK_INVOCATIONS = delete(I).where(I.c.tenant_id == tenant, I.c.logical_task_id == task)
 DELETE_TASK_EVENTS = delete(E).where(E.c.tenant_id == tenant, E.c.logical_task_id == task)

@@ -56,6 +56,10 @@ from meshpoint.store.schema import (
 
 R = TypeVar("R")
 
+
+class _Collision(Exception):
+    """A checkpoint hit a unique key; its transaction is rolled back (internal)."""
+
 #: The result a sub-task resolved by its deadline carries.
 TIMEOUT_RESULT: dict[str, Any] = {"status": "timeout",
                                   "error": "the peer did not answer before the deadline"}
@@ -165,77 +169,86 @@ class SqlStore:
         raw = _json.dumps(context_doc).encode()
         compressed = len(raw) > self._compress_threshold
         blob = zlib.compress(raw, 1) if compressed else raw
-        task_values = {
-            "tenant_id": self.tenant_id, "logical_task_id": ctx.task_id,
-            "agent_name": agent_name, "status": status,
-            "current_invocation_id": doc["current_invocation_id"], "context": blob,
-            "context_encoding": "zlib" if compressed else "json",
-            "context_sha256": hashlib.sha256(raw).hexdigest(),
-            "session_event_count": len(events), "version": 1, "created_at": now,
-            "checkpointed_at": now, "expires_at": expires_at,
-        }
-        sub_rows = [{
-            "tenant_id": self.tenant_id, "sub_task_id": sub_task_id,
-            "logical_task_id": ctx.task_id, "agent_name": agent_name,
-            "invocation_id": corr["invocation_id"], "function_call_id": corr["function_call_id"],
-            "peer_agent_name": corr.get("peer_agent_name"),
-            "peer_task_id": corr.get("peer_task_id"),
-            "correlation_data": corr, "timeout_s": timeout_s, "timeout_deadline": now + timeout_s,
-            "status": "pending", "created_at": now,
-        } for sub_task_id, corr, timeout_s in subs]
-        invocation_rows = [{
-            "tenant_id": self.tenant_id, "logical_task_id": ctx.task_id, "invocation_id": inv,
-            "total_expected": calls.total, "completed_count": calls.completed,
-            "call_order": calls.call_order, "results": calls.results, "created_at": now,
-        } for inv, calls in invocations.items()]
-        new_events = events[first_new:]
-        append_events = q.APPEND_EVENTS[self.dialect]
-        keys = self._keys(p_task=ctx.task_id)
+        # One set of parameters for every statement of either path; the sub-tasks,
+        # invocations and new events travel as JSON arrays.
+        params = self._keys(
+            p_task=ctx.task_id, p_agent=agent_name, p_status=status, p_owner=lease_owner,
+            p_invocation=doc["current_invocation_id"], p_context=blob,
+            p_encoding="zlib" if compressed else "json",
+            p_sha256=hashlib.sha256(raw).hexdigest(), p_event_count=len(events), p_now=now,
+            p_expires_at=expires_at, p_events=events[first_new:], p_first=first_new,
+            p_subs=[{"sub_task_id": sub_task_id, "invocation_id": corr["invocation_id"],
+                     "function_call_id": corr["function_call_id"],
+                     "peer_agent_name": corr.get("peer_agent_name"),
+                     "peer_task_id": corr.get("peer_task_id"), "correlation_data": corr,
+                     "timeout_s": timeout_s, "timeout_deadline": now + timeout_s}
+                    for sub_task_id, corr, timeout_s in subs],
+            p_invs=[{"invocation_id": inv, "total_expected": calls.total,
+                     "completed_count": calls.completed, "call_order": calls.call_order,
+                     "results": calls.results} for inv, calls in invocations.items()])
 
         def body(conn: Connection) -> int:
-            if lease_owner is None:
-                try:
-                    conn.execute(insert(paused_tasks), task_values)
-                except exc.IntegrityError:
-                    raise CheckpointConflictError(
-                        f"task {ctx.task_id!r} is already checkpointed; a resumed task is "
-                        "checkpointed again by the holder of its resume lease (lease_owner=)"
-                    ) from None
-                version = 1
-            else:
-                row = (conn.execute(q.RECHECKPOINT_TASK, {
-                    **keys, "p_owner": lease_owner, "p_agent": agent_name, "p_status": status,
-                    "p_invocation": task_values["current_invocation_id"], "p_context": blob,
-                    "p_encoding": task_values["context_encoding"],
-                    "p_sha256": task_values["context_sha256"], "p_event_count": len(events),
-                    "p_now": now, "p_expires_at": expires_at})).first()
-                if row is None:
-                    self._raise_missing_or_unleased(conn, ctx.task_id, lease_owner)
-                version = row[0]
-                # The previous pause's rows are all resolved; the context is the truth now.
-                conn.execute(q.DELETE_TASK_SUB_TASKS, keys)
-                conn.execute(q.DELETE_TASK_INVOCATIONS, keys)
             try:
-                if sub_rows:
-                    conn.execute(insert(peer_sub_tasks), sub_rows)
-                if invocation_rows:
-                    conn.execute(insert(parallel_invocations), invocation_rows)
-                if new_events:
-                    conn.execute(append_events, {**keys, "p_events": new_events,
-                                                 "p_first": first_new, "p_now": now})
+                if lease_owner is None:
+                    if self.dialect == "postgresql":
+                        conn.execute(q.PG_FIRST_CHECKPOINT, params)  # one round trip
+                        return 1
+                    conn.execute(q.INSERT_TASK, params)
+                    version = 1
+                else:
+                    row = conn.execute(q.RECHECKPOINT_TASK, params).first()
+                    if row is None:
+                        self._raise_missing_or_unleased(conn, ctx.task_id, lease_owner)
+                    version = row[0]
+                    # The previous pause's rows are all resolved: the context is the truth.
+                    conn.execute(q.DELETE_TASK_SUB_TASKS, params)
+                    conn.execute(q.DELETE_TASK_INVOCATIONS, params)
+                self._insert_children(conn, params)
+                return version
             except exc.IntegrityError as error:
-                raise CheckpointConflictError(
-                    f"checkpoint of task {ctx.task_id!r} collides with stored rows (a sub-task "
-                    f"id already in use, or conversation events already stored): {error.orig}"
-                ) from None
-            return version
+                raise _Collision(str(error.orig)) from None
 
-        version = await self._write(f"checkpointing task {ctx.task_id!r}", body)
+        try:
+            version = await self._write(f"checkpointing task {ctx.task_id!r}", body)
+        except _Collision as collision:
+            # Which key collided? PostgreSQL's one-statement first checkpoint reports
+            # whichever constraint it hit first, so ask the database (error path only).
+            def task_exists(conn: Connection) -> bool:
+                return conn.execute(q.TASK_STATE, params).first() is not None
+
+            if lease_owner is None and await self._read("checking a collision", task_exists):
+                raise CheckpointConflictError(
+                    f"task {ctx.task_id!r} is already checkpointed; a resumed task is "
+                    "checkpointed again by the holder of its resume lease (lease_owner=)"
+                ) from None
+            raise CheckpointConflictError(
+                f"checkpoint of task {ctx.task_id!r} collides with stored rows (a sub-task "
+                f"id already in use, or conversation events already stored): {collision}"
+            ) from None
         ctx.session_events_persisted = len(events)
         return CheckpointReceipt(
             task_id=ctx.task_id, version=version,
-            sub_task_deadlines={row["sub_task_id"]: row["timeout_deadline"] for row in sub_rows},
-            events_appended=len(new_events), context_bytes=len(blob), compressed=compressed)
+            sub_task_deadlines={sub["sub_task_id"]: sub["timeout_deadline"]
+                                for sub in params["p_subs"]},
+            events_appended=len(params["p_events"]), context_bytes=len(blob),
+            compressed=compressed)
+
+    def _insert_children(self, conn: Connection, params: dict[str, Any]) -> None:
+        """Insert a checkpoint's sub-tasks, invocations and new events."""
+        if self.dialect == "postgresql":
+            conn.execute(q.PG_INSERT_CHILDREN, params)
+            return
+        common = {"tenant_id": self.tenant_id, "logical_task_id": params["p_task"],
+                  "created_at": params["p_now"]}
+        if params["p_subs"]:
+            conn.execute(insert(peer_sub_tasks), [
+                {**common, **sub, "agent_name": params["p_agent"], "status": "pending"}
+                for sub in params["p_subs"]])
+        if params["p_invs"]:
+            conn.execute(insert(parallel_invocations),
+                         [{**common, **inv} for inv in params["p_invs"]])
+        if params["p_events"]:
+            conn.execute(q.APPEND_EVENTS["sqlite"], params)
 
     # -- resolving sub-tasks ------------------------------------------------------------------
 
