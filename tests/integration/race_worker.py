@@ -71,10 +71,17 @@ async def _main(plan: WorkerPlan, barrier: Any) -> None:
         for index, sub_task_id in enumerate(plan.answers):
             task_id, _, sub = sub_task_id.rpartition("/")
             call = f"call-{sub.removeprefix('sub-')}"
+            answer = {"answer": f"{task_id}/{call}"}
             try:
-                resolution = await store.resolve_peer_sub_task(
-                    sub_task_id, {"answer": f"{task_id}/{call}"}, lease_owner=plan.name,
-                    lease_ttl_s=120)
+                if rng.random() < 0.25:
+                    # Seed 000's two-step path must be exactly-once as well.
+                    claimed = await store.claim_peer_sub_task(sub_task_id)
+                    resolution = None if claimed is None else await store.record_parallel_result(
+                        task_id, claimed.invocation_id, claimed.function_call_id, answer,
+                        lease_owner=plan.name, lease_ttl_s=120)
+                else:
+                    resolution = await store.resolve_peer_sub_task(
+                        sub_task_id, answer, lease_owner=plan.name, lease_ttl_s=120)
             except UnknownSubTaskError:
                 resolution = None  # late: the task already finished and was cleaned up
             if resolution is None:
