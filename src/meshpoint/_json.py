@@ -21,6 +21,15 @@ def json_copy(value: Any, path: str = "$") -> Any:
     Raises :class:`ContextSerializationError` naming the path of the first value
     that is not JSON, so a caller can tell *which* field broke the checkpoint.
     """
+    try:
+        return _copy(value, path)
+    except RecursionError:
+        raise ContextSerializationError(
+            f"{path} is nested too deeply, or contains itself; JSON cannot hold cycles",
+            path=path) from None
+
+
+def _copy(value: Any, path: str) -> Any:
     # Exact type checks first: they cover nearly every node and are the fast path.
     kind = type(value)
     if kind is str or kind is int or kind is bool or value is None:
@@ -34,10 +43,10 @@ def json_copy(value: Any, path: str = "$") -> Any:
                     "must be str",
                     path=path,
                 )
-            out[key] = json_copy(item, f"{path}[{key!r}]")
+            out[key] = _copy(item, f"{path}[{key!r}]")
         return out
     if kind is list or kind is tuple:
-        return [json_copy(item, f"{path}[{index}]") for index, item in enumerate(value)]
+        return [_copy(item, f"{path}[{index}]") for index, item in enumerate(value)]
     if kind is float:
         if not math.isfinite(value):
             raise ContextSerializationError(
@@ -52,11 +61,11 @@ def json_copy(value: Any, path: str = "$") -> Any:
     if isinstance(value, str):
         return str(value)
     if isinstance(value, dict):
-        return json_copy(dict(value), path)
+        return _copy(dict(value), path)
     if isinstance(value, list | tuple):
-        return json_copy(list(value), path)
+        return _copy(list(value), path)
     if isinstance(value, float):
-        return json_copy(float(value), path)
+        return _copy(float(value), path)
     raise ContextSerializationError(
         f"{path} holds a {type(value).__name__}, which cannot be stored as JSON; "
         "store plain dicts, lists, strings, numbers, booleans or None",

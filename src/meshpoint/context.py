@@ -117,7 +117,13 @@ class ParallelCalls:
         order = _expect(data.get("call_order", []), list, f"{where}.call_order")
         if not all(type(call) is str for call in order):
             raise InvalidArgumentError(f"{where}.call_order must hold function-call id strings")
+        if len(set(order)) != len(order):
+            raise InvalidArgumentError(f"{where}.call_order lists a function-call id twice")
         results = _expect(data.get("results", {}), dict, f"{where}.results")
+        strays = sorted(set(results) - set(order))
+        if strays:
+            raise InvalidArgumentError(
+                f"{where}.results has results for calls {strays} that are not in its call_order")
         return cls(call_order=list(order), results=json_copy(results))
 
 

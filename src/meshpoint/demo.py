@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import random
+import sqlite3
 import statistics
 import time
 from collections import Counter
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from meshpoint import TaskExecutionContext
-from meshpoint.errors import UnknownSubTaskError
+from meshpoint.errors import ConfigurationError, UnknownSubTaskError
 from meshpoint.store import Resolution, SqlStore, open_store
 
 AGENT = "coordinator"
@@ -103,7 +104,27 @@ def _instance_process(name: str, config: DemoConfig, deliveries: list[str], prog
     asyncio.run(_instance(name, config, deliveries, progress, results))
 
 
+def _check_replaceable(path: Path) -> None:
+    """Refuse to delete a file that is not a meshpoint database (a typo in --db)."""
+    if not path.exists():
+        return
+    from meshpoint.store.schema import metadata
+
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+            tables = {row[0] for row in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError:
+        tables = {"(not a SQLite database)"}
+    foreign = tables - set(metadata.tables) - {"alembic_version"}
+    if foreign:
+        raise ConfigurationError(
+            f"{path} exists and is not a meshpoint database (it has {sorted(foreign)}); "
+            "the demo recreates its file, so name a new one with --db")
+
+
 async def _prepare(config: DemoConfig) -> tuple[list[str], int, list[float]]:
+    _check_replaceable(config.db_path)
     for suffix in ("", "-wal", "-shm"):
         Path(f"{config.db_path}{suffix}").unlink(missing_ok=True)
     rng = random.Random(config.seed)

@@ -20,7 +20,11 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
         └── CorruptCheckpointError  a stored row does not decode; it was not used
 
 A failed operation changes nothing: every store operation is one transaction,
-rolled back before any of these is raised.
+rolled back before any of these is raised. One case cannot know: if the
+connection is lost while COMMIT is in flight (``StoreUnavailableError``), the
+transaction may have committed. Operations are safe to retry: a retried resolve
+returns None if the first attempt won, and a lease it was granted then expires
+and is taken over like any lease of a crashed owner.
 """
 
 from __future__ import annotations

@@ -52,3 +52,11 @@ def test_bad_urls_fail_with_a_message_not_a_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
     done = meshpoint("stats", "--url", f"sqlite:///{tmp_path / 'empty.db'}", cwd=tmp_path)
     assert "meshpoint migrate" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_demo_refuses_to_replace_a_file_that_is_not_its_own(tmp_path: Path) -> None:
+    precious = tmp_path / "notes.db"
+    precious.write_text("my notes")
+    done = meshpoint("demo", "--db", str(precious), "--tasks", "5", cwd=tmp_path)
+    assert done.returncode == 1 and "is not a meshpoint database" in done.stderr
+    assert precious.read_text() == "my notes"

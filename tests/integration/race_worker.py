@@ -12,7 +12,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from meshpoint.errors import UnknownSubTaskError, UnknownTaskError
+from meshpoint.errors import NotFoundError, UnknownTaskError
 from meshpoint.store import Resolution, SqlStore, open_store
 
 LOCAL_RESULT = {"local": True}
@@ -82,7 +82,7 @@ async def _main(plan: WorkerPlan, barrier: Any) -> None:
                 else:
                     resolution = await store.resolve_peer_sub_task(
                         sub_task_id, answer, lease_owner=plan.name, lease_ttl_s=120)
-            except UnknownSubTaskError:
+            except NotFoundError:
                 resolution = None  # late: the task already finished and was cleaned up
             if resolution is None:
                 report.lost_answers += 1

@@ -120,6 +120,34 @@ async def test_a_join_that_could_never_complete_is_refused(store: SqlStore) -> N
     await store.checkpoint_task(idle, AGENT, status="input_required")  # other pauses are fine
 
 
+@pytest.mark.parametrize(("build", "match"), [
+    (lambda c: c.register_peer_sub_task("x", {"invocation_id": "older-turn"}),
+     "waits on one join"),
+    (lambda c: c.parallel_tool_calls["inv-1"].results.update(stray=1), "not in its call_order"),
+    (lambda c: c.parallel_tool_calls["inv-1"].call_order.append("local"), "twice"),
+    (lambda c: setattr(c, "session_events_persisted", 1), "first time"),
+])
+async def test_a_checkpoint_that_could_not_be_resumed_is_refused(
+        store: SqlStore, build: Any, match: str) -> None:
+    ctx = fan_out("t1")
+    build(ctx)
+    await expect_unchanged(store, lambda s: s.checkpoint_task(ctx, AGENT),
+                           InvalidArgumentError, match)
+
+
+async def test_a_context_nested_too_deeply_is_refused(store: SqlStore) -> None:
+    ctx = fan_out("t1")
+    ctx.flags["self"] = ctx.flags  # a cycle
+    await expect_unchanged(store, lambda s: s.checkpoint_task(ctx, AGENT),
+                           ContextSerializationError, "contains itself")
+
+
+async def test_resuming_is_not_a_status_to_checkpoint_in(store: SqlStore) -> None:
+    await expect_unchanged(store, lambda s: s.checkpoint_task(fan_out("t"), AGENT,
+                                                              status="resuming"),
+                           InvalidArgumentError, "set by the store")
+
+
 async def test_colliding_ids_write_nothing(store: SqlStore) -> None:
     await store.checkpoint_task(fan_out("t1"), AGENT)
     await expect_unchanged(store, lambda s: s.checkpoint_task(fan_out("t1"), AGENT),

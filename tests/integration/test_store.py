@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import delete
 
 from meshpoint import TaskExecutionContext
-from meshpoint.errors import CheckpointConflictError, InvalidArgumentError, LeaseNotHeldError
-from meshpoint.store import TIMEOUT_RESULT, SqlStore
-from tests.conftest import FakeClock, row_counts
+from meshpoint.errors import (
+    CheckpointConflictError,
+    InvalidArgumentError,
+    LeaseNotHeldError,
+    StoreError,
+)
+from meshpoint.store import TIMEOUT_RESULT, SqlStore, open_store
+from meshpoint.store.schema import parallel_invocations
+from tests.conftest import FakeClock, row_counts, snapshot
 
 AGENT = "coordinator"
 
@@ -87,12 +94,27 @@ async def test_two_step_claim_then_record(store: SqlStore) -> None:
     assert await store.resolve_peer_sub_task("t1/sub-0", "late") is None
     # ...and counts once its result is recorded.
     done = await store.record_parallel_result("t1", "inv-1", "call-0", {"text": "ok"})
-    assert (done.completed, done.total, done.join_complete) == (1, 1, True)
-    with pytest.raises(CheckpointConflictError, match="resolved, not claimed"):
-        await store.record_parallel_result("t1", "inv-1", "call-0", {"text": "again"})
+    assert done is not None and (done.completed, done.total, done.join_complete) == (1, 1, True)
+    assert await store.record_parallel_result("t1", "inv-1", "call-0", {"text": "again"}) is None
     with pytest.raises(InvalidArgumentError, match="no peer call 'nope'"):
         await store.record_parallel_result("t1", "inv-1", "nope", 1)
     assert await store.get_parallel_results("t1", "inv-1") == [("call-0", {"text": "ok"})]
+
+
+async def test_a_claim_never_recorded_still_times_out(store: SqlStore, clock: FakeClock) -> None:
+    await store.checkpoint_task(fan_out("t1", peers=2, local=False, timeout_s=5), AGENT)
+    await store.resolve_peer_sub_task("t1/sub-1", "answered")
+    claimed = await store.claim_peer_sub_task("t1/sub-0")  # ... and its claimer dies
+    assert claimed is not None
+    assert (await store.stats()).pending_sub_tasks == 1  # counted as open
+    clock.advance(6)
+    swept = await store.sweep_expired_timeouts(AGENT)
+    assert [(r.sub_task.sub_task_id, r.join_complete) for r in swept] == [("t1/sub-0", True)]
+    # A claimer that comes back too late learns it lost to the deadline.
+    assert await store.record_parallel_result("t1", "inv-1", "call-0", "late") is None
+    await store.checkpoint_task(fan_out("t2", peers=1), AGENT)
+    with pytest.raises(CheckpointConflictError, match="never claimed"):
+        await store.record_parallel_result("t2", "inv-1", "call-0", "unclaimed")
 
 
 async def test_status_update_moves_the_deadline_without_claiming(
@@ -194,7 +216,7 @@ async def test_resumed_task_checkpoints_again_under_its_lease(
     ctx.append_session_event({"role": "model", "calls": ["follow-up"]})
     ctx.current_invocation_id = "inv-2"
     ctx.register_peer_sub_task("t1/follow-up", {"peer_agent_name": "peer-0"})
-    with pytest.raises(CheckpointConflictError, match="resume lease"):
+    with pytest.raises(InvalidArgumentError, match="lease_owner="):
         await store.checkpoint_task(ctx, AGENT)  # without the lease
     with pytest.raises(LeaseNotHeldError):
         await store.checkpoint_task(ctx, AGENT, lease_owner="i-2")
@@ -294,3 +316,67 @@ async def test_tenants_share_ids_without_seeing_each_other(store: SqlStore) -> N
     assert (await other.stats()).total_paused == 1
     await other.cleanup_task("t1")
     assert (await store.restore_task("t1")).status == "resuming"
+
+
+async def test_a_held_lease_is_never_taken_by_the_join_completing(store: SqlStore) -> None:
+    await store.checkpoint_task(fan_out("t1", peers=1), AGENT)
+    # A canceler holds the lease of the waiting task when the last answer lands.
+    assert await store.take_resume_lease("t1", "canceler", 30, statuses=["waiting_peers"])
+    done = await store.resolve_peer_sub_task("t1/sub-0", "x", lease_owner="resumer")
+    assert done is not None and done.join_complete and done.lease_owner is None
+    restored = await store.restore_task("t1")
+    assert (restored.status, restored.owner) == ("resuming", "canceler")
+    assert await store.take_resume_lease("t1", "resumer", 30) is None
+
+
+async def test_a_waiting_task_cannot_be_rewritten_over_arriving_answers(
+        store: SqlStore) -> None:
+    await store.checkpoint_task(fan_out("t1", peers=2), AGENT)
+    assert await store.take_resume_lease("t1", "x", 30, statuses=["waiting_peers"])
+    ctx = (await store.restore_task("t1", lease_owner="x")).context
+    await store.resolve_peer_sub_task("t1/sub-0", "an answer that must not be lost")
+    before = await snapshot(store)
+    with pytest.raises(CheckpointConflictError, match="still waits on peer sub-tasks"):
+        await store.checkpoint_task(ctx, AGENT, lease_owner="x")
+    assert await snapshot(store) == before
+    assert (await store.get_peer_sub_task("t1/sub-0")).result == \
+        "an answer that must not be lost"
+
+
+async def test_a_checkpoint_must_keep_the_conversation_it_restored(store: SqlStore) -> None:
+    await store.checkpoint_task(fan_out("t1", peers=1), AGENT)
+    await store.resolve_peer_sub_task("t1/sub-0", "x", lease_owner="x")
+    ctx = (await store.restore_task("t1", lease_owner="x")).context
+    ctx.session_events = ctx.session_events[:1]  # compacted behind the store's back
+    ctx.session_events_persisted = 1
+    ctx.current_invocation_id = "inv-2"
+    ctx.register_peer_sub_task("t1/next", {"peer_agent_name": "p"})
+    before = await snapshot(store)
+    with pytest.raises(CheckpointConflictError, match="2 stored conversation events"):
+        await store.checkpoint_task(ctx, AGENT, lease_owner="x")
+    assert await snapshot(store) == before
+    ctx.session_events_persisted = 5
+    with pytest.raises(InvalidArgumentError, match="may only grow"):
+        await store.checkpoint_task(ctx, AGENT, lease_owner="x")
+
+
+async def test_one_corrupt_task_does_not_stop_the_sweeper(store: SqlStore,
+                                                          clock: FakeClock) -> None:
+    await store.checkpoint_task(fan_out("bad", peers=1, timeout_s=1), AGENT)
+    await store.checkpoint_task(fan_out("good", peers=1, timeout_s=2), AGENT)
+    await store.run(lambda conn: conn.execute(
+        delete(parallel_invocations).where(parallel_invocations.c.logical_task_id == "bad")),
+        write=True)
+    clock.advance(3)
+    swept = await store.sweep_expired_timeouts(AGENT, limit=10)
+    assert [(r.sub_task.task_id, r.join_complete) for r in swept] == [("good", True)]
+    assert (await store.get_peer_sub_task("bad/sub-0")).status == "quarantined"
+    assert await store.sweep_expired_timeouts(AGENT) == []  # not picked again
+    assert await store.resolve_peer_sub_task("bad/sub-0", "late") is None
+
+
+async def test_a_closed_store_says_so(store_url: str, store_options: dict[str, object]) -> None:
+    store = await open_store(store_url, **store_options)  # type: ignore[arg-type]
+    await store.close()
+    with pytest.raises(StoreError, match="closed"):
+        await store.stats()

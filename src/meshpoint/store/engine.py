@@ -97,28 +97,42 @@ class Database:
     """A connection pool, and the way to run one transaction on it."""
 
     dialect: str
+    closed = False
 
     async def run(self, body: Callable[[Connection], R], *, write: bool) -> R:
         """Run ``body`` in one transaction: committed if it returns, rolled back if
-        it raises. ``write`` transactions take SQLite's write lock up front."""
+        it raises. ``write`` transactions take SQLite's write lock up front; the
+        others see one consistent snapshot of the database."""
+        if self.closed:
+            raise StoreError("the store is closed; open a new one with open_store()")
+        return await self._run(body, write)
+
+    async def _run(self, body: Callable[[Connection], R], write: bool) -> R:
         raise NotImplementedError
 
     async def dispose(self) -> None:
-        raise NotImplementedError
+        self.closed = True
 
 
 class AsyncDatabase(Database):
-    """PostgreSQL through asyncpg; ``body`` runs on SQLAlchemy's greenlet bridge."""
+    """PostgreSQL through asyncpg; ``body`` runs on SQLAlchemy's greenlet bridge.
+
+    Reads run REPEATABLE READ, READ ONLY: a restore's several SELECTs see one
+    snapshot, never half of a concurrent checkpoint or cleanup.
+    """
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
+        self._reader = engine.execution_options(isolation_level="REPEATABLE READ",
+                                                postgresql_readonly=True)
 
-    async def run(self, body: Callable[[Connection], R], *, write: bool) -> R:
-        async with self.engine.begin() as conn:
+    async def _run(self, body: Callable[[Connection], R], write: bool) -> R:
+        async with (self.engine if write else self._reader).begin() as conn:
             return await conn.run_sync(body)
 
     async def dispose(self) -> None:
+        await super().dispose()
         await self.engine.dispose()
 
 
@@ -141,11 +155,12 @@ class ThreadedDatabase(Database):
         with (self._writer if write else self.engine).begin() as conn:
             return body(conn)
 
-    async def run(self, body: Callable[[Connection], R], *, write: bool) -> R:
+    async def _run(self, body: Callable[[Connection], R], write: bool) -> R:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._threads, self._transaction, body, write)
 
     async def dispose(self) -> None:
+        await super().dispose()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._threads.shutdown)
         if self._wal_checkpointer is not None:
@@ -202,7 +217,9 @@ def open_database(url: URL, *, busy_timeout_s: float, schema: str | None,
                                         connect_args={"check_same_thread": False},
                                         **json_codec)
         else:
-            Path(url.database or "").expanduser().parent.mkdir(parents=True, exist_ok=True)
+            path = Path(url.database or "").expanduser()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            url = url.set(database=str(path))
             engine = create_sync_engine(
                 url, poolclass=QueuePool, pool_size=pool_size, max_overflow=0,
                 connect_args={"timeout": busy_timeout_s, "check_same_thread": False},

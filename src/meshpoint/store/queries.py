@@ -4,10 +4,12 @@ Each statement is built once with SQLAlchemy Core and compiled per dialect from
 SQLAlchemy's cache; the store only picks a statement and binds values. Bind
 parameters are prefixed ``p_`` so they never clash with column names.
 
-Lock order. Every write transaction touches rows in the order sub-tasks →
+Lock order. Resolvers, sweeps and cleanups touch rows in the order sub-tasks →
 invocations → session events → paused task, and batches (the sweeper) take
-invocations and tasks sorted by key, so concurrent transactions on PostgreSQL
-wait for each other instead of deadlocking.
+invocations and tasks sorted by key, so they wait for each other instead of
+deadlocking. A re-checkpoint starts from the task row (its lease check); it only
+runs once the task's join completed, when no resolver can lock its sub-tasks, and
+any deadlock PostgreSQL still detects is retried whole by the store.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from sqlalchemy import (
     String,
     and_,
     bindparam,
+    case,
     column,
     delete,
     func,
@@ -29,6 +32,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -72,11 +76,12 @@ INSERT_TASK = insert(T).values(
     context_sha256=bindparam("p_sha256"), session_event_count=bindparam("p_event_count"),
     version=1, created_at=now, checkpointed_at=now,
     expires_at=bindparam("p_expires_at", type_=Float))
-#: A re-checkpoint of a resumed task: only the lease holder may overwrite its row.
+#: A re-checkpoint of a resumed task: only the lease holder may overwrite its row, and
+#: only from the conversation it restored (``p_first`` events stored, no more, no less).
 #: The lease is released by the same write, since the task leaves memory again.
 RECHECKPOINT_TASK = (
     update(T)
-    .where(TASK_KEY, T.c.owner == owner)
+    .where(TASK_KEY, T.c.owner == owner, T.c.session_event_count == bindparam("p_first"))
     .values(agent_name=bindparam("p_agent"), status=bindparam("p_status"),
             current_invocation_id=bindparam("p_invocation"),
             context=bindparam("p_context"), context_encoding=bindparam("p_encoding"),
@@ -156,7 +161,8 @@ DELETE_TASK_INVOCATIONS = delete(I).where(I.c.tenant_id == tenant, I.c.logical_t
 DELETE_TASK_EVENTS = delete(E).where(E.c.tenant_id == tenant, E.c.logical_task_id == task)
 DELETE_TASK = delete(T).where(TASK_KEY).returning(T.c.version)
 DELETE_TASK_OF_OWNER = delete(T).where(TASK_KEY, T.c.owner == owner).returning(T.c.version)
-TASK_STATE = select(T.c.status, T.c.owner, T.c.lease_expires_at).where(TASK_KEY)
+TASK_STATE = select(T.c.status, T.c.owner, T.c.lease_expires_at,
+                    T.c.session_event_count).where(TASK_KEY)
 
 # -- claims and resolutions ---------------------------------------------------------------
 
@@ -196,12 +202,30 @@ ADVANCE_INVOCATION = (
     .values(completed_count=I.c.completed_count + bindparam("p_n"))
     .returning(I.c.completed_count, I.c.total_expected)
 )
-#: The join completed: the task may be resumed, by the lease holder if one was named.
+#: The join completed: the task becomes ``resuming``. The lease goes to ``p_owner``
+#: only if nobody holds it (a canceler, say): a held lease is never taken away here.
+#: SET expressions all read the old row, so both CASEs decide alike.
+_LEASE_FREE = or_(T.c.owner.is_(None), T.c.lease_expires_at <= now)
 MARK_RESUMING = (
     update(T)
     .where(TASK_KEY)
-    .values(status="resuming", owner=owner, lease_expires_at=lease_until,
+    .values(status="resuming", owner=case((_LEASE_FREE, owner), else_=T.c.owner),
+            lease_expires_at=case((_LEASE_FREE, lease_until), else_=T.c.lease_expires_at),
             version=T.c.version + 1)
+    .returning(T.c.owner)
+)
+#: Sub-tasks whose deadline can still pass. Rendered as literal SQL, word for word the
+#: partial index's predicate: as bound parameters, PostgreSQL's generic plans could
+#: not prove the index applies.
+OPEN = text("agent_peer_sub_tasks.status IN ('pending', 'claimed')")
+COUNT_OPEN_SUB_TASKS = select(func.count()).where(
+    S.c.tenant_id == tenant, S.c.logical_task_id == task, OPEN)
+#: Park the sub-tasks of a join whose rows are corrupt, so that one bad task cannot
+#: stop the sweeper from resolving every other task's deadlines.
+QUARANTINE = (
+    update(S)
+    .where(S.c.tenant_id == tenant, S.c.sub_task_id.in_(bindparam("p_subs", expanding=True)))
+    .values(status="quarantined", resolved_by=None, result=None, resolved_at=now)
 )
 
 #: Claim up to ``p_limit`` expired sub-tasks of one agent. On PostgreSQL the picking
@@ -211,8 +235,8 @@ MARK_RESUMING = (
 #: re-run it and, with tied deadlines, update more than ``p_limit`` rows.
 _PICK_EXPIRED = (
     select(S.c.sub_task_id)
-    .where(S.c.tenant_id == tenant, S.c.agent_name == bindparam("p_agent"),
-           S.c.status == "pending", S.c.timeout_deadline <= now)
+    .where(S.c.tenant_id == tenant, S.c.agent_name == bindparam("p_agent"), OPEN,
+           S.c.timeout_deadline <= now)
     .order_by(S.c.timeout_deadline, S.c.sub_task_id)
     .limit(bindparam("p_limit"))
     .with_for_update(skip_locked=True)
@@ -221,8 +245,7 @@ _PICK_EXPIRED = (
 )
 SWEEP_EXPIRED = (
     update(S)
-    .where(S.c.tenant_id == tenant, S.c.status == "pending",
-           S.c.sub_task_id == _PICK_EXPIRED.c.sub_task_id)
+    .where(S.c.tenant_id == tenant, OPEN, S.c.sub_task_id == _PICK_EXPIRED.c.sub_task_id)
     .values(status="resolved", resolved_by="timeout", result=result, resolved_at=now)
     .returning(*SUB_COLUMNS)
 )
@@ -276,7 +299,7 @@ GET_INVOCATION_RESULTS = select(S.c.function_call_id, S.c.result).where(
     S.c.tenant_id == tenant, S.c.logical_task_id == task,
     S.c.invocation_id == bindparam("p_invocation"), S.c.status == "resolved")
 
-PENDING = and_(S.c.tenant_id == tenant, S.c.status == "pending")
+PENDING = and_(S.c.tenant_id == tenant, OPEN)  # open: pending, or claimed and unrecorded
 COUNT_BY_AGENT_STATUS = (select(T.c.agent_name, T.c.status, func.count())
                          .where(T.c.tenant_id == tenant)
                          .group_by(T.c.agent_name, T.c.status))

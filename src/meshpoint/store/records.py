@@ -37,9 +37,11 @@ class Resolution:
     """The outcome of resolving one sub-task (by its answer or by its timeout).
 
     ``completed``/``total`` count the finished calls of the sub-task's invocation
-    after this resolution. ``join_complete`` is true for exactly one resolution
-    per invocation: the one that finished it, which also moved the task to
-    ``resuming`` and, if it asked, took the resume lease (``lease_owner``).
+    (the task's one join) after this resolution. ``join_complete`` is true for
+    exactly one resolution per join: the one that finished it, which also moved the
+    task to ``resuming``. ``lease_owner`` is set if that resolution asked for the
+    resume lease *and got it*: a lease someone else holds (a canceler, say) is
+    never taken away, and then ``lease_owner`` is None.
     """
 
     sub_task: PeerSubTask

@@ -33,24 +33,32 @@ def check_ttl(ttl_s: Any) -> None:
 
 
 def plan_join(doc: dict[str, Any], status: str, default_timeout_s: float
-               ) -> tuple[list[tuple[str, dict[str, Any], float]], dict[str, ParallelCalls]]:
-    """Check that the pending sub-tasks and the parallel calls describe joins that
-    can complete, and return ``(sub-tasks with timeouts, invocations)``.
+              ) -> tuple[list[tuple[str, dict[str, Any], float]], dict[str, ParallelCalls]]:
+    """Check that a checkpoint describes one join that can complete, and return
+    ``(pending sub-tasks with their timeouts, invocations)``.
 
-    Every call of an invocation without a result must have exactly one pending
-    sub-task, or the task would wait forever; a task waiting on peers must wait on one.
+    A paused task waits on exactly one join: the calls of its current invocation.
+    Each call without a result must have exactly one pending sub-task (or the task
+    would wait forever), earlier invocations must be complete, and a task waiting
+    on peers must wait on at least one.
     """
+    current = doc["current_invocation_id"]
     invocations = {inv: ParallelCalls.from_dict(calls, f"parallel_tool_calls[{inv!r}]")
                    for inv, calls in doc["parallel_tool_calls"].items()}
     subs: list[tuple[str, dict[str, Any], float]] = []
-    waiting: dict[str, set[str]] = {}
+    waiting: set[str] = set()
     for sub_task_id, corr in doc["active_peer_sub_tasks"].items():
         check_id("sub_task_id", sub_task_id)
-        corr.setdefault("invocation_id", doc["current_invocation_id"])
+        corr.setdefault("invocation_id", current)
         corr.setdefault("function_call_id", sub_task_id)
         inv, call = corr["invocation_id"], corr["function_call_id"]
         check_id(f"invocation_id of sub-task {sub_task_id!r}", inv)
         check_id(f"function_call_id of sub-task {sub_task_id!r}", call)
+        if inv != current:
+            raise InvalidArgumentError(
+                f"sub-task {sub_task_id!r} belongs to invocation {inv!r}, but the task is "
+                f"paused in invocation {current!r}: a paused task waits on one join, the "
+                "calls of its current invocation")
         for key in ("peer_agent_name", "peer_task_id"):
             if corr.get(key) is not None:
                 check_id(f"{key} of sub-task {sub_task_id!r}", corr[key])
@@ -59,22 +67,28 @@ def plan_join(doc: dict[str, Any], status: str, default_timeout_s: float
         calls = invocations.setdefault(inv, ParallelCalls())
         if call not in calls.call_order:
             calls.call_order.append(call)
-        if call in calls.results or call in waiting.setdefault(inv, set()):
+        if call in calls.results or call in waiting:
             raise InvalidArgumentError(
                 f"call {call!r} of invocation {inv!r} already has a result or another "
                 f"pending sub-task; sub-task {sub_task_id!r} could never count")
-        waiting[inv].add(call)
+        waiting.add(call)
         subs.append((sub_task_id, corr, float(timeout_s)))
     for inv, calls in invocations.items():
-        missing = set(calls.call_order) - set(calls.results) - waiting.get(inv, set())
+        missing = set(calls.call_order) - set(calls.results) - (waiting if inv == current
+                                                                else set())
         if missing:
             raise InvalidArgumentError(
                 f"calls {sorted(missing)} of invocation {inv!r} have neither a result nor a "
-                "pending peer sub-task, so the join could never complete")
+                "pending peer sub-task of the current invocation, so they could never finish")
     if status == "waiting_peers" and not subs:
         raise InvalidArgumentError(
             "a task checkpointed as waiting_peers must have at least one pending peer "
             "sub-task (register_peer_sub_task); use another status for other pauses")
+    persisted, events = doc["session_events_persisted"], doc["session_events"]
+    if type(persisted) is not int or not 0 <= persisted <= len(events):
+        raise InvalidArgumentError(
+            f"session_events_persisted is {persisted!r} but the context holds {len(events)} "
+            "events: the conversation may only grow between checkpoints")
     return subs, invocations
 
 

@@ -42,11 +42,16 @@ JSONDoc = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgr
 ID = String(255)
 TENANT = String(64)
 
-#: Statuses of a paused task (DESIGN.md §3).
+#: Statuses of a paused task (DESIGN.md §3). ``resuming`` is set by the store only.
 TASK_STATUSES = ("waiting_peers", "input_required", "handoff", "resuming", "working")
+#: Statuses a caller may checkpoint a task in.
+CHECKPOINT_STATUSES = ("waiting_peers", "input_required", "handoff", "working")
 #: Statuses of a peer sub-task: waiting for its answer, claimed without a result yet
-#: (the two-step path of seed 000), or resolved with a result (answer or timeout).
-SUB_TASK_STATUSES = ("pending", "claimed", "resolved")
+#: (the two-step path of seed 000), resolved with a result (answer or timeout), or
+#: quarantined by the sweeper because its task's rows are corrupt.
+SUB_TASK_STATUSES = ("pending", "claimed", "resolved", "quarantined")
+#: Sub-tasks that can still expire: a claim that is never recorded times out too.
+OPEN_SUB_TASK_STATUSES = ("pending", "claimed")
 
 paused_tasks = Table(
     "agent_paused_tasks",
@@ -97,10 +102,11 @@ peer_sub_tasks = Table(
     Column("resolved_at", Float),
     Column("created_at", Float, nullable=False),
     Index("ix_agent_peer_sub_tasks_task", "tenant_id", "logical_task_id", "invocation_id"),
-    # Only outstanding sub-tasks can expire; the partial index stays small.
+    # Only open sub-tasks can expire; the partial index stays small. The sweeper's
+    # query repeats this predicate word for word so both databases use the index.
     Index("ix_agent_peer_sub_tasks_deadline", "tenant_id", "agent_name", "timeout_deadline",
-          postgresql_where=text("status = 'pending'"),
-          sqlite_where=text("status = 'pending'")),
+          postgresql_where=text("status IN ('pending', 'claimed')"),
+          sqlite_where=text("status IN ('pending', 'claimed')")),
 )
 
 parallel_invocations = Table(

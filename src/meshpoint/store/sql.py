@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import random
 import time
 import zlib
@@ -48,6 +49,7 @@ from meshpoint.store.rows import (
     sub_task,
 )
 from meshpoint.store.schema import (
+    CHECKPOINT_STATUSES,
     TASK_STATUSES,
     parallel_invocations,
     paused_tasks,
@@ -55,6 +57,7 @@ from meshpoint.store.schema import (
 )
 
 R = TypeVar("R")
+logger = logging.getLogger("meshpoint.store")
 
 
 class _Collision(Exception):
@@ -155,8 +158,10 @@ class SqlStore:
         ``ctx.session_events_persisted`` is advanced; on any error nothing is written.
         """
         check_id("agent_name", agent_name)
-        if status not in TASK_STATUSES:
-            raise InvalidArgumentError(f"status must be one of {TASK_STATUSES}, got {status!r}")
+        if status not in CHECKPOINT_STATUSES:
+            raise InvalidArgumentError(
+                f"status must be one of {CHECKPOINT_STATUSES}, got {status!r} (resuming is "
+                "set by the store when a join completes)")
         check_timeout("default_timeout_s", default_timeout_s)
         if lease_owner is not None:
             check_id("lease_owner", lease_owner)
@@ -165,6 +170,11 @@ class SqlStore:
         subs, invocations = plan_join(doc, status, default_timeout_s)
         events = doc["session_events"]
         first_new = doc["session_events_persisted"]
+        if lease_owner is None and first_new != 0:
+            raise InvalidArgumentError(
+                f"task {ctx.task_id!r} is checkpointed for the first time but its context "
+                f"says {first_new} events are already stored: a resumed task is checkpointed "
+                "again with lease_owner=, by the holder of its resume lease")
         context_doc = {k: v for k, v in doc.items() if k not in _SPLIT_KEYS}
         raw = _json.dumps(context_doc).encode()
         compressed = len(raw) > self._compress_threshold
@@ -198,9 +208,14 @@ class SqlStore:
                 else:
                     row = conn.execute(q.RECHECKPOINT_TASK, params).first()
                     if row is None:
-                        self._raise_missing_or_unleased(conn, ctx.task_id, lease_owner)
+                        self._explain_refused_recheckpoint(conn, params)
                     version = row[0]
-                    # The previous pause's rows are all resolved: the context is the truth.
+                    # Only a task whose join completed is rewritten: an answer arriving
+                    # while the lease is held would otherwise be erased by the rewrite.
+                    if conn.execute(q.COUNT_OPEN_SUB_TASKS, params).scalar():
+                        raise CheckpointConflictError(
+                            f"task {ctx.task_id!r} still waits on peer sub-tasks; it can be "
+                            "checkpointed again only after its join completed")
                     conn.execute(q.DELETE_TASK_SUB_TASKS, params)
                     conn.execute(q.DELETE_TASK_INVOCATIONS, params)
                 self._insert_children(conn, params)
@@ -265,17 +280,16 @@ class SqlStore:
         """
         check_id("sub_task_id", sub_task_id)
         value = _json.json_copy(result, "result")
-        lease_until = self._lease_until(lease_owner, lease_ttl_s)
+        self._check_lease(lease_owner, lease_ttl_s)
 
         def body(conn: Connection) -> Resolution | None:
-            now = self._clock()
             row = (conn.execute(q.RESOLVE_PENDING, self._keys(
                 p_sub=sub_task_id, p_resolved_by=resolved_by, p_result=value,
-                p_now=now))).first()
+                p_now=self._clock()))).first()
             if row is None:
                 self._raise_if_unknown_sub_task(conn, sub_task_id)
                 return None
-            return (self._advance(conn, [sub_task(row)], lease_owner, lease_until))[0]
+            return self._advance(conn, [sub_task(row)], lease_owner, lease_ttl_s)[0]
 
         return await self._write(f"resolving sub-task {sub_task_id!r}", body)
 
@@ -301,37 +315,39 @@ class SqlStore:
     async def record_parallel_result(self, task_id: str, invocation_id: str,
                                      function_call_id: str, result: Any, *,
                                      lease_owner: str | None = None,
-                                     lease_ttl_s: float = 30.0) -> Resolution:
+                                     lease_ttl_s: float = 30.0) -> Resolution | None:
         """Record the result of a call claimed with :meth:`claim_peer_sub_task`.
 
-        Increments the invocation's completion counter atomically and returns
-        ``(completed, total)`` in a :class:`Resolution`. Raises
-        :class:`CheckpointConflictError` if the call is not in the claimed state
-        (never claimed, or its result is already recorded).
+        Increments the invocation's completion counter atomically and returns the
+        :class:`Resolution` (``completed``/``total``). Returns ``None`` if the call was
+        resolved meanwhile: its deadline passed before the result was recorded (a claim
+        does not stop the clock), or the result was already recorded. Raises
+        :class:`CheckpointConflictError` for a call that was never claimed.
         """
         for name, value in (("task_id", task_id), ("invocation_id", invocation_id),
                             ("function_call_id", function_call_id)):
             check_id(name, value)
         copied = _json.json_copy(result, "result")
-        lease_until = self._lease_until(lease_owner, lease_ttl_s)
+        self._check_lease(lease_owner, lease_ttl_s)
         keys = self._keys(p_task=task_id, p_invocation=invocation_id, p_call=function_call_id)
 
-        def body(conn: Connection) -> Resolution:
+        def body(conn: Connection) -> Resolution | None:
             row = (conn.execute(q.RECORD_CLAIMED, {
                 **keys, "p_resolved_by": "answer", "p_result": copied,
                 "p_now": self._clock()})).first()
             if row is None:
                 status = (conn.execute(q.CALL_STATUS, keys)).scalar()
                 if status is None:
-                    if (conn.execute(q.TASK_STATE, keys)).first() is None:
-                        raise UnknownTaskError(task_id)
+                    self._raise_if_unknown_task(conn, task_id)
                     raise InvalidArgumentError(
                         f"task {task_id!r} has no peer call {function_call_id!r} in "
                         f"invocation {invocation_id!r}")
-                raise CheckpointConflictError(
-                    f"call {function_call_id!r} of task {task_id!r} is {status}, not claimed: "
-                    "claim it with claim_peer_sub_task first, and record its result once")
-            return (self._advance(conn, [sub_task(row)], lease_owner, lease_until))[0]
+                if status == "pending":
+                    raise CheckpointConflictError(
+                        f"call {function_call_id!r} of task {task_id!r} was never claimed: "
+                        "claim it with claim_peer_sub_task first")
+                return None
+            return self._advance(conn, [sub_task(row)], lease_owner, lease_ttl_s)[0]
 
         return await self._write(f"recording a result for task {task_id!r}", body)
 
@@ -348,47 +364,65 @@ class SqlStore:
         check_id("agent_name", agent_name)
         if type(limit) is not int or limit < 1:
             raise InvalidArgumentError(f"limit must be a positive int, got {limit!r}")
-        lease_until = self._lease_until(lease_owner, lease_ttl_s)
+        self._check_lease(lease_owner, lease_ttl_s)
 
         def body(conn: Connection) -> list[Resolution]:
             rows = (conn.execute(q.SWEEP_EXPIRED, self._keys(
                 p_agent=agent_name, p_now=self._clock(), p_limit=limit,
                 p_result=TIMEOUT_RESULT))).all()
             return self._advance(conn, [sub_task(row) for row in rows], lease_owner,
-                                       lease_until)
+                                 lease_ttl_s, quarantine=True)
 
         return await self._write(f"sweeping expired sub-tasks of {agent_name!r}", body)
 
-    def _advance(self, conn: Connection, resolved: list[PeerSubTask],
-                       lease_owner: str | None, lease_until: float | None) -> list[Resolution]:
+    def _advance(self, conn: Connection, resolved: list[PeerSubTask], lease_owner: str | None,
+                 lease_ttl_s: float, *, quarantine: bool = False) -> list[Resolution]:
         """Count freshly resolved sub-tasks on their invocations and mark completed joins.
 
-        Invocations are advanced in key order (see the lock order in queries.py).
+        Invocations are advanced in key order (see the lock order in queries.py). The
+        clock is read here, after any wait for locks, so a lease starts when granted.
+        A join whose rows are corrupt raises, unless ``quarantine`` (the sweeper): then
+        its sub-tasks are parked as ``quarantined`` and the batch goes on.
         """
         groups: dict[tuple[str, str], list[PeerSubTask]] = {}
         for item in resolved:
             groups.setdefault((item.task_id, item.invocation_id), []).append(item)
         out: list[Resolution] = []
+        now = self._clock()
         for (task_id, invocation_id), items in sorted(groups.items()):
             counts = (conn.execute(q.ADVANCE_INVOCATION, self._keys(
                 p_task=task_id, p_invocation=invocation_id, p_n=len(items)))).first()
+            problem = None
             if counts is None:
-                raise CorruptCheckpointError(
-                    f"task {task_id!r} has sub-tasks but no row for invocation "
-                    f"{invocation_id!r}; nothing was resolved", task_id=task_id)
+                problem = f"has sub-tasks but no row for invocation {invocation_id!r}"
+            elif counts[0] > counts[1]:
+                problem = (f"would count {counts[0]} of {counts[1]} calls in invocation "
+                           f"{invocation_id!r}")
+            if problem is not None:
+                if not quarantine:
+                    raise CorruptCheckpointError(
+                        f"task {task_id!r} {problem}; nothing was resolved", task_id=task_id)
+                conn.execute(q.ADVANCE_INVOCATION, self._keys(  # undo this group's count
+                    p_task=task_id, p_invocation=invocation_id, p_n=-len(items)))
+                conn.execute(q.QUARANTINE, self._keys(
+                    p_subs=[item.sub_task_id for item in items], p_now=now))
+                logger.error("quarantined %d sub-task(s) of task %r: it %s", len(items),
+                             task_id, problem)
+                continue
+            assert counts is not None
             completed, total = counts
-            if completed > total:
-                raise CorruptCheckpointError(
-                    f"invocation {invocation_id!r} of task {task_id!r} would count "
-                    f"{completed} of {total} calls; nothing was resolved", task_id=task_id)
+            granted = None
             if completed == total:
-                conn.execute(q.MARK_RESUMING, self._keys(
-                    p_task=task_id, p_owner=lease_owner, p_lease_until=lease_until))
+                holder = conn.execute(q.MARK_RESUMING, self._keys(
+                    p_task=task_id, p_owner=lease_owner, p_now=now,
+                    p_lease_until=None if lease_owner is None else now + lease_ttl_s)).scalar()
+                granted = lease_owner if lease_owner is not None and holder == lease_owner \
+                    else None
             first = completed - len(items) + 1
             for offset, item in enumerate(items):
                 done = first + offset
                 out.append(Resolution(sub_task=item, completed=done, total=total,
-                                      lease_owner=lease_owner if done == total else None))
+                                      lease_owner=granted if done == total else None))
         return out
 
     async def reset_timeout_deadline(self, sub_task_id: str, *, timeout_s: float | None = None,
@@ -421,7 +455,9 @@ class SqlStore:
 
         Succeeds if the task's status is in ``statuses`` and its lease is free,
         expired, or already ``owner``'s; returns ``None`` while another owner holds
-        it. The task's status becomes ``resuming``.
+        it. The task's status becomes ``resuming``. Taking is re-entrant for the same
+        ``owner``, so an owner must name one resume attempt (an instance id plus a
+        per-attempt suffix), not an instance that may resume a task twice at once.
         """
         check_id("task_id", task_id)
         check_id("owner", owner)
@@ -624,12 +660,11 @@ class SqlStore:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _lease_until(self, owner: str | None, ttl_s: float) -> float | None:
-        if owner is None:
-            return None
-        check_id("lease_owner", owner)
-        check_ttl(ttl_s)
-        return self._clock() + ttl_s
+    @staticmethod
+    def _check_lease(owner: str | None, ttl_s: float) -> None:
+        if owner is not None:
+            check_id("lease_owner", owner)
+            check_ttl(ttl_s)
 
     def _raise_if_unknown_sub_task(self, conn: Connection, sub_task_id: str) -> None:
         if (conn.execute(q.SUB_TASK_STATUS, self._keys(p_sub=sub_task_id))).first() is None:
@@ -638,6 +673,19 @@ class SqlStore:
     def _raise_if_unknown_task(self, conn: Connection, task_id: str) -> None:
         if (conn.execute(q.TASK_STATE, self._keys(p_task=task_id))).first() is None:
             raise UnknownTaskError(task_id)
+
+    def _explain_refused_recheckpoint(self, conn: Connection, params: dict[str, Any]
+                                      ) -> NoReturn:
+        task_id, owner = params["p_task"], params["p_owner"]
+        state = conn.execute(q.TASK_STATE, params).first()
+        if state is None:
+            raise UnknownTaskError(task_id)
+        if state.owner != owner:
+            raise LeaseNotHeldError(task_id, owner)
+        raise CheckpointConflictError(
+            f"task {task_id!r} has {state.session_event_count} stored conversation events "
+            f"but the context says {params['p_first']}: checkpoint the context restored "
+            "from the store, whose conversation only grows")
 
     def _raise_missing_or_unleased(self, conn: Connection, task_id: str,
                                          owner: str | None) -> NoReturn:

@@ -73,8 +73,8 @@ def upgrade() -> None:
                     ["tenant_id", "logical_task_id", "invocation_id"])
     op.create_index("ix_agent_peer_sub_tasks_deadline", "agent_peer_sub_tasks",
                     ["tenant_id", "agent_name", "timeout_deadline"],
-                    postgresql_where=sa.text("status = 'pending'"),
-                    sqlite_where=sa.text("status = 'pending'"))
+                    postgresql_where=sa.text("status IN ('pending', 'claimed')"),
+                    sqlite_where=sa.text("status IN ('pending', 'claimed')"))
 
     op.create_table(
         "agent_parallel_invocations",
