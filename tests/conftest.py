@@ -14,6 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Connection
@@ -83,6 +84,22 @@ async def fresh_pg_schema() -> str:
     name = f"mp_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     await pg_execute_async(f"CREATE SCHEMA {name}")
     return name
+
+
+@pytest.fixture
+async def empty_database(backend: str, request: pytest.FixtureRequest,
+                         tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """A URL and options naming a database of its own with no tables at all: a new
+    SQLite file, or a new PostgreSQL schema dropped afterwards."""
+    if backend == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}", {}
+        return
+    url = request.getfixturevalue("postgres_url")
+    schema = await fresh_pg_schema()
+    try:
+        yield url, {"schema": schema}
+    finally:
+        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

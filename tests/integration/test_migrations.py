@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,22 +20,6 @@ from meshpoint.store.engine import (
     parse_url,
 )
 from meshpoint.store.schema import metadata
-from tests.conftest import fresh_pg_schema, pg_execute_async
-
-
-@pytest.fixture
-async def empty_database(backend: str, request: pytest.FixtureRequest,
-                         tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-    """A URL and options naming a database with no tables at all."""
-    if backend == "sqlite":
-        yield f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}", {}
-        return
-    url = request.getfixturevalue("postgres_url")
-    schema = await fresh_pg_schema()
-    try:
-        yield url, {"schema": schema}
-    finally:
-        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
 
 
 def _include(obj: Any, name: str | None, kind: str, reflected: bool, compare_to: Any) -> bool:

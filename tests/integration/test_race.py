@@ -14,7 +14,6 @@ import json
 import multiprocessing
 import random
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from rich.progress import track
 
 from meshpoint import TaskExecutionContext
 from meshpoint.store import SqlStore, open_store
-from tests.conftest import fresh_pg_schema, pg_execute_async, row_counts
+from tests.conftest import row_counts
 from tests.integration import race_worker
 from tests.integration.race_worker import LOCAL_RESULT, WorkerPlan
 
@@ -43,21 +42,6 @@ def paused_task(task_id: str, peers: int) -> TaskExecutionContext:
             "function_call_id": f"call-{n}", "peer_agent_name": f"peer-{n}", "timeout_s": 0})
     ctx.append_session_event({"role": "user", "text": f"question {task_id}"})
     return ctx
-
-
-@pytest.fixture
-async def race_db(backend: str, request: pytest.FixtureRequest,
-                  tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-    """A fresh database for one race: a SQLite file, or a new PostgreSQL schema."""
-    if backend == "sqlite":
-        yield f"sqlite+aiosqlite:///{tmp_path / 'race.db'}", {}
-        return
-    url = request.getfixturevalue("postgres_url")
-    schema = await fresh_pg_schema()
-    try:
-        yield url, {"schema": schema}
-    finally:
-        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
 
 
 async def run_race(url: str, options: dict[str, Any], tmp_path: Path, *, tasks: int,
@@ -118,13 +102,13 @@ async def run_race(url: str, options: dict[str, Any], tmp_path: Path, *, tasks: 
 
 
 async def test_race_of_8_processes_over_5000_sub_tasks(
-        race_db: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
-    url, options = race_db
+        empty_database: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
+    url, options = empty_database
     await run_race(url, options, tmp_path, tasks=1000, peers=5, processes=8, seed=2026)
 
 
 @pytest.mark.parametrize("seed", range(5))
 async def test_smaller_races_with_other_interleavings(
-        race_db: tuple[str, dict[str, Any]], tmp_path: Path, seed: int) -> None:
-    url, options = race_db
+        empty_database: tuple[str, dict[str, Any]], tmp_path: Path, seed: int) -> None:
+    url, options = empty_database
     await run_race(url, options, tmp_path, tasks=60, peers=4, processes=4, seed=seed)
