@@ -8,16 +8,19 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     ├── InvalidArgumentError        (also a ValueError) an argument is malformed
     │   └── ContextSerializationError  a context holds a value that is not JSON
     ├── ConfigurationError          a store URL or option cannot be used
-    └── StoreError                  the checkpoint store refused or failed an operation
-        ├── StoreUnavailableError   the database cannot be reached, or stayed locked
-        ├── SchemaError             the database schema is missing or out of date
-        ├── NotFoundError           an id is unknown (or belongs to another tenant)
-        │   ├── UnknownTaskError
-        │   └── UnknownSubTaskError
-        ├── ConflictError           the write would break an invariant
-        │   ├── CheckpointConflictError   the task or a sub-task id is already stored
-        │   └── LeaseNotHeldError         the caller does not hold the task's resume lease
-        └── CorruptCheckpointError  a stored row does not decode; it was not used
+    ├── StoreError                  the checkpoint store refused or failed an operation
+    │   ├── StoreUnavailableError   the database cannot be reached, or stayed locked
+    │   ├── SchemaError             the database schema is missing or out of date
+    │   ├── NotFoundError           an id is unknown (or belongs to another tenant)
+    │   │   ├── UnknownTaskError
+    │   │   └── UnknownSubTaskError
+    │   ├── ConflictError           the write would break an invariant
+    │   │   ├── CheckpointConflictError   the task or a sub-task id is already stored
+    │   │   └── LeaseNotHeldError         the caller does not hold the task's resume lease
+    │   └── CorruptCheckpointError  a stored row does not decode; it was not used
+    ├── BrokerError                 the message broker refused or failed an operation
+    │   └── BrokerClosedError       the broker was closed
+    └── BadMessageError             a message is malformed, unknown or too large
 
 A failed operation changes nothing: every store operation is one transaction,
 rolled back before any of these is raised. One case cannot know: if the
@@ -117,3 +120,19 @@ class CorruptCheckpointError(StoreError):
     def __init__(self, message: str, *, task_id: str | None = None) -> None:
         super().__init__(message)
         self.task_id = task_id
+
+
+class BrokerError(MeshpointError):
+    """The message broker refused or failed an operation."""
+
+
+class BrokerClosedError(BrokerError):
+    """The broker was closed; open a new one."""
+
+
+class BadMessageError(MeshpointError):
+    """A message on the wire is malformed, of an unknown kind, or too large.
+
+    The runtime dead-letters such a message with this error's text as the reason;
+    it never crashes an instance or changes a task.
+    """

@@ -1,0 +1,140 @@
+"""The broker interface: publish, and competing consumers with per-delivery acks.
+
+Shaped after NATS JetStream so that both implementations mean the same thing:
+
+* A **subscription** names a ``queue`` (a durable consumer) and a subject filter.
+  Every message published to a matching subject is delivered to *one* member of
+  that queue; another queue on the same subjects gets its own copy. The queue
+  outlives its members: messages published while no member listens wait for the
+  next one (an agent whose every instance restarted loses nothing).
+* A **delivery** is acknowledged explicitly. ``ack`` ends it; ``nak(delay_s)``
+  asks for redelivery after ``delay_s``; ``term(reason)`` ends it without
+  redelivery and dead-letters it. A delivery neither acked nor nak'd within
+  ``ack_wait_s`` (its consumer died, or hangs) is redelivered, possibly to another
+  member. After ``max_deliver`` deliveries a message is dead-lettered instead.
+* **Dead letters** are published to the queue's ``dead_letter_subject`` with
+  headers naming the original subject, the delivery count and the reason.
+
+Subjects are dot-separated tokens; a filter may use ``*`` (one token) and ``>``
+(one or more trailing tokens), as in NATS.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+from meshpoint.errors import InvalidArgumentError
+
+#: Headers a dead letter carries.
+DEAD_LETTER_SUBJECT = "Meshpoint-Original-Subject"
+DEAD_LETTER_REASON = "Meshpoint-Dead-Letter-Reason"
+DEAD_LETTER_DELIVERIES = "Meshpoint-Deliveries"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A published message: its subject, payload bytes and headers."""
+
+    subject: str
+    data: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class Delivery(ABC):
+    """One delivery of a message to one member of a queue."""
+
+    message: Message
+    #: 1 on the first delivery, 2 on the first redelivery, and so on.
+    delivery_count: int
+
+    @abstractmethod
+    async def ack(self) -> None:
+        """Done with the message: it will not be delivered again."""
+
+    @abstractmethod
+    async def nak(self, delay_s: float = 0.0) -> None:
+        """Not done: deliver it again after ``delay_s`` (to any member)."""
+
+    @abstractmethod
+    async def term(self, reason: str) -> None:
+        """Never deliver it again: it is dead-lettered with ``reason``."""
+
+
+Handler = Callable[[Delivery], Awaitable[None]]
+
+
+class Subscription(ABC):
+    """A member of a queue; :meth:`stop` leaves the queue (the queue stays)."""
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Take no more deliveries. Deliveries in hand and not acked are redelivered
+        after their ``ack_wait_s``, as if this member had crashed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerOptions:
+    """How a queue treats its deliveries (fixed when the queue is first created)."""
+
+    ack_wait_s: float = 30.0
+    max_deliver: int = 5
+    #: Where dead letters go; default ``deadletter.<queue>``.
+    dead_letter_subject: str | None = None
+    #: Deliveries one member handles at once.
+    max_in_flight: int = 16
+
+    def __post_init__(self) -> None:
+        if not self.ack_wait_s > 0:
+            raise InvalidArgumentError(f"ack_wait_s must be > 0, got {self.ack_wait_s!r}")
+        if self.max_deliver < 1:
+            raise InvalidArgumentError(f"max_deliver must be >= 1, got {self.max_deliver!r}")
+        if self.max_in_flight < 1:
+            raise InvalidArgumentError(
+                f"max_in_flight must be >= 1, got {self.max_in_flight!r}")
+
+
+class Broker(ABC):
+    """Publish and subscribe with competing consumers; see the module docstring."""
+
+    @abstractmethod
+    async def publish(self, subject: str, data: bytes,
+                      headers: Mapping[str, str] | None = None) -> None:
+        """Publish ``data`` to ``subject``; returns once the broker holds it."""
+
+    @abstractmethod
+    async def subscribe(self, subject: str, queue: str, handler: Handler,
+                        options: ConsumerOptions | None = None) -> Subscription:
+        """Join ``queue`` (creating it with ``subject`` as its filter) and have
+        ``handler`` called with each delivery this member receives. A handler that
+        raises without settling its delivery has it redelivered (``nak``)."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Stop every subscription and release the broker's resources."""
+
+
+def check_subject(subject: str, *, pattern: bool) -> list[str]:
+    """Split a subject (or, with ``pattern``, a filter) into tokens, or raise."""
+    if type(subject) is not str or not subject:
+        raise InvalidArgumentError(f"a subject must be a non-empty str, got {subject!r}")
+    tokens = subject.split(".")
+    for index, token in enumerate(tokens):
+        wildcard = token in ("*", ">")
+        if not token or any(c.isspace() for c in token) or (wildcard and not pattern) or (
+                not wildcard and ("*" in token or ">" in token)):
+            raise InvalidArgumentError(f"subject {subject!r} has an invalid token {token!r}")
+        if token == ">" and index != len(tokens) - 1:
+            raise InvalidArgumentError(f"'>' must be the last token of subject {subject!r}")
+    return tokens
+
+
+def subject_matches(pattern: list[str], subject: list[str]) -> bool:
+    """NATS matching: ``*`` is one token, a final ``>`` is one or more tokens."""
+    for index, token in enumerate(pattern):
+        if token == ">":
+            return len(subject) > index
+        if index >= len(subject) or (token != "*" and token != subject[index]):
+            return False
+    return len(subject) == len(pattern)

@@ -1,0 +1,246 @@
+"""``InProcessBroker``: the broker semantics of :mod:`meshpoint.broker.base` in one
+event loop. It is the embedded default and the fast test backend, not a mock:
+queues are durable for the broker's lifetime, members compete for deliveries,
+un-acked deliveries come back after ``ack_wait_s``, and poison messages end up on
+a dead-letter subject, exactly as with NATS JetStream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+from collections import deque
+from collections.abc import Mapping
+
+from meshpoint.broker.base import (
+    DEAD_LETTER_DELIVERIES,
+    DEAD_LETTER_REASON,
+    DEAD_LETTER_SUBJECT,
+    Broker,
+    ConsumerOptions,
+    Delivery,
+    Handler,
+    Message,
+    Subscription,
+    check_subject,
+    subject_matches,
+)
+from meshpoint.errors import BrokerClosedError, InvalidArgumentError
+
+logger = logging.getLogger("meshpoint.broker")
+_REAPER_TICK_S = 0.01
+
+
+class _Entry:
+    """A message waiting in, or delivered from, one queue."""
+
+    __slots__ = ("deliveries", "message")
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
+        self.deliveries = 0
+
+
+class _Delivery(Delivery):
+    __slots__ = ("_queue", "deadline", "entry", "settled")
+
+    def __init__(self, queue: _Queue, entry: _Entry, deadline: float) -> None:
+        self._queue = queue
+        self.entry = entry
+        self.message = entry.message
+        self.delivery_count = entry.deliveries
+        self.deadline = deadline
+        self.settled = False
+
+    def _settle(self) -> bool:
+        """Mark settled; False if it already was (settling twice is a no-op), or if
+        its ack wait expired and the message was already handed out again."""
+        if self.settled:
+            return False
+        self.settled = True
+        return True
+
+    async def ack(self) -> None:
+        self._settle()
+
+    async def nak(self, delay_s: float = 0.0) -> None:
+        if delay_s < 0:
+            raise InvalidArgumentError(f"delay_s must be >= 0, got {delay_s!r}")
+        if self._settle():
+            self._queue.redeliver(self.entry, delay_s)
+
+    async def term(self, reason: str) -> None:
+        if self._settle():
+            self._queue.dead_letter(self.entry, f"terminated: {reason}")
+
+
+class _Queue:
+    """A durable consumer: a filter, its ready messages, and its pending deliveries."""
+
+    def __init__(self, broker: InProcessBroker, name: str, filter_tokens: list[str],
+                 options: ConsumerOptions) -> None:
+        self.broker = broker
+        self.name = name
+        self.filter_tokens = filter_tokens
+        self.options = options
+        self.dead_letter_subject = options.dead_letter_subject or f"deadletter.{name}"
+        self.ready: asyncio.Queue[_Entry] = asyncio.Queue()
+        self.pending: list[tuple[float, int, _Delivery]] = []  # a heap by deadline
+
+    def deliver(self, entry: _Entry) -> _Delivery:
+        entry.deliveries += 1
+        loop = asyncio.get_running_loop()
+        delivery = _Delivery(self, entry, loop.time() + self.options.ack_wait_s)
+        heapq.heappush(self.pending, (delivery.deadline, next(self.broker.sequence), delivery))
+        return delivery
+
+    def redeliver(self, entry: _Entry, delay_s: float = 0.0) -> None:
+        if entry.deliveries >= self.options.max_deliver:
+            self.dead_letter(entry, f"not acknowledged after {entry.deliveries} deliveries "
+                                    f"(max_deliver={self.options.max_deliver})")
+        elif delay_s > 0:
+            asyncio.get_running_loop().call_later(delay_s, self._requeue, entry)
+        else:
+            self._requeue(entry)
+
+    def _requeue(self, entry: _Entry) -> None:
+        if not self.broker.closed:
+            self.ready.put_nowait(entry)
+
+    def dead_letter(self, entry: _Entry, reason: str) -> None:
+        logger.warning("dead-lettering a message on %s from queue %s: %s",
+                       entry.message.subject, self.name, reason)
+        headers = {**entry.message.headers, DEAD_LETTER_SUBJECT: entry.message.subject,
+                   DEAD_LETTER_REASON: reason, DEAD_LETTER_DELIVERIES: str(entry.deliveries)}
+        self.broker.route(Message(self.dead_letter_subject, entry.message.data, headers))
+
+    def expire(self, now: float) -> None:
+        """Take back deliveries whose ack wait passed without a settlement."""
+        while self.pending and self.pending[0][0] <= now:
+            _, _, delivery = heapq.heappop(self.pending)
+            if not delivery.settled:
+                delivery.settled = True  # a late ack/nak of this delivery is ignored
+                self.redeliver(delivery.entry)
+
+
+class _Member(Subscription):
+    def __init__(self, queue: _Queue, handler: Handler) -> None:
+        self.queue = queue
+        self.handler = handler
+        self.slots = asyncio.Semaphore(queue.options.max_in_flight)
+        self.in_flight: set[asyncio.Task[None]] = set()
+        self.loop_task = asyncio.create_task(self._take(), name=f"member of {queue.name}")
+
+    async def _take(self) -> None:
+        while True:
+            await self.slots.acquire()
+            entry = await self.queue.ready.get()
+            # No await between taking the entry and registering its delivery: a stop
+            # (cancellation) can never lose a message here.
+            delivery = self.queue.deliver(entry)
+            task = asyncio.create_task(self._handle(delivery))
+            self.in_flight.add(task)
+            task.add_done_callback(self.in_flight.discard)
+
+    async def _handle(self, delivery: _Delivery) -> None:
+        try:
+            await self.handler(delivery)
+        except asyncio.CancelledError:
+            raise  # the member stopped: the delivery comes back after its ack wait
+        except Exception:
+            logger.exception("handler of queue %s failed on %s", self.queue.name,
+                             delivery.message.subject)
+            if not delivery.settled:
+                await delivery.nak(min(1.0, 0.05 * delivery.delivery_count))
+        finally:
+            self.slots.release()
+
+    async def stop(self) -> None:
+        tasks = [self.loop_task, *self.in_flight]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.queue.broker.members.discard(self)
+
+
+class InProcessBroker(Broker):
+    """A broker inside one process. Messages published to subjects that no queue
+    matches are held (up to ``max_unrouted``) for the first queue that will."""
+
+    def __init__(self, *, max_unrouted: int = 100_000) -> None:
+        self.queues: dict[str, _Queue] = {}
+        self.members: set[_Member] = set()
+        self.unrouted: deque[Message] = deque()
+        self.max_unrouted = max_unrouted
+        self.sequence = itertools.count()
+        self.closed = False
+        self._reaper: asyncio.Task[None] | None = None
+
+    async def publish(self, subject: str, data: bytes,
+                      headers: Mapping[str, str] | None = None) -> None:
+        if self.closed:
+            raise BrokerClosedError("the broker is closed")
+        check_subject(subject, pattern=False)
+        if type(data) is not bytes:
+            raise InvalidArgumentError(f"data must be bytes, got {type(data).__name__}")
+        self.route(Message(subject, data, dict(headers or {})))
+
+    def route(self, message: Message) -> None:
+        tokens = message.subject.split(".")
+        matched = False
+        for queue in self.queues.values():
+            if subject_matches(queue.filter_tokens, tokens):
+                queue.ready.put_nowait(_Entry(message))
+                matched = True
+        if not matched:
+            if len(self.unrouted) >= self.max_unrouted:
+                dropped = self.unrouted.popleft()
+                logger.error("no queue takes %s; dropped the oldest held message (%s)",
+                             message.subject, dropped.subject)
+            self.unrouted.append(message)
+
+    async def subscribe(self, subject: str, queue: str, handler: Handler,
+                        options: ConsumerOptions | None = None) -> Subscription:
+        if self.closed:
+            raise BrokerClosedError("the broker is closed")
+        tokens = check_subject(subject, pattern=True)
+        check_subject(queue, pattern=False)
+        existing = self.queues.get(queue)
+        if existing is None:
+            existing = _Queue(self, queue, tokens, options or ConsumerOptions())
+            self.queues[queue] = existing
+            held = [m for m in self.unrouted if subject_matches(tokens, m.subject.split("."))]
+            for message in held:
+                self.unrouted.remove(message)
+                existing.ready.put_nowait(_Entry(message))
+        elif existing.filter_tokens != tokens:
+            raise InvalidArgumentError(
+                f"queue {queue!r} filters {'.'.join(existing.filter_tokens)!r}; it cannot "
+                f"also take {subject!r} (use another queue name)")
+        if self._reaper is None:
+            self._reaper = asyncio.create_task(self._reap(), name="in-process broker reaper")
+        member = _Member(existing, handler)
+        self.members.add(member)
+        return member
+
+    async def _reap(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(_REAPER_TICK_S)
+            now = loop.time()
+            for queue in self.queues.values():
+                queue.expire(now)
+
+    async def close(self) -> None:
+        self.closed = True
+        for member in list(self.members):
+            await member.stop()
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper

@@ -1,0 +1,236 @@
+"""The broker contract (meshpoint.broker.base), run against every implementation.
+
+NATS JetStream joins the ``broker`` fixture with the scale-out work; every test
+here must hold for it unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from meshpoint.broker import Broker, ConsumerOptions, Delivery, InProcessBroker
+from meshpoint.broker.base import DEAD_LETTER_DELIVERIES, DEAD_LETTER_REASON, DEAD_LETTER_SUBJECT
+from meshpoint.errors import BrokerClosedError, InvalidArgumentError
+
+FAST = ConsumerOptions(ack_wait_s=0.2, max_deliver=3)
+
+
+@pytest.fixture(params=["inprocess"])
+async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
+    instance = InProcessBroker()
+    try:
+        yield instance
+    finally:
+        await instance.close()
+
+
+async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.005)
+
+
+class Recorder:
+    """A handler that records what it saw and settles each delivery as told."""
+
+    def __init__(self, name: str = "", settle: str = "ack") -> None:
+        self.name = name
+        self.settle = settle
+        self.seen: list[tuple[bytes, int, float]] = []
+
+    async def __call__(self, delivery: Delivery) -> None:
+        self.seen.append((delivery.message.data, delivery.delivery_count,
+                          asyncio.get_running_loop().time()))
+        if self.settle == "ack":
+            await delivery.ack()
+        elif self.settle == "nak":
+            await delivery.nak()
+        elif self.settle == "term":
+            await delivery.term("cannot parse it")
+        elif self.settle == "raise":
+            raise RuntimeError("handler bug")
+        # "none": neither ack nor nak, as a consumer that died would
+
+    @property
+    def payloads(self) -> list[bytes]:
+        return [data for data, _, _ in self.seen]
+
+
+async def test_a_queue_delivers_each_message_to_exactly_one_member(broker: Broker) -> None:
+    members = [Recorder(f"m{n}") for n in range(3)]
+    for member in members:
+        await broker.subscribe("ns.req.coordinator", "coordinator-requests", member)
+    sent = [f"task-{n}".encode() for n in range(300)]
+    for data in sent:
+        await broker.publish("ns.req.coordinator", data)
+    await eventually(lambda: sum(len(m.seen) for m in members) >= 300)
+    await asyncio.sleep(0.3)  # past ack_wait: nothing acked may come back
+    got = Counter(p for m in members for p in m.payloads)
+    assert got == Counter(sent)
+    assert sum(1 for m in members if m.seen) >= 2  # the work is shared
+
+
+async def test_each_queue_gets_its_own_copy_and_filters_match_like_nats(broker: Broker) -> None:
+    exact, star, tail = Recorder(), Recorder(), Recorder()
+    await broker.subscribe("ns.response.coordinator.s1", "exact", exact)
+    await broker.subscribe("ns.response.*.s1", "star", star)
+    await broker.subscribe("ns.response.>", "tail", tail)
+    await broker.publish("ns.response.coordinator.s1", b"1")
+    await broker.publish("ns.response.researcher.s1", b"2")
+    await broker.publish("ns.response.coordinator.s1.extra", b"3")
+    await eventually(lambda: len(tail.seen) == 3)
+    await asyncio.sleep(0.05)
+    assert exact.payloads == [b"1"]
+    assert sorted(star.payloads) == [b"1", b"2"]
+    assert sorted(tail.payloads) == [b"1", b"2", b"3"]
+
+
+async def test_an_unacknowledged_delivery_comes_back_after_ack_wait(broker: Broker) -> None:
+    first = Recorder(settle="none")
+    await broker.subscribe("ns.a", "q", first, FAST)
+    await broker.publish("ns.a", b"x")
+    await eventually(lambda: len(first.seen) == 2)
+    (_, n1, t1), (_, n2, t2) = first.seen[:2]
+    assert (n1, n2) == (1, 2) and t2 - t1 >= 0.19
+
+
+async def test_nak_redelivers_after_its_delay(broker: Broker) -> None:
+    seen: list[tuple[int, float]] = []
+
+    async def handler(delivery: Delivery) -> None:
+        seen.append((delivery.delivery_count, asyncio.get_running_loop().time()))
+        if delivery.delivery_count == 1:
+            await delivery.nak(0.15)
+        else:
+            await delivery.ack()
+
+    await broker.subscribe("ns.a", "q", handler, ConsumerOptions(ack_wait_s=5))
+    await broker.publish("ns.a", b"x")
+    await eventually(lambda: len(seen) == 2)
+    assert seen[1][1] - seen[0][1] >= 0.14
+    await asyncio.sleep(0.3)
+    assert len(seen) == 2
+
+
+async def test_term_dead_letters_with_its_reason_and_never_redelivers(broker: Broker) -> None:
+    poison, dead = Recorder(settle="term"), []
+
+    async def dead_letters(delivery: Delivery) -> None:
+        dead.append(delivery.message)
+        await delivery.ack()
+
+    await broker.subscribe("ns.a", "q", poison, FAST)
+    await broker.subscribe("deadletter.q", "dlq-reader", dead_letters)
+    await broker.publish("ns.a", b"garbage", {"trace": "t-1"})
+    await eventually(lambda: len(dead) == 1)
+    await asyncio.sleep(0.3)
+    assert len(poison.seen) == 1
+    assert dead[0].data == b"garbage"
+    assert dead[0].headers[DEAD_LETTER_SUBJECT] == "ns.a"
+    assert dead[0].headers[DEAD_LETTER_REASON] == "terminated: cannot parse it"
+    assert dead[0].headers["trace"] == "t-1"
+
+
+async def test_max_deliver_then_dead_letter(broker: Broker) -> None:
+    stubborn, dead = Recorder(settle="nak"), Recorder()
+    await broker.subscribe("ns.a", "q", stubborn,
+                           ConsumerOptions(ack_wait_s=5, max_deliver=3,
+                                           dead_letter_subject="ns.dead.q"))
+    await broker.subscribe("ns.dead.q", "dead", dead)
+    await broker.publish("ns.a", b"x")
+    await eventually(lambda: len(dead.seen) == 1)
+    assert [n for _, n, _ in stubborn.seen] == [1, 2, 3]
+
+
+async def test_a_failing_handler_has_its_delivery_redelivered(broker: Broker) -> None:
+    buggy, dead = Recorder(settle="raise"), Recorder()
+    await broker.subscribe("ns.a", "q", buggy, FAST)
+    await broker.subscribe("deadletter.q", "dead", dead)
+    await broker.publish("ns.a", b"x")
+    await eventually(lambda: len(dead.seen) == 1)
+    assert [n for _, n, _ in buggy.seen] == [1, 2, 3]
+
+
+async def test_a_member_that_goes_away_without_acking_loses_nothing(broker: Broker) -> None:
+    gone, survivor = Recorder(settle="none"), Recorder()
+    subscription = await broker.subscribe("ns.a", "q", gone, FAST)
+    await broker.publish("ns.a", b"x")
+    await eventually(lambda: len(gone.seen) == 1)
+    await subscription.stop()  # crashed with the message in hand
+    await broker.subscribe("ns.a", "q", survivor, FAST)
+    await eventually(lambda: len(survivor.seen) == 1)
+    assert survivor.seen[0][:2] == (b"x", 2)
+
+
+async def test_a_queue_outlives_its_members_and_early_messages_wait(broker: Broker) -> None:
+    await broker.publish("ns.req.peer", b"before any instance started")
+    first = Recorder()
+    subscription = await broker.subscribe("ns.req.peer", "peer", first)
+    await eventually(lambda: first.payloads == [b"before any instance started"])
+    await subscription.stop()
+    await broker.publish("ns.req.peer", b"while every instance was down")
+    second = Recorder()
+    await broker.subscribe("ns.req.peer", "peer", second)
+    await eventually(lambda: second.payloads == [b"while every instance was down"])
+
+
+async def test_settling_twice_and_late_settlements_are_harmless(broker: Broker) -> None:
+    deliveries: list[Delivery] = []
+
+    async def keep(delivery: Delivery) -> None:
+        deliveries.append(delivery)
+        if delivery.delivery_count == 2:
+            await delivery.ack()
+            await delivery.ack()
+            await delivery.nak()
+
+    await broker.subscribe("ns.a", "q", keep, FAST)
+    await broker.publish("ns.a", b"x")
+    await eventually(lambda: len(deliveries) == 2)
+    await deliveries[0].ack()  # its ack wait expired: too late, already redelivered
+    await asyncio.sleep(0.3)
+    assert len(deliveries) == 2
+
+
+@pytest.mark.parametrize("subject", ["", "a..b", "a.>.b", "a b", "a.*x", ">x"])
+async def test_bad_subjects_are_refused(broker: Broker, subject: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="subject"):
+        await broker.subscribe(subject, "q", Recorder())
+
+
+async def test_bad_publishes_and_closed_brokers_are_refused(broker: Broker) -> None:
+    with pytest.raises(InvalidArgumentError):
+        await broker.publish("ns.*", b"x")  # wildcards only filter
+    with pytest.raises(InvalidArgumentError, match="bytes"):
+        await broker.publish("ns.a", "text")  # type: ignore[arg-type]
+    await broker.subscribe("ns.a", "q", Recorder())
+    with pytest.raises(InvalidArgumentError, match="cannot also take"):
+        await broker.subscribe("ns.b", "q", Recorder())
+    with pytest.raises(InvalidArgumentError, match="ack_wait_s"):
+        ConsumerOptions(ack_wait_s=0)
+    await broker.close()
+    with pytest.raises(BrokerClosedError):
+        await broker.publish("ns.a", b"x")
+
+
+async def test_dead_letters_count_their_deliveries(broker: Broker) -> None:
+    dead = Recorder()
+    await broker.subscribe("ns.a", "q", Recorder(settle="none"),
+                           ConsumerOptions(ack_wait_s=0.05, max_deliver=2))
+    captured = []
+
+    async def capture(delivery: Delivery) -> None:
+        captured.append(delivery.message.headers)
+        await dead(delivery)
+
+    await broker.subscribe("deadletter.q", "dead", capture)
+    await broker.publish("ns.a", b"x")
+    await eventually(lambda: len(captured) == 1)
+    assert captured[0][DEAD_LETTER_DELIVERIES] == "2"
+    assert "max_deliver=2" in captured[0][DEAD_LETTER_REASON]
