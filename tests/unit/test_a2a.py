@@ -1,0 +1,96 @@
+"""A2A messages: wire round trips, and bad input reported as BadMessageError only."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshpoint import a2a
+from meshpoint.errors import BadMessageError
+
+
+def send_request() -> a2a.SendMessageRequest:
+    return a2a.SendMessageRequest(id="req-1", params=a2a.MessageSendParams(
+        message=a2a.Message(role="user", message_id="m-1", context_id="ctx-1",
+                            parts=[a2a.TextPart(text="Compare A and B"),
+                                   a2a.DataPart(data={"depth": 2})])))
+
+
+def test_requests_round_trip_in_camel_case() -> None:
+    wire = a2a.encode(send_request())
+    document = json.loads(wire)
+    assert document["params"]["message"]["messageId"] == "m-1"
+    assert "message_id" not in wire.decode()
+    parsed = a2a.parse_request(wire)
+    assert parsed == send_request()
+    assert isinstance(parsed, a2a.SendMessageRequest)
+    assert parsed.params.message.text == "Compare A and B"
+    cancel = a2a.CancelTaskRequest(id=7, params=a2a.TaskIdParams(id="peer-task-9"))
+    assert a2a.parse_request(a2a.encode(cancel)) == cancel
+
+
+@pytest.mark.parametrize("result", [
+    a2a.Task(id="t", context_id="c", status=a2a.TaskStatus(state=a2a.TaskState.COMPLETED),
+             artifacts=[a2a.Artifact(artifact_id="a", parts=[a2a.TextPart(text="x")])]),
+    a2a.TaskStatusUpdateEvent(task_id="t", context_id="c", final=False,
+                              status=a2a.TaskStatus(state=a2a.TaskState.WORKING)),
+    a2a.TaskArtifactUpdateEvent(task_id="t", context_id="c", last_chunk=True,
+                                artifact=a2a.Artifact(artifact_id="a",
+                                                      parts=[a2a.DataPart(data={"k": 1})])),
+    a2a.Message(role="agent", message_id="m", parts=[a2a.TextPart(text="done")]),
+])
+def test_responses_round_trip_by_kind(result: a2a.Result) -> None:
+    response = a2a.SuccessResponse(id="req-1", result=result)
+    assert a2a.parse_response(a2a.encode(response)) == response
+    error = a2a.ErrorResponse(id=None, error=a2a.JSONRPCError(code=-32001, message="nope"))
+    assert a2a.parse_response(a2a.encode(error)) == error
+
+
+def test_final_states() -> None:
+    assert a2a.TaskState.CANCELED.is_final and not a2a.TaskState.INPUT_REQUIRED.is_final
+
+
+@pytest.mark.parametrize(("data", "reason"), [
+    (b"{", "not valid JSON"),
+    (b"[1, 2]", "Input should be an object"),
+    (b'{"jsonrpc":"2.0","id":1,"method":"tasks/delete","params":{}}', "unknown method"),
+    (b'{"jsonrpc":"1.0","id":1,"method":"tasks/cancel","params":{"id":"x"}}', "jsonrpc"),
+    (b'{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":'
+     b'{"role":"user","parts":[],"messageId":"m"}}}', "parts"),
+    (b'{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":'
+     b'{"role":"robot","parts":[{"kind":"text","text":"x"}],"messageId":"m"}}}', "role"),
+    (b'{"jsonrpc":"2.0","id":{"x":1},"method":"tasks/cancel","params":{"id":"x"}}', "id"),
+])
+def test_bad_requests_name_the_problem(data: bytes, reason: str) -> None:
+    with pytest.raises(BadMessageError, match=reason):
+        a2a.parse_request(data)
+
+
+def test_oversized_and_non_bytes_messages_are_refused() -> None:
+    wire = a2a.encode(send_request())
+    with pytest.raises(BadMessageError, match="larger than the limit of 100"):
+        a2a.parse_request(wire, max_bytes=100)
+    with pytest.raises(BadMessageError, match="must be bytes"):
+        a2a.parse_request(wire.decode())  # type: ignore[arg-type]
+    with pytest.raises(BadMessageError, match="kind"):
+        a2a.parse_response(b'{"jsonrpc":"2.0","id":"x","result":{"kind":"weird"}}')
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=300),
+                 st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+                              lambda inner: st.lists(inner, max_size=3)
+                              | st.dictionaries(st.sampled_from(
+                                  ["jsonrpc", "id", "method", "params", "message", "result",
+                                   "kind", "parts", "role", "messageId", "text"]), inner,
+                                  max_size=5), max_leaves=15).map(
+                     lambda value: json.dumps(value).encode())))
+def test_any_bytes_parse_or_raise_bad_message_only(data: bytes) -> None:
+    for parse in (a2a.parse_request, a2a.parse_response):
+        try:
+            parse(data)
+        except BadMessageError:
+            pass
