@@ -115,23 +115,25 @@ class Task(_Model):
     metadata: dict[str, Any] | None = None
 
 
-class TaskStatusUpdateEvent(_Model):
-    kind: Literal["status-update"] = "status-update"
+class _TaskEvent(_Model):
+    """What every streamed update of a task carries."""
+
     task_id: str = Field(min_length=1)
     context_id: str
-    status: TaskStatus
-    final: bool
     metadata: dict[str, Any] | None = None
 
 
-class TaskArtifactUpdateEvent(_Model):
+class TaskStatusUpdateEvent(_TaskEvent):
+    kind: Literal["status-update"] = "status-update"
+    status: TaskStatus
+    final: bool
+
+
+class TaskArtifactUpdateEvent(_TaskEvent):
     kind: Literal["artifact-update"] = "artifact-update"
-    task_id: str = Field(min_length=1)
-    context_id: str
     artifact: Artifact
     append: bool | None = None
     last_chunk: bool | None = None
-    metadata: dict[str, Any] | None = None
 
 
 class MessageSendParams(_Model):

@@ -113,6 +113,8 @@ class ParallelCalls:
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> ParallelCalls:
+        """Rebuild from :meth:`to_dict` output, checking its shape. Takes ownership of
+        ``data``'s values: callers pass a dict they have already copied."""
         data = _expect(data, dict, where)
         order = _expect(data.get("call_order", []), list, f"{where}.call_order")
         if not all(type(call) is str for call in order):
@@ -124,7 +126,7 @@ class ParallelCalls:
         if strays:
             raise InvalidArgumentError(
                 f"{where}.results has results for calls {strays} that are not in its call_order")
-        return cls(call_order=list(order), results=json_copy(results))
+        return cls(call_order=list(order), results=dict(results))
 
 
 class TaskExecutionContext:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,8 +57,8 @@ async def _apply(store: SqlStore, clock: FakeClock, op: tuple[str, int, int],
 
 
 @pytest.fixture
-async def shared_store(backend: str, store_url: str, store_options: dict[str, Any],
-                       clock: FakeClock, tmp_path: Path) -> Any:
+async def shared_store(store_url: str, store_options: dict[str, Any],
+                       clock: FakeClock) -> Any:
     async with open_store(store_url, clock=clock, pool_size=4, **store_options) as store:
         yield store
 

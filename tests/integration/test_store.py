@@ -107,6 +107,8 @@ async def test_a_claim_never_recorded_still_times_out(store: SqlStore, clock: Fa
     claimed = await store.claim_peer_sub_task("t1/sub-0")  # ... and its claimer dies
     assert claimed is not None
     assert (await store.stats()).pending_sub_tasks == 1  # counted as open
+    assert [t.pending_sub_tasks for t in await store.list_paused_tasks()] == [1]
+    assert [d.sub_task_id for d in await store.next_deadlines()] == ["t1/sub-0"]
     clock.advance(6)
     swept = await store.sweep_expired_timeouts(AGENT)
     assert [(r.sub_task.sub_task_id, r.join_complete) for r in swept] == [("t1/sub-0", True)]

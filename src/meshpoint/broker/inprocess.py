@@ -45,8 +45,6 @@ class _Entry:
 
 
 class _Delivery(Delivery):
-    __slots__ = ("_queue", "deadline", "entry", "settled")
-
     def __init__(self, queue: _Queue, entry: _Entry, deadline: float) -> None:
         self._queue = queue
         self.entry = entry

@@ -14,7 +14,7 @@ one transaction without blocking the event loop:
 
 SQLite must also be correct across processes on one host. Each connection uses
 WAL (readers never block the writer), a busy timeout (a writer waits for the
-lock instead of failing), foreign keys, and ``BEGIN IMMEDIATE`` for write
+lock instead of failing), and ``BEGIN IMMEDIATE`` for write
 transactions so the write lock is taken up front: two processes can never both
 read a sub-task as pending and then both claim it, and a transaction never fails
 half-way when it upgrades from reading to writing. PostgreSQL runs migrations
@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import json
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -250,7 +251,6 @@ def _install_sqlite_hooks(engine: Engine, *, memory: bool, busy_timeout_s: float
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
         cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
-        cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -360,8 +360,9 @@ def translate(doing: str) -> Iterator[None]:
         raise StoreError(f"the database failed while {doing}: {error.orig}") from error
     except exc.SQLAlchemyError as error:
         raise StoreError(f"the store failed while {doing}: {error}") from error
-    except ValueError as error:
-        # A JSON column that no longer parses (SQLite stores JSON as text).
+    except json.JSONDecodeError as error:
+        # A JSON column that no longer parses (SQLite stores JSON as text). Other
+        # ValueErrors are bugs, not corruption, and propagate as they are.
         raise CorruptCheckpointError(
             f"a stored row does not decode while {doing}: {error}; it was not used"
         ) from error

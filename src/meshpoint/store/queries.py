@@ -38,6 +38,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 from meshpoint.store.schema import (
+    OPEN_SUB_TASK_PREDICATE,
     JSONDoc,
     parallel_invocations,
     paused_tasks,
@@ -217,7 +218,7 @@ MARK_RESUMING = (
 #: Sub-tasks whose deadline can still pass. Rendered as literal SQL, word for word the
 #: partial index's predicate: as bound parameters, PostgreSQL's generic plans could
 #: not prove the index applies.
-OPEN = text("agent_peer_sub_tasks.status IN ('pending', 'claimed')")
+OPEN = text(OPEN_SUB_TASK_PREDICATE)
 COUNT_OPEN_SUB_TASKS = select(func.count()).where(
     S.c.tenant_id == tenant, S.c.logical_task_id == task, OPEN)
 #: Park the sub-tasks of a join whose rows are corrupt, so that one bad task cannot

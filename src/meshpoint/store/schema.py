@@ -46,12 +46,13 @@ TENANT = String(64)
 TASK_STATUSES = ("waiting_peers", "input_required", "handoff", "resuming", "working")
 #: Statuses a caller may checkpoint a task in.
 CHECKPOINT_STATUSES = ("waiting_peers", "input_required", "handoff", "working")
-#: Statuses of a peer sub-task: waiting for its answer, claimed without a result yet
-#: (the two-step path of seed 000), resolved with a result (answer or timeout), or
-#: quarantined by the sweeper because its task's rows are corrupt.
-SUB_TASK_STATUSES = ("pending", "claimed", "resolved", "quarantined")
-#: Sub-tasks that can still expire: a claim that is never recorded times out too.
-OPEN_SUB_TASK_STATUSES = ("pending", "claimed")
+
+#: Sub-tasks that are still open, i.e. can still expire: ``pending`` (waiting for the
+#: answer) and ``claimed`` (the two-step path of seed 000, result not yet recorded).
+#: The other statuses are ``resolved`` (answer or timeout) and ``quarantined`` (its
+#: task's rows are corrupt). SQL text, so that the partial index and the queries that
+#: must use it carry the predicate word for word.
+OPEN_SUB_TASK_PREDICATE = "status IN ('pending', 'claimed')"
 
 paused_tasks = Table(
     "agent_paused_tasks",
@@ -105,8 +106,8 @@ peer_sub_tasks = Table(
     # Only open sub-tasks can expire; the partial index stays small. The sweeper's
     # query repeats this predicate word for word so both databases use the index.
     Index("ix_agent_peer_sub_tasks_deadline", "tenant_id", "agent_name", "timeout_deadline",
-          postgresql_where=text("status IN ('pending', 'claimed')"),
-          sqlite_where=text("status IN ('pending', 'claimed')")),
+          postgresql_where=text(OPEN_SUB_TASK_PREDICATE),
+          sqlite_where=text(OPEN_SUB_TASK_PREDICATE)),
 )
 
 parallel_invocations = Table(

@@ -604,7 +604,7 @@ class SqlStore:
         t, s = paused_tasks, peer_sub_tasks
         pending = (select(s.c.logical_task_id, func.count().label("n"),
                           func.min(s.c.timeout_deadline).label("next_deadline"))
-                   .where(s.c.tenant_id == self.tenant_id, s.c.status == "pending")
+                   .where(s.c.tenant_id == self.tenant_id, q.OPEN)
                    .group_by(s.c.logical_task_id).subquery())
         stmt = (select(t.c.logical_task_id, t.c.agent_name, t.c.status, t.c.owner,
                        t.c.lease_expires_at, t.c.version, t.c.checkpointed_at,
@@ -630,8 +630,7 @@ class SqlStore:
                              limit: int = 10) -> list[PeerSubTask]:
         """The pending sub-tasks that expire soonest."""
         stmt = (select(*q.SUB_COLUMNS)
-                .where(peer_sub_tasks.c.tenant_id == self.tenant_id,
-                       peer_sub_tasks.c.status == "pending")
+                .where(peer_sub_tasks.c.tenant_id == self.tenant_id, q.OPEN)
                 .order_by(peer_sub_tasks.c.timeout_deadline).limit(limit))
         if agent_name is not None:
             stmt = stmt.where(peer_sub_tasks.c.agent_name == agent_name)
