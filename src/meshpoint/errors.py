@@ -20,7 +20,8 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     │   └── CorruptCheckpointError  a stored row does not decode; it was not used
     ├── BrokerError                 the message broker refused or failed an operation
     │   └── BrokerClosedError       the broker was closed
-    └── BadMessageError             a message is malformed, unknown or too large
+    ├── BadMessageError             a message is malformed, unknown or too large
+    └── ModelError                  a model endpoint failed or answered nonsense
 
 A failed operation changes nothing: every store operation is one transaction,
 rolled back before any of these is raised. One case cannot know: if the
@@ -136,3 +137,8 @@ class BadMessageError(MeshpointError):
     The runtime dead-letters such a message with this error's text as the reason;
     it never crashes an instance or changes a task.
     """
+
+
+class ModelError(MeshpointError):
+    """A model call failed, or its answer cannot be used (e.g. tool-call arguments
+    that are not a JSON object). The task fails with this error's text."""

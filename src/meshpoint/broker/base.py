@@ -54,6 +54,11 @@ class Delivery(ABC):
         """Done with the message: it will not be delivered again."""
 
     @abstractmethod
+    async def in_progress(self) -> None:
+        """Still working on it: restart the ack wait (JetStream's ``+WPI``). A task
+        that holds its inbound message un-acked for long calls this periodically."""
+
+    @abstractmethod
     async def nak(self, delay_s: float = 0.0) -> None:
         """Not done: deliver it again after ``delay_s`` (to any member)."""
 
@@ -84,6 +89,9 @@ class ConsumerOptions:
     dead_letter_subject: str | None = None
     #: Deliveries one member handles at once.
     max_in_flight: int = 16
+    #: Delete the queue, with what it still holds, when its last member stops
+    #: (NATS: an ephemeral consumer). For inboxes of one instance or one client.
+    ephemeral: bool = False
 
     def __post_init__(self) -> None:
         if not self.ack_wait_s > 0:

@@ -64,6 +64,11 @@ class _Delivery(Delivery):
     async def ack(self) -> None:
         self._settle()
 
+    async def in_progress(self) -> None:
+        if not self.settled:
+            self.deadline = asyncio.get_running_loop().time() + self._queue.options.ack_wait_s
+            self._queue.watch(self)
+
     async def nak(self, delay_s: float = 0.0) -> None:
         if delay_s < 0:
             raise InvalidArgumentError(f"delay_s must be >= 0, got {delay_s!r}")
@@ -92,8 +97,11 @@ class _Queue:
         entry.deliveries += 1
         loop = asyncio.get_running_loop()
         delivery = _Delivery(self, entry, loop.time() + self.options.ack_wait_s)
-        heapq.heappush(self.pending, (delivery.deadline, next(self.broker.sequence), delivery))
+        self.watch(delivery)
         return delivery
+
+    def watch(self, delivery: _Delivery) -> None:
+        heapq.heappush(self.pending, (delivery.deadline, next(self.broker.sequence), delivery))
 
     def redeliver(self, entry: _Entry, delay_s: float = 0.0) -> None:
         if entry.deliveries >= self.options.max_deliver:
@@ -118,8 +126,9 @@ class _Queue:
     def expire(self, now: float) -> None:
         """Take back deliveries whose ack wait passed without a settlement."""
         while self.pending and self.pending[0][0] <= now:
-            _, _, delivery = heapq.heappop(self.pending)
-            if not delivery.settled:
+            deadline, _, delivery = heapq.heappop(self.pending)
+            # An entry left behind by in_progress() no longer matches the deadline.
+            if not delivery.settled and deadline == delivery.deadline:
                 delivery.settled = True  # a late ack/nak of this delivery is ignored
                 self.redeliver(delivery.entry)
 
@@ -163,7 +172,11 @@ class _Member(Subscription):
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self.queue.broker.members.discard(self)
+        broker = self.queue.broker
+        broker.members.discard(self)
+        if self.queue.options.ephemeral and not any(m.queue is self.queue
+                                                    for m in broker.members):
+            broker.queues.pop(self.queue.name, None)
 
 
 class InProcessBroker(Broker):

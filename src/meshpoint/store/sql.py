@@ -626,6 +626,23 @@ class SqlStore:
 
         return await self._read("listing paused tasks", body)
 
+    async def resumable_tasks(self, agent_name: str, *, limit: int = 100) -> list[str]:
+        """Ids of ``agent_name``'s tasks whose join completed but that nobody is
+        resuming: no lease was granted, or its holder let it expire (it crashed).
+        The recovery loop takes their leases with :meth:`take_resume_lease`."""
+        check_id("agent_name", agent_name)
+        t = paused_tasks
+        stmt = (select(t.c.logical_task_id)
+                .where(t.c.tenant_id == self.tenant_id, t.c.agent_name == agent_name,
+                       t.c.status == "resuming",
+                       (t.c.owner.is_(None)) | (t.c.lease_expires_at <= self._clock()))
+                .order_by(t.c.lease_expires_at).limit(limit))
+
+        def body(conn: Connection) -> list[str]:
+            return [row[0] for row in conn.execute(stmt).all()]
+
+        return await self._read(f"listing resumable tasks of {agent_name!r}", body)
+
     async def next_deadlines(self, *, agent_name: str | None = None,
                              limit: int = 10) -> list[PeerSubTask]:
         """The pending sub-tasks that expire soonest."""

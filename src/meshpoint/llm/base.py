@@ -1,0 +1,73 @@
+"""The ``Model`` protocol: what an agent needs from a language model.
+
+A model sees the conversation so far and the tools it may call, and answers with
+text, tool calls, or both. The conversation is a list of plain dicts in the
+chat-completions layout, because that is what the store persists as session
+events and what most endpoints speak:
+
+* ``{"role": "system" | "user", "content": str}``
+* ``{"role": "assistant", "content": str | None, "tool_calls": [{"id", "name", "arguments"}]}``
+* ``{"role": "tool", "tool_call_id": str, "name": str, "content": str}``
+
+``arguments`` is a JSON object (a dict), never a JSON string: adapters convert.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool as the model sees it: a name, what it does, and a JSON schema."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = field(default_factory=lambda: {
+        "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]})
+    #: ``"peer"`` for a call to another agent (it pauses the task), ``"local"`` for a
+    #: function that returns at once. Models may ignore it; the scripted one reads it.
+    kind: str = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One call the model asks for. ``id`` is the function-call id: results are
+    given back in the order of the calls, keyed by it."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens one model call spent."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelResponse:
+    """A model's answer: text, tool calls (possibly several: a fan-out), or both."""
+
+    text: str | None
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = Usage()
+    #: The model that answered (an endpoint may name a more specific version).
+    model: str = ""
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A language model. ``name`` is recorded in token usage by model."""
+
+    name: str
+
+    async def complete(self, messages: list[dict[str, Any]],
+                       tools: list[ToolSpec]) -> ModelResponse:
+        """Answer the conversation ``messages``, possibly calling some of ``tools``."""
+        ...

@@ -1,0 +1,159 @@
+"""What an agent is: its name, model, tools and peers, and how its instances run.
+
+An :class:`Agent` is a definition, shared by all of its instances. Each peer is
+offered to the model as one more tool (``ask_<peer>`` unless named otherwise); a
+turn may call several peers at once (a fan-out) and mix them with local tools,
+which return at once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshpoint.errors import InvalidArgumentError
+from meshpoint.llm.base import Model, ToolSpec
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+ToolFunction = Callable[[dict[str, Any]], Any | Awaitable[Any]]
+
+
+def check_name(what: str, value: Any) -> str:
+    """Agent, tool and namespace names become subject tokens: letters, digits, _ and -."""
+    if type(value) is not str or not _NAME.match(value):
+        raise InvalidArgumentError(
+            f"{what} must be 1-64 letters, digits, '_' or '-', got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class LocalTool:
+    """A function the model can call that returns at once (sync or async).
+
+    It gets the call's arguments (a dict) and returns any JSON value; an exception
+    becomes an ``{"error": ...}`` result the model sees, not a failed task.
+    """
+
+    name: str
+    description: str
+    fn: ToolFunction
+    parameters: dict[str, Any] = field(default_factory=lambda: {
+        "type": "object", "properties": {"query": {"type": "string"}}})
+
+    def __post_init__(self) -> None:
+        check_name("a tool name", self.name)
+        if not callable(self.fn):
+            raise InvalidArgumentError(f"tool {self.name!r}: fn must be callable")
+
+    async def call(self, arguments: dict[str, Any]) -> Any:
+        value = self.fn(arguments)
+        return await value if inspect.isawaitable(value) else value
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Another agent this agent may call, and how long to wait for its answer.
+
+    ``timeout_s`` runs from the checkpoint that records the call; every status
+    update from the peer restarts it.
+    """
+
+    agent: str
+    description: str = ""
+    timeout_s: float = 600.0
+    tool_name: str | None = None
+
+    def __post_init__(self) -> None:
+        check_name("a peer's agent name", self.agent)
+        if self.tool_name is not None:
+            check_name("a peer's tool name", self.tool_name)
+        if not (type(self.timeout_s) in (int, float) and self.timeout_s > 0):
+            raise InvalidArgumentError(
+                f"peer {self.agent!r}: timeout_s must be a number > 0, got {self.timeout_s!r}")
+
+    @property
+    def tool(self) -> str:
+        return self.tool_name or f"ask_{self.agent}"
+
+
+@dataclass(frozen=True)
+class Agent:
+    """An agent definition.
+
+    ``stateless_checkpointing`` (seed 000's flag) chooses what happens when a turn
+    calls peers. On (the default here; the seed's default was off): the task is
+    checkpointed, its inbound message acknowledged and the task forgotten, and any
+    instance continues it. Off: the task waits in the memory of its instance, whose
+    peers answer to that instance's inbox (seed 002's path); nothing is written.
+    """
+
+    name: str
+    model: Model
+    description: str = ""
+    tools: tuple[LocalTool, ...] = ()
+    peers: tuple[Peer, ...] = ()
+    stateless_checkpointing: bool = True
+    system_prompt: str | None = None
+    #: Model calls one task may make before it fails (a loop guard).
+    max_turns: int = 25
+
+    def __post_init__(self) -> None:
+        check_name("an agent name", self.name)
+        if not isinstance(self.model, Model):
+            raise InvalidArgumentError(
+                f"agent {self.name!r}: model must implement meshpoint.llm.Model "
+                f"(a name and an async complete()), got {type(self.model).__name__}")
+        object.__setattr__(self, "tools", tuple(self.tools))
+        object.__setattr__(self, "peers", tuple(self.peers))
+        names = [t.name for t in self.tools] + [p.tool for p in self.peers]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise InvalidArgumentError(f"agent {self.name!r}: tool names {twice} are used twice")
+        if self.max_turns < 1:
+            raise InvalidArgumentError(f"agent {self.name!r}: max_turns must be >= 1")
+
+    def tool_specs(self) -> list[ToolSpec]:
+        """What the model is offered: local tools, then one tool per peer."""
+        specs = [ToolSpec(t.name, t.description, t.parameters) for t in self.tools]
+        specs += [ToolSpec(p.tool, p.description or f"Ask the {p.agent} agent.", kind="peer")
+                  for p in self.peers]
+        return specs
+
+    def peer_for_tool(self, tool_name: str) -> Peer | None:
+        return next((p for p in self.peers if p.tool == tool_name), None)
+
+    def local_tool(self, tool_name: str) -> LocalTool | None:
+        return next((t for t in self.tools if t.name == tool_name), None)
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How instances talk to the broker and the store. Defaults suit production;
+    tests and the demo shorten the intervals."""
+
+    namespace: str = "meshpoint"
+    #: How long a resuming instance owns a task before another may take it over.
+    lease_ttl_s: float = 30.0
+    #: How often the database sweeper looks for expired peer deadlines.
+    sweep_interval_s: float = 1.0
+    #: How often an instance looks for tasks whose resume lease expired.
+    recovery_interval_s: float = 2.0
+    #: Ack wait of requests (a task's inbound message) and of answers.
+    request_ack_wait_s: float = 60.0
+    response_ack_wait_s: float = 30.0
+    max_deliver: int = 5
+    #: Deliveries one instance handles at once per queue.
+    max_in_flight: int = 16
+    max_message_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        check_name("namespace", self.namespace)
+        for name in ("lease_ttl_s", "sweep_interval_s", "recovery_interval_s",
+                     "request_ack_wait_s", "response_ack_wait_s"):
+            value = getattr(self, name)
+            if not (type(value) in (int, float) and value > 0):
+                raise InvalidArgumentError(f"{name} must be a number > 0, got {value!r}")

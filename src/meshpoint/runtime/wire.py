@@ -1,0 +1,152 @@
+"""Subjects, headers and the A2A documents agents exchange.
+
+Subjects follow seed 000's topic layout (DESIGN §4). Answers are addressed to
+the calling *agent*, so any of its instances can take them; only a task on the
+in-memory path (checkpointing off, or a failed checkpoint) has its peers answer
+to the *instance* that holds it (``...instance.<id>...``), since no other could.
+
+The reply subjects travel as headers (``Meshpoint-Reply-To`` and
+``Meshpoint-Status-To``), like reply topics in the user properties of the source
+design, and are validated before use like everything else from the wire.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Any
+
+from meshpoint import a2a
+from meshpoint.broker.base import check_subject
+from meshpoint.errors import BadMessageError, InvalidArgumentError
+
+REPLY_TO = "Meshpoint-Reply-To"
+STATUS_TO = "Meshpoint-Status-To"
+
+
+def request_subject(ns: str, agent: str) -> str:
+    return f"{ns}.a2a.v1.agent.request.{agent}"
+
+
+def response_subject(ns: str, agent: str, sub_task_id: str) -> str:
+    return f"{ns}.a2a.v1.agent.response.{agent}.{sub_task_id}"
+
+
+def status_subject(ns: str, agent: str, sub_task_id: str) -> str:
+    return f"{ns}.a2a.v1.agent.status.{agent}.{sub_task_id}"
+
+
+def control_subject(ns: str, agent: str) -> str:
+    """Broadcast to every live instance of an agent (cancel of a running task)."""
+    return f"{ns}.a2a.v1.agent.control.{agent}"
+
+
+def inbox_prefix(ns: str, instance_id: str) -> str:
+    return f"{ns}.a2a.v1.instance.{instance_id}"
+
+
+def client_prefix(ns: str, client_id: str) -> str:
+    return f"{ns}.a2a.v1.client.{client_id}"
+
+
+def new_id() -> str:
+    """A fresh id that is also a valid subject token."""
+    return uuid.uuid4().hex
+
+
+def derive_task_id(agent: str, reply_to: str | None, request_id: str | int) -> str:
+    """The id an agent gives the task a request starts.
+
+    Derived from the request, so a redelivered request names the same task (its
+    second first-checkpoint collides instead of forking the task), and a caller
+    that never heard from the peer can still name the peer's task in a cancel.
+    """
+    digest = hashlib.sha256(f"{reply_to or ''}|{request_id!r}".encode()).hexdigest()[:32]
+    return f"{agent}-{digest}"
+
+
+def reply_headers(reply_to: str, status_to: str) -> dict[str, str]:
+    return {REPLY_TO: reply_to, STATUS_TO: status_to}
+
+
+def header_subject(headers: Any, name: str) -> str | None:
+    """A reply subject from a message's headers, or None; BadMessageError if invalid."""
+    value = headers.get(name)
+    if value is None:
+        return None
+    try:
+        check_subject(value, pattern=False)
+    except InvalidArgumentError as error:
+        raise BadMessageError(f"header {name}: {error}") from None
+    return str(value)
+
+
+def send_request(request_id: str, text: str, *, metadata: dict[str, Any] | None = None
+                 ) -> bytes:
+    return a2a.encode(a2a.SendMessageRequest(id=request_id, params=a2a.MessageSendParams(
+        message=a2a.Message(role="user", parts=[a2a.TextPart(text=text)],
+                            message_id=request_id, metadata=metadata))))
+
+
+def cancel_request(task_id: str) -> bytes:
+    return a2a.encode(a2a.CancelTaskRequest(id=new_id(), params=a2a.TaskIdParams(id=task_id)))
+
+
+def status_update(request_id: str | int, task_id: str, context_id: str,
+                  state: a2a.TaskState) -> bytes:
+    return a2a.encode(a2a.SuccessResponse(id=request_id, result=a2a.TaskStatusUpdateEvent(
+        task_id=task_id, context_id=context_id, status=a2a.TaskStatus(state=state),
+        final=False)))
+
+
+def final_task(request_id: str | int, task_id: str, context_id: str, state: a2a.TaskState,
+               text: str, artifacts: list[dict[str, Any]],
+               metadata: dict[str, Any]) -> bytes:
+    """A task's answer: its final state, text, and every artifact it collected."""
+    message = a2a.Message(role="agent", parts=[a2a.TextPart(text=text or state.value)],
+                          message_id=new_id(), task_id=task_id)
+    return a2a.encode(a2a.SuccessResponse(id=request_id, result=a2a.Task(
+        id=task_id, context_id=context_id, status=a2a.TaskStatus(state=state, message=message),
+        artifacts=[a2a.Artifact.model_validate(a) for a in artifacts], metadata=metadata)))
+
+
+def answer_artifact(task_id: str, agent: str, text: str) -> dict[str, Any]:
+    """The artifact every answer carries: the answer text, named by its agent."""
+    return {"artifactId": f"{task_id}-answer", "name": f"{agent} answer",
+            "parts": [{"kind": "text", "text": text}], "metadata": {"agent": agent}}
+
+
+def as_result(response: a2a.SuccessResponse | a2a.ErrorResponse) -> dict[str, Any] | None:
+    """The result a peer's response resolves its sub-task with, or None if the
+    response is only progress (a non-final status or an artifact update)."""
+    if isinstance(response, a2a.ErrorResponse):
+        return {"status": "failed", "error": response.error.message, "artifacts": []}
+    result = response.result
+    if isinstance(result, a2a.Message):
+        return {"status": "completed", "text": result.text, "artifacts": []}
+    if isinstance(result, a2a.Task):
+        if not result.status.state.is_final:
+            return None
+        text = result.status.message.text if result.status.message else ""
+        return {"status": result.status.state.value, "text": text,
+                "peer_task_id": result.id,
+                "artifacts": [a.model_dump(by_alias=True, exclude_none=True)
+                              for a in result.artifacts],
+                "token_usage": (result.metadata or {}).get("token_usage"),
+                "peer_agent": (result.metadata or {}).get("agent")}
+    if isinstance(result, a2a.TaskStatusUpdateEvent) and result.final:
+        text = result.status.message.text if result.status.message else ""
+        return {"status": result.status.state.value, "text": text,
+                "peer_task_id": result.task_id, "artifacts": []}
+    return None
+
+
+def progress_task_id(response: a2a.SuccessResponse | a2a.ErrorResponse) -> str | None:
+    """The peer's own task id, as a progress message names it."""
+    if isinstance(response, a2a.SuccessResponse):
+        result = response.result
+        if isinstance(result, a2a.TaskStatusUpdateEvent | a2a.TaskArtifactUpdateEvent):
+            return result.task_id
+        if isinstance(result, a2a.Task):
+            return result.id
+    return None
