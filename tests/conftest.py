@@ -169,3 +169,18 @@ async def store(backend: str, store_url: str, store_options: dict[str, object],
         yield opened
     finally:
         await opened.close()
+
+
+@pytest.fixture
+async def live_store(backend: str, store_url: str,
+                     store_options: dict[str, object]) -> AsyncIterator[SqlStore]:
+    """A store on an empty database of the parametrised backend, on the real clock
+    (for the runtime, whose leases and deadlines must really expire)."""
+    opened = await open_store(store_url, **store_options)  # type: ignore[arg-type]
+    if backend == "postgres":
+        tables = ", ".join(table.name for table in metadata.sorted_tables)
+        await opened.run(lambda conn: conn.exec_driver_sql(f"TRUNCATE {tables}"), write=True)
+    try:
+        yield opened
+    finally:
+        await opened.close()

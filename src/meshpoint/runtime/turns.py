@@ -175,7 +175,7 @@ class TurnRunner:
                 text = query if isinstance(query, str) else json.dumps(call.arguments)
                 ctx.register_peer_sub_task(sub_task_id, {
                     "function_call_id": call.id, "peer_agent_name": peer.agent,
-                    "peer_tool_name": call.name, "timeout_s": peer.timeout_s,
+                    "peer_tool_name": call.name, "timeout_s": peer.timeout_s, "query": text,
                     "reply_to": wire.response_subject(self.options.namespace,
                                                       self.agent.name, sub_task_id)})
                 peer_calls.append((sub_task_id, peer, {"text": text}))
@@ -209,6 +209,11 @@ class TurnRunner:
                 logger.info("%s: dropping task %s: %s", self.instance_id, ctx.task_id, error)
                 self.stats.note("dropped", ctx.task_id)
                 self.active.pop(ctx.task_id, None)
+                if run.lease_owner is None and isinstance(error, CheckpointConflictError):
+                    # Our request was redelivered: its first run checkpointed but may
+                    # have died before publishing. Publish the stored calls again
+                    # (a peer that has them already ignores or re-answers them).
+                    await self._republish(ctx.task_id)
                 if run.delivery is not None:
                     await run.delivery.ack()
                 return
@@ -247,6 +252,23 @@ class TurnRunner:
             await self._publish_request(ctx, sub_task_id, peer, request["text"],
                                         lambda _ns, _agent, sub: f"{inbox}.response.{sub}",
                                         lambda _ns, _agent, sub: f"{inbox}.status.{sub}")
+
+    async def _republish(self, task_id: str) -> None:
+        try:
+            stored = await self.store.get_peer_sub_tasks_for_task(task_id)
+        except StoreError:
+            return  # the calls still time out
+        for sub in stored:
+            corr = sub.correlation_data
+            if sub.status == "pending" and sub.peer_agent_name and "query" in corr:
+                peer = Peer(sub.peer_agent_name, timeout_s=float(corr.get("timeout_s", 600)))
+                await self._publish_request(self._stored_ctx(task_id), sub.sub_task_id, peer,
+                                            str(corr["query"]), wire.response_subject,
+                                            wire.status_subject)
+
+    @staticmethod
+    def _stored_ctx(task_id: str) -> TaskExecutionContext:
+        return TaskExecutionContext(task_id)
 
     async def _cancel_after_boundary(self, task_id: str) -> None:
         try:
@@ -339,6 +361,7 @@ class TurnRunner:
             ctx.produced_artifacts.append(wire.answer_artifact(ctx.task_id, self.agent.name,
                                                                text))
         await self.answer(ctx, state, text)
+        self.stats.note(state.value, ctx.task_id)
         if run.lease_owner is not None:
             try:
                 await self.store.cleanup_task(ctx.task_id, lease_owner=run.lease_owner)
@@ -347,7 +370,6 @@ class TurnRunner:
         self._forget(run)
         if run.delivery is not None:
             await run.delivery.ack()
-        self.stats.note(state.value, ctx.task_id)
 
     async def finish_canceled(self, run: TaskRun) -> None:
         for sub_task_id, corr in list(run.ctx.active_peer_sub_tasks.items()):
