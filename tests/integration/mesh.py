@@ -12,8 +12,7 @@ from typing import Any
 from meshpoint import a2a
 from meshpoint.broker.base import ConsumerOptions, Delivery, Handler, Subscription
 from meshpoint.broker.inprocess import InProcessBroker
-from meshpoint.runtime import Agent, AgentInstance, Client, RuntimeOptions
-from meshpoint.runtime import wire
+from meshpoint.runtime import Agent, AgentInstance, Client, RuntimeOptions, wire
 from meshpoint.store import SqlStore
 
 #: Short intervals so crashes are recovered in well under a second.

@@ -13,8 +13,7 @@ import pytest
 from meshpoint import a2a
 from meshpoint.llm import ScriptedModel, ToolSpec
 from meshpoint.llm.base import ModelResponse
-from meshpoint.runtime import Agent, LocalTool, Peer, RuntimeOptions
-from meshpoint.runtime import wire
+from meshpoint.runtime import Agent, LocalTool, Peer, RuntimeOptions, wire
 from meshpoint.store import SqlStore
 from tests.conftest import row_counts
 from tests.integration.mesh import FAST, ManualPeer, Mesh, eventually
@@ -399,7 +398,7 @@ async def test_instance_dies_before_the_first_checkpoint_and_the_request_is_rede
     task = await mesh.client.wait(rid, 10)
     assert task.status.state is a2a.TaskState.COMPLETED
     starts = mesh.events("started", "coordinator")
-    assert [i for i, _ in starts][0] == dying.instance_id and len(starts) == 2
+    assert next(i for i, _ in starts) == dying.instance_id and len(starts) == 2
     assert {i for i, _ in mesh.events("completed", "coordinator")} != {dying.instance_id}
     assert mesh.events("paused", "coordinator")[0][0] != dying.instance_id
     await no_rows_left(mesh.store)
