@@ -1,107 +1,76 @@
-"""``meshpoint demo``: paused tasks resumed exactly once by racing instances.
+"""``meshpoint demo``: a coordinator keeps answering while its instances are killed.
 
-On the embedded default (a SQLite file) the demo checkpoints ``tasks`` paused
-tasks, each waiting on ``fan_out`` peer answers, then starts ``instances`` OS
-processes that compete for every event the way agent instances behind a queue
-group would: each answer is delivered twice (at-least-once delivery), some peers
-never answer so their deadlines expire, and every instance also sweeps expired
-deadlines. The instance whose event completes a join resumes the task under its
-lease and removes its rows. The result table shows that every sub-task was
-resolved once, every task resumed once, and no row was left behind.
+On the embedded default (a SQLite file and the in-process broker) the demo runs a
+``coordinator`` agent with ``instances`` instances and three peer agents
+(``flights``, ``hotels``, ``weather``, two instances each). A client submits
+``tasks`` trip requests; each makes the coordinator fan out ``fan_out`` peer calls,
+pause (checkpoint, publish, ack, forget), and resume on whichever instance takes
+the last answer. Meanwhile coordinator instances are killed at random moments, as
+a crash would (nothing in hand is acknowledged, no lease released), and replaced.
+A few peer calls stall past their deadline, so timeouts and cancels happen too.
 
-The agent runtime (models, brokers, peers that really run) replaces this demo's
-simulated answers in a later release; the store underneath is the same.
+The demo ends when every task is answered (or ``deadline_s`` passes) and reports
+what happened: every task must be completed, each answered once, no row left.
 """
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
+import hashlib
+import logging
 import random
 import sqlite3
-import statistics
 import time
-from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from meshpoint import TaskExecutionContext
-from meshpoint.errors import ConfigurationError, UnknownSubTaskError
-from meshpoint.store import Resolution, SqlStore, open_store
+from meshpoint import a2a
+from meshpoint.broker.inprocess import InProcessBroker
+from meshpoint.errors import ConfigurationError
+from meshpoint.llm.base import ModelResponse, ToolSpec
+from meshpoint.llm.scripted import ScriptedModel
+from meshpoint.runtime import Agent, AgentInstance, Client, Peer, RuntimeOptions
+from meshpoint.runtime.stats import percentile
+from meshpoint.store import SqlStore, open_store
 
-AGENT = "coordinator"
+PEERS = ("flights", "hotels", "weather")
 
 
 @dataclass(frozen=True)
 class DemoConfig:
     db_path: Path
-    tasks: int = 300
-    fan_out: int = 3
+    tasks: int = 200
     instances: int = 3
-    silent_peer_rate: float = 0.1   # share of peers that never answer
-    timeout_s: float = 3.0
+    fan_out: int = 3
+    #: Tasks in flight at once (the client submits the next as one is answered).
+    concurrency: int = 16
+    #: Coordinator kills per second (0 = none).
+    kill_rate: float = 1.0
+    #: Share of peer calls that stall past their deadline (they time out).
+    stall_rate: float = 0.02
+    peer_timeout_s: float = 2.0
+    deadline_s: float = 120.0
     seed: int = 7
 
 
-def _paused_task(task_id: str, fan_out: int, timeout_s: float) -> TaskExecutionContext:
-    ctx = TaskExecutionContext(task_id, {"session_id": f"session-{task_id}"})
-    ctx.current_invocation_id = f"{task_id}/turn-1"
-    ctx.append_session_event({"role": "user", "text": f"Research question {task_id}"})
-    ctx.append_session_event({"role": "model", "calls": [f"peer-{n}" for n in range(fan_out)]})
-    for n in range(fan_out):
-        ctx.register_peer_sub_task(f"{task_id}/ask-{n}", {
-            "peer_agent_name": f"researcher-{n}", "function_call_id": f"call-{n}",
-            "timeout_s": timeout_s})
-    return ctx
+class StallingPeerModel(ScriptedModel):
+    """A peer's scripted model that, for a fixed share of requests (chosen by a hash
+    of the request, so a retried request stalls again), thinks for too long."""
 
+    def __init__(self, persona: str, stall_rate: float, stall_s: float) -> None:
+        super().__init__(persona, persona=persona, delay_s=0.05)  # a fast LLM call
+        self.stall_rate = stall_rate
+        self.stall_s = stall_s
 
-async def _instance(name: str, config: DemoConfig, deliveries: list[str], progress: Any,
-                    results: Any) -> None:
-    """One agent instance: handle its share of deliveries, sweep, resume what completes."""
-    rng = random.Random(f"{config.seed}-{name}")
-    stats: Counter[str] = Counter()
-    resolve_ms: list[float] = []
-    async with open_store(f"sqlite:///{config.db_path}", migrate=False) as store:
-
-        async def handle(resolution: Resolution) -> None:
-            stats[f"resolved_by_{resolution.sub_task.resolved_by}"] += 1
-            with progress.get_lock():
-                progress.value += 1
-            if resolution.join_complete:
-                task_id = resolution.sub_task.task_id
-                restored = await store.restore_task(task_id, lease_owner=name)
-                calls = restored.context.parallel_tool_calls[resolution.sub_task.invocation_id]
-                assert calls.completed == calls.total  # every result is there to resume with
-                await store.cleanup_task(task_id, lease_owner=name)
-                stats["resumed"] += 1
-
-        for sub_task_id in deliveries:
-            started = time.perf_counter()
-            try:
-                resolution = await store.resolve_peer_sub_task(
-                    sub_task_id, {"text": f"findings for {sub_task_id}"}, lease_owner=name)
-            except UnknownSubTaskError:
-                resolution = None  # its task already finished: a late duplicate
-            resolve_ms.append((time.perf_counter() - started) * 1000)
-            if resolution is None:
-                stats["ignored"] += 1
-            else:
-                await handle(resolution)
-            if rng.random() < 0.05:
-                for swept in await store.sweep_expired_timeouts(AGENT, 20, lease_owner=name):
-                    await handle(swept)
-        # Keep sweeping until the silent peers' deadlines have all passed and resolved.
-        while (await store.stats()).pending_sub_tasks:
-            for swept in await store.sweep_expired_timeouts(AGENT, 50, lease_owner=name):
-                await handle(swept)
-            await asyncio.sleep(0.05)
-    results.put((name, dict(stats), resolve_ms))
-
-
-def _instance_process(name: str, config: DemoConfig, deliveries: list[str], progress: Any,
-                      results: Any) -> None:
-    asyncio.run(_instance(name, config, deliveries, progress, results))
+    async def complete(self, messages: list[dict[str, Any]],
+                       tools: list[ToolSpec]) -> ModelResponse:
+        request = str(messages[-1].get("content", "")) if messages else ""
+        share = int(hashlib.sha256(request.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+        if share < self.stall_rate:
+            await asyncio.sleep(self.stall_s)
+        return await super().complete(messages, tools)
 
 
 def _check_replaceable(path: Path) -> None:
@@ -123,31 +92,6 @@ def _check_replaceable(path: Path) -> None:
             "the demo recreates its file, so name a new one with --db")
 
 
-async def _prepare(config: DemoConfig) -> tuple[list[str], int, list[float]]:
-    _check_replaceable(config.db_path)
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{config.db_path}{suffix}").unlink(missing_ok=True)
-    rng = random.Random(config.seed)
-    deliveries: list[str] = []
-    checkpoint_ms: list[float] = []
-    async with open_store(f"sqlite:///{config.db_path}") as store:
-        for n in range(config.tasks):
-            ctx = _paused_task(f"task-{n:05d}", config.fan_out, config.timeout_s)
-            started = time.perf_counter()
-            await store.checkpoint_task(ctx, AGENT)
-            checkpoint_ms.append((time.perf_counter() - started) * 1000)
-            for sub_task_id in ctx.active_peer_sub_tasks:
-                if rng.random() >= config.silent_peer_rate:
-                    deliveries += [sub_task_id, sub_task_id]  # at-least-once: twice
-    rng.shuffle(deliveries)
-    return deliveries, config.tasks * config.fan_out, checkpoint_ms
-
-
-async def _rows_left(config: DemoConfig) -> int:
-    async with open_store(f"sqlite:///{config.db_path}", migrate=False) as store:
-        return await _count_rows(store)
-
-
 async def _count_rows(store: SqlStore) -> int:
     from meshpoint.store.schema import LIVE_TABLES
 
@@ -158,52 +102,99 @@ async def _count_rows(store: SqlStore) -> int:
     return await store.run(count)
 
 
-def run_demo(config: DemoConfig, *, on_progress: Any = None) -> dict[str, Any]:
-    """Run the demo and return its figures; ``on_progress(done, total)`` is polled."""
-    deliveries, sub_tasks, checkpoint_ms = asyncio.run(_prepare(config))
-    spawn = multiprocessing.get_context("spawn")
-    progress = spawn.Value("i", 0)
-    results = spawn.Queue()
-    processes = [spawn.Process(target=_instance_process, args=(
-        f"instance-{i}", config, deliveries[i::config.instances], progress, results))
-        for i in range(config.instances)]
+def _ms(samples: list[float]) -> dict[str, float | None]:
+    p50, p99 = percentile(samples, 50), percentile(samples, 99)
+    return {"p50": None if p50 is None else round(p50, 3),
+            "p99": None if p99 is None else round(p99, 3)}
+
+
+async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | None
+               ) -> dict[str, Any]:
+    _check_replaceable(config.db_path)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{config.db_path}{suffix}").unlink(missing_ok=True)
+    rng = random.Random(config.seed)
+    options = RuntimeOptions(lease_ttl_s=1.0, sweep_interval_s=0.2, recovery_interval_s=0.25,
+                             request_ack_wait_s=1.5, response_ack_wait_s=1.5, max_deliver=50)
+    coordinator = Agent("coordinator", ScriptedModel(delay_s=0.01), peers=[
+        Peer(name, timeout_s=config.peer_timeout_s) for name in PEERS])
+    peers = [Agent(name, StallingPeerModel(name, config.stall_rate,
+                                           config.peer_timeout_s * 2)) for name in PEERS]
     started = time.perf_counter()
-    for process in processes:
-        process.start()
-    reports: list[tuple[str, dict[str, int], list[float]]] = []
-    while len(reports) < config.instances:
-        if on_progress is not None:
-            on_progress(progress.value, sub_tasks)
-        try:
-            reports.append(results.get(timeout=0.1))
-        except Exception:  # queue.Empty: nobody finished yet
-            if any(p.exitcode not in (None, 0) for p in processes):
-                raise RuntimeError("a demo instance crashed; see its traceback above") from None
-    for process in processes:
-        process.join()
-    elapsed = time.perf_counter() - started
-    if on_progress is not None:
-        on_progress(progress.value, sub_tasks)
-    totals: Counter[str] = Counter()
-    resolve_ms: list[float] = []
-    per_instance = {}
-    for name, stats, samples in sorted(reports):
-        totals.update(stats)
-        resolve_ms += samples
-        per_instance[name] = stats.get("resumed", 0)
+    async with open_store(f"sqlite:///{config.db_path}") as store:
+        broker = InProcessBroker()
+        every: list[AgentInstance] = []
+
+        async def launch(agent: Agent) -> AgentInstance:
+            instance = AgentInstance(agent, store, broker, options=options)
+            await instance.start()
+            every.append(instance)
+            return instance
+
+        live = [await launch(coordinator) for _ in range(config.instances)]
+        for agent in peers:
+            for _ in range(2):
+                await launch(agent)
+        kills = 0
+        async with Client(broker, namespace=options.namespace) as client:
+            rids: list[str] = []
+            deadline = time.monotonic() + config.deadline_s
+            next_kill = time.monotonic() + (rng.expovariate(config.kill_rate)
+                                            if config.kill_rate > 0 else float("inf"))
+            while len(client.answers) < config.tasks and time.monotonic() < deadline:
+                # Keep `concurrency` tasks in flight, as a steady stream of users would.
+                while (len(rids) < config.tasks
+                       and len(rids) - len(client.answers) < config.concurrency):
+                    trip = len(rids)
+                    legs = ", ".join(f"leg {n + 1} of trip {trip}" for n in range(config.fan_out))
+                    rids.append(await client.submit("coordinator", f"Plan trip {trip}: {legs}"))
+                await asyncio.sleep(0.02)
+                if on_progress is not None:
+                    on_progress(len(client.answers), config.tasks)
+                if time.monotonic() >= next_kill:
+                    victim = live.pop(rng.randrange(len(live)))
+                    await victim.kill()
+                    kills += 1
+                    live.append(await launch(coordinator))  # a restarted instance
+                    next_kill = time.monotonic() + rng.expovariate(config.kill_rate)
+            if on_progress is not None:
+                on_progress(len(client.answers), config.tasks)
+            # Let the last cleanups (they follow the answers) commit, then count.
+            await asyncio.sleep(0.5)
+            answers = {rid: client.answers.get(rid, []) for rid in rids}
+        for instance in every:
+            await instance.stop()
+        await broker.close()
+        rows_left = await _count_rows(store)
+    seconds = time.perf_counter() - started
+    coordinators = [i for i in every if i.agent.name == "coordinator"]
+
+    def total(what: str) -> int:
+        return sum(i.stats.counts[what] for i in coordinators)
+
+    completed = sum(1 for a in answers.values()
+                    if a and a[0].status.state is a2a.TaskState.COMPLETED)
     return {
-        "tasks": config.tasks, "sub_tasks": sub_tasks, "instances": config.instances,
-        "deliveries": len(deliveries),
-        "answered": totals["resolved_by_answer"], "timed_out": totals["resolved_by_timeout"],
-        "duplicates_ignored": totals["ignored"], "resumed": totals["resumed"],
-        "resumed_by_instance": per_instance, "rows_left": asyncio.run(_rows_left(config)),
-        "checkpoint_write_ms": _percentiles(checkpoint_ms),
-        "resolve_ms": _percentiles(resolve_ms), "seconds": round(elapsed, 2),
+        "submitted": len(rids), "completed": completed,
+        "failed": config.tasks - completed,
+        "duplicate_answers": sum(max(0, len(a) - 1) for a in answers.values()),
+        "checkpoints_written": total("paused"),
+        "resumed": total("resumed"),
+        "resumed_elsewhere": sum(i.stats.resumed_elsewhere for i in coordinators),
+        "recovered_after_kill": total("recovered"),
+        "redelivered_requests": total("started") - len(rids),
+        "timeouts": total("timeout"),
+        "kills": kills, "instances": config.instances, "fan_out": config.fan_out,
+        "rows_left": rows_left,
+        "checkpoint_write_ms": _ms([s for i in coordinators for s in i.stats.checkpoint_ms]),
+        "pause_resume_ms": _ms([s for i in coordinators for s in i.stats.pause_resume_ms]),
+        "seconds": round(seconds, 2),
     }
 
 
-def _percentiles(samples: list[float]) -> dict[str, float]:
-    if len(samples) < 2:
-        return {"p50": samples[0] if samples else 0.0, "p99": samples[0] if samples else 0.0}
-    cut = statistics.quantiles(samples, n=100, method="inclusive")
-    return {"p50": round(cut[49], 3), "p99": round(cut[98], 3)}
+def run_demo(config: DemoConfig, *,
+             on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Run the demo and return its figures (see the module docstring)."""
+    # Instances log every kill's consequences at WARNING; the table tells the story.
+    logging.getLogger("meshpoint").setLevel(logging.ERROR)
+    return asyncio.run(_run(config, on_progress))

@@ -13,26 +13,33 @@ def meshpoint(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
-def test_demo_resolves_every_sub_task_once_and_resumes_every_task_once(tmp_path: Path) -> None:
-    done = meshpoint("demo", "--tasks", "60", "--fan-out", "4", "--instances", "3",
-                     "--json", cwd=tmp_path)
+def test_demo_completes_every_task_while_instances_are_killed(tmp_path: Path) -> None:
+    done = meshpoint("demo", "--tasks", "80", "--fan-out", "4", "--instances", "3",
+                     "--kill-rate", "3", "--stall-rate", "0.05", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     figures = json.loads(done.stdout)
-    assert figures["sub_tasks"] == 240
-    assert figures["answered"] + figures["timed_out"] == 240
-    assert figures["timed_out"] > 0  # some peers never answer
-    assert figures["resumed"] == 60 and sum(figures["resumed_by_instance"].values()) == 60
-    # Every answer was delivered twice: all but the winners were ignored.
-    assert figures["duplicates_ignored"] == figures["deliveries"] - figures["answered"]
+    assert figures["submitted"] == figures["completed"] == 80 and figures["failed"] == 0
+    assert figures["kills"] > 0  # instances really died mid-run
+    assert figures["checkpoints_written"] >= 80
+    assert figures["resumed"] >= 80 and figures["resumed_elsewhere"] > 0
+    assert figures["timeouts"] > 0  # stalled peers timed out and the tasks went on
     assert figures["rows_left"] == 0
-    assert set(figures["checkpoint_write_ms"]) == {"p50", "p99"}
+    for key in ("checkpoint_write_ms", "pause_resume_ms"):
+        assert set(figures[key]) == {"p50", "p99"}
+        assert 0 < figures[key]["p50"] <= figures[key]["p99"]
 
 
-def test_demo_prints_a_table(tmp_path: Path) -> None:
+def test_demo_prints_a_progress_bar_and_a_table(tmp_path: Path) -> None:
     done = meshpoint("demo", "--tasks", "20", "--instances", "2", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "tasks resumed (exactly once each)" in done.stdout
+    assert "tasks answered" in done.stdout  # the progress bar's label
+    assert "tasks completed" in done.stdout and "pause-to-resume p50 / p99" in done.stdout
     assert "nothing left behind" in done.stdout
+
+
+def test_demo_rejects_bad_options(tmp_path: Path) -> None:
+    done = meshpoint("demo", "--tasks", "0", cwd=tmp_path)
+    assert done.returncode == 2 and "--tasks" in done.stderr
 
 
 def test_migrate_then_stats(tmp_path: Path) -> None:

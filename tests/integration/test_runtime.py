@@ -225,7 +225,8 @@ async def test_duplicate_and_late_answers_are_acked_and_ignored(mesh: Mesh) -> N
     await eventually(lambda: len([e for e in mesh.broker.log if e[0] == "ack"
                                   and e[1].startswith(f"{ns}.a2a.v1.agent.response.")]) == 4,
                      what="four acked answers")
-    assert "first answer" in text(task) and "duplicate" not in text(task)
+    # Two instances race for the two copies: exactly one of them counts.
+    assert ("first answer" in text(task)) != ("duplicate answer" in text(task))
     assert "timeout" in text(task) and "late answer" not in text(task)
     assert len(mesh.events("ignored_answer", "coordinator")) == 3
     assert len(mesh.events("timeout", "coordinator")) == 1

@@ -59,6 +59,7 @@ class _Delivery(Delivery):
         if self.settled:
             return False
         self.settled = True
+        self._queue.settled_in_heap += 1
         return True
 
     async def ack(self) -> None:
@@ -92,6 +93,9 @@ class _Queue:
         self.dead_letter_subject = options.dead_letter_subject or f"deadletter.{name}"
         self.ready: asyncio.Queue[_Entry] = asyncio.Queue()
         self.pending: list[tuple[float, int, _Delivery]] = []  # a heap by deadline
+        #: Settled deliveries still in the heap; compacted away once they dominate,
+        #: so memory follows the deliveries in hand, not the message rate x ack wait.
+        self.settled_in_heap = 0
 
     def deliver(self, entry: _Entry) -> _Delivery:
         entry.deliveries += 1
@@ -125,10 +129,16 @@ class _Queue:
 
     def expire(self, now: float) -> None:
         """Take back deliveries whose ack wait passed without a settlement."""
+        if self.settled_in_heap > 1024 and self.settled_in_heap * 2 > len(self.pending):
+            self.pending = [item for item in self.pending if not item[2].settled]
+            heapq.heapify(self.pending)
+            self.settled_in_heap = 0
         while self.pending and self.pending[0][0] <= now:
             deadline, _, delivery = heapq.heappop(self.pending)
             # An entry left behind by in_progress() no longer matches the deadline.
-            if not delivery.settled and deadline == delivery.deadline:
+            if delivery.settled:
+                self.settled_in_heap = max(0, self.settled_in_heap - 1)
+            elif deadline == delivery.deadline:
                 delivery.settled = True  # a late ack/nak of this delivery is ignored
                 self.redeliver(delivery.entry)
 

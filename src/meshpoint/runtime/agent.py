@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,8 +94,8 @@ class Agent:
     name: str
     model: Model
     description: str = ""
-    tools: tuple[LocalTool, ...] = ()
-    peers: tuple[Peer, ...] = ()
+    tools: Sequence[LocalTool] = ()
+    peers: Sequence[Peer] = ()
     stateless_checkpointing: bool = True
     system_prompt: str | None = None
     #: Model calls one task may make before it fails (a loop guard).

@@ -90,8 +90,12 @@ class AgentInstance(TurnRunner):
         ):
             self._subscriptions.append(
                 await self.broker.subscribe(subject, queue, handler, options))
-        for loop in (self._sweep_loop, self._recovery_loop, self._keeper_loop):
-            self.spawn(loop())
+        self.spawn(self._keeper_loop())
+        if self.agent.peers:
+            # Only an agent that calls peers ever pauses: the others have no deadlines
+            # to sweep and no leases to recover, and spare the database the polling.
+            self.spawn(self._sweep_loop())
+            self.spawn(self._recovery_loop())
 
     async def stop(self) -> None:
         """Leave the queues and stop the loops. Tasks still in hand are not lost:
@@ -159,10 +163,8 @@ class AgentInstance(TurnRunner):
         run = TaskRun(ctx, delivery=delivery)
         self.active[task_id] = run
         self.stats.note("started", task_id)
-        if status_to is not None:
-            # Tell the caller our own task id at once: it names it in a cancel.
-            await self.broker.publish(status_to, wire.status_update(
-                request.id, task_id, ctx.a2a_context["context_id"], a2a.TaskState.WORKING))
+        # No "working" status update here: it would cost the caller a database write
+        # per call, and the caller can name this task anyway (derive_task_id).
         await self.drive(run)
 
     # -- inbound: answers and status updates -----------------------------------------------

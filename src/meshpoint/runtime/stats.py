@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+#: Recent events and latency samples kept per instance: a long-running instance
+#: must not grow with the number of tasks it has seen.
+KEEP = 10_000
 
 
 @dataclass
@@ -13,16 +18,17 @@ class InstanceStats:
     ``events`` lists ``(what, task_id)`` in order, so a test can check which
     instance did what: ``started``, ``paused``, ``paused_in_memory``, ``resumed``,
     ``recovered``, ``completed``, ``failed``, ``canceled``, ``timeout``,
-    ``ignored_answer``, ``dropped`` (another instance owns the task).
+    ``ignored_answer``, ``dropped`` (another instance owns the task). Only the
+    latest ``KEEP`` events and samples are kept; ``counts`` are totals.
     """
 
     instance_id: str
     counts: Counter[str] = field(default_factory=Counter)
-    events: list[tuple[str, str]] = field(default_factory=list)
-    #: Wall time of each checkpoint write, in milliseconds.
-    checkpoint_ms: list[float] = field(default_factory=list)
-    #: From the checkpoint of a pause to the start of the resumed turn, in ms.
-    pause_resume_ms: list[float] = field(default_factory=list)
+    events: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=KEEP))
+    #: Wall time of each checkpoint write, in milliseconds (the latest KEEP).
+    checkpoint_ms: deque[float] = field(default_factory=lambda: deque(maxlen=KEEP))
+    #: From the end of the turn that paused to the start of the resumed turn, in ms.
+    pause_resume_ms: deque[float] = field(default_factory=lambda: deque(maxlen=KEEP))
     #: Tasks resumed here that another instance had paused.
     resumed_elsewhere: int = 0
 
@@ -34,7 +40,7 @@ class InstanceStats:
         return [task for event, task in self.events if event == what]
 
 
-def percentile(samples: list[float], p: float) -> float | None:
+def percentile(samples: Iterable[float], p: float) -> float | None:
     """Nearest-rank percentile; None without samples."""
     if not samples:
         return None

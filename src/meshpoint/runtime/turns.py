@@ -318,6 +318,9 @@ class TurnRunner:
                                                       corr["function_call_id"], result)
         if completed == total and run.waiting:
             run.waiting = False
+            paused_at = ctx.flags.get("paused_at")
+            if isinstance(paused_at, float | int):
+                self.stats.pause_resume_ms.append(max(0.0, (time.time() - paused_at) * 1000))
             self.stats.note("resumed", ctx.task_id)
             inject_results(ctx)
             self.spawn(self.drive(run))
