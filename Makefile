@@ -27,6 +27,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_store.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/bench_runtime.py $(BENCH_RUNTIME_ARGS)
 
 ## services: start PostgreSQL and NATS on this machine if they are down, and wait for them
 services:

@@ -234,3 +234,45 @@ async def test_dead_letters_count_their_deliveries(broker: Broker) -> None:
     await eventually(lambda: len(captured) == 1)
     assert captured[0][DEAD_LETTER_DELIVERIES] == "2"
     assert "max_deliver=2" in captured[0][DEAD_LETTER_REASON]
+
+
+async def test_in_progress_restarts_the_ack_wait(broker: Broker) -> None:
+    held: list[Delivery] = []
+
+    async def hold(delivery: Delivery) -> None:
+        held.append(delivery)
+
+    await broker.subscribe("work.>", "holders", hold, FAST)
+    await broker.publish("work.long", b"x")
+    await eventually(lambda: len(held) == 1)
+    for _ in range(5):  # 0.5 s: 2.5 ack waits, kept alive
+        await asyncio.sleep(0.1)
+        await held[0].in_progress()
+    assert len(held) == 1
+    await asyncio.sleep(0.35)  # no more progress: redelivered
+    assert len(held) == 2 and held[1].delivery_count == 2
+    await held[1].ack()
+
+
+async def test_an_ephemeral_queue_goes_away_with_its_last_member(broker: Broker) -> None:
+    got: list[bytes] = []
+
+    async def take(delivery: Delivery) -> None:
+        got.append(delivery.message.data)
+        await delivery.ack()
+
+    options = ConsumerOptions(ephemeral=True)
+    first = await broker.subscribe("inbox.a", "inbox-a", take, options)
+    second = await broker.subscribe("inbox.a", "inbox-a", take, options)
+    await broker.publish("inbox.a", b"1")
+    await eventually(lambda: got == [b"1"])
+    await first.stop()
+    await broker.publish("inbox.a", b"2")
+    await eventually(lambda: got == [b"1", b"2"])  # one member left: still there
+    await second.stop()
+    if isinstance(broker, InProcessBroker):
+        assert "inbox-a" not in broker.queues  # gone, with what it held
+    await broker.publish("inbox.a", b"3")
+    third = await broker.subscribe("inbox.a", "inbox-b", take, options)
+    await eventually(lambda: got[-1] == b"3")  # held for the next queue, not the dead one
+    await third.stop()
