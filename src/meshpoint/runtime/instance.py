@@ -90,12 +90,13 @@ class AgentInstance(TurnRunner):
         ):
             self._subscriptions.append(
                 await self.broker.subscribe(subject, queue, handler, options))
-        self.spawn(self._keeper_loop())
+        self.spawn(self._forever("keeper", self._keep, self._keeper_period()))
         if self.agent.peers:
             # Only an agent that calls peers ever pauses: the others have no deadlines
             # to sweep and no leases to recover, and spare the database the polling.
-            self.spawn(self._sweep_loop())
-            self.spawn(self._recovery_loop())
+            self.spawn(self._forever("sweeper", self._sweep, self.options.sweep_interval_s))
+            self.spawn(self._forever("recovery", self._recover,
+                                     self.options.recovery_interval_s))
 
     async def stop(self) -> None:
         """Leave the queues and stop the loops. Tasks still in hand are not lost:
@@ -336,61 +337,65 @@ class AgentInstance(TurnRunner):
 
     # -- loops ----------------------------------------------------------------------------
 
-    async def _sweep_loop(self) -> None:
+    async def _forever(self, name: str, step: Any, period_s: float) -> None:
+        """Run ``step`` every ``period_s`` until the instance stops. A failing step is
+        logged and retried next period: a loop must never die of one bad row."""
+        while self.running:
+            await asyncio.sleep(period_s)
+            try:
+                await step()
+            except StoreError as error:
+                logger.warning("%s: %s failed: %s", self.instance_id, name, error)
+            except Exception:
+                logger.exception("%s: %s failed", self.instance_id, name)
+
+    async def _sweep(self) -> None:
         """Resolve sub-tasks whose deadline passed after their checkpoint."""
-        while self.running:
-            await asyncio.sleep(self.options.sweep_interval_s)
-            owner = self.next_owner()
+        owner = self.next_owner()
+        resolutions = await self.store.sweep_expired_timeouts(
+            self.agent.name, lease_owner=owner, lease_ttl_s=self.options.lease_ttl_s)
+        for resolution in resolutions:
+            sub = resolution.sub_task
+            self.stats.note("timeout", sub.task_id)
+            if resolution.join_complete and resolution.lease_owner == owner:
+                self.spawn(self.resume(sub.task_id, owner))
             try:
-                resolutions = await self.store.sweep_expired_timeouts(
-                    self.agent.name, lease_owner=owner, lease_ttl_s=self.options.lease_ttl_s)
-            except StoreError as error:
-                logger.warning("%s: sweep failed: %s", self.instance_id, error)
-                continue
-            for resolution in resolutions:
-                sub = resolution.sub_task
-                self.stats.note("timeout", sub.task_id)
                 await self.cancel_peer(sub.sub_task_id, sub.correlation_data)
-                if resolution.join_complete and resolution.lease_owner == owner:
-                    self.spawn(self.resume(sub.task_id, owner))
+            except Exception as error:  # the timeout stands; the peer's own ends it
+                logger.warning("%s: could not cancel %s at its peer: %s", self.instance_id,
+                               sub.sub_task_id, error)
 
-    async def _recovery_loop(self) -> None:
+    async def _recover(self) -> None:
         """Take over tasks whose resuming instance died (their lease expired)."""
-        while self.running:
-            await asyncio.sleep(self.options.recovery_interval_s)
-            try:
-                task_ids = await self.store.resumable_tasks(self.agent.name)
-                for task_id in task_ids:
-                    if task_id in self.active:
-                        continue
-                    owner = self.next_owner()
-                    lease = await self.store.take_resume_lease(task_id, owner,
-                                                               self.options.lease_ttl_s)
-                    if lease is not None:
-                        self.stats.note("recovered", task_id)
-                        self.spawn(self.resume(task_id, owner))
-            except StoreError as error:
-                logger.warning("%s: recovery scan failed: %s", self.instance_id, error)
+        for task_id in await self.store.resumable_tasks(self.agent.name):
+            if task_id in self.active:
+                continue
+            owner = self.next_owner()
+            lease = await self.store.take_resume_lease(task_id, owner,
+                                                       self.options.lease_ttl_s)
+            if lease is not None:
+                self.stats.note("recovered", task_id)
+                self.spawn(self.resume(task_id, owner))
 
-    async def _keeper_loop(self) -> None:
+    def _keeper_period(self) -> float:
+        return min(self.options.lease_ttl_s, self.options.request_ack_wait_s) / 3
+
+    async def _keep(self) -> None:
         """Renew the leases and ack waits of the tasks in hand."""
-        period = min(self.options.lease_ttl_s, self.options.request_ack_wait_s) / 3
-        while self.running:
-            await asyncio.sleep(period)
-            for run in list(self.active.values()):
-                if run.delivery is not None:
-                    await run.delivery.in_progress()
-                if run.lease_owner is not None and not run.lost:
-                    try:
-                        lease = await self.store.renew_resume_lease(
-                            run.ctx.task_id, run.lease_owner, self.options.lease_ttl_s)
-                    except UnknownTaskError:
-                        lease = None
-                    except StoreError as error:
-                        logger.warning("%s: could not renew the lease of %s: %s",
-                                       self.instance_id, run.ctx.task_id, error)
-                        continue
-                    if lease is None:
-                        # Another instance took the task over; it is theirs now.
-                        run.lost = True
+        for run in list(self.active.values()):
+            if run.delivery is not None:
+                await run.delivery.in_progress()
+            if run.lease_owner is not None and not run.lost:
+                try:
+                    lease = await self.store.renew_resume_lease(
+                        run.ctx.task_id, run.lease_owner, self.options.lease_ttl_s)
+                except UnknownTaskError:
+                    lease = None
+                except StoreError as error:
+                    logger.warning("%s: could not renew the lease of %s: %s",
+                                   self.instance_id, run.ctx.task_id, error)
+                    continue
+                if lease is None:
+                    # Another instance took the task over; it is theirs now.
+                    run.lost = True
 

@@ -358,7 +358,18 @@ class TurnRunner:
         turn and answers twice (the caller ignores the second), never zero times.
         """
         ctx = run.ctx
+        if run.lease_owner is not None and not run.lost:
+            # Fence: answer only while still holding the lease. An instance that
+            # stalled past its lease has been replaced; the replacement answers.
+            try:
+                lease = await self.store.renew_resume_lease(ctx.task_id, run.lease_owner,
+                                                            self.options.lease_ttl_s)
+            except UnknownTaskError:
+                lease = None
+            run.lost = lease is None
         if run.lost:
+            self.stats.note("dropped", ctx.task_id)
+            self._forget(run)
             return
         if state is a2a.TaskState.COMPLETED:
             ctx.produced_artifacts.append(wire.answer_artifact(ctx.task_id, self.agent.name,
