@@ -319,6 +319,7 @@ async def test_cancel_of_a_paused_task_cancels_peers_and_answers_canceled(
         wire.derive_task_id("hotels", hotels.requests[hotel_sub][1], hotel_sub)],
         what="the hotels cancel")
     assert flights.cancels == []
+    await no_rows_left(mesh.store)
     await hotels.answer(hotel_sub, "too late")
     await eventually(lambda: len(mesh.events("ignored_answer")) == 1, what="the late answer")
     assert len(mesh.events("canceled", "coordinator")) == 1

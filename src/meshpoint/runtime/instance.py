@@ -26,7 +26,13 @@ from typing import Any
 from meshpoint import a2a
 from meshpoint.broker.base import Broker, ConsumerOptions, Delivery, Subscription
 from meshpoint.context import TaskExecutionContext
-from meshpoint.errors import BadMessageError, StoreError, UnknownSubTaskError, UnknownTaskError
+from meshpoint.errors import (
+    BadMessageError,
+    InvalidArgumentError,
+    StoreError,
+    UnknownSubTaskError,
+    UnknownTaskError,
+)
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent, RuntimeOptions, check_name
 from meshpoint.runtime.stats import InstanceStats
@@ -127,7 +133,13 @@ class AgentInstance(TurnRunner):
         """Run ``coro`` as this instance's background work (killed with it)."""
         task = asyncio.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("%s: background work failed", self.instance_id,
+                         exc_info=task.exception())
 
     def next_owner(self) -> str:
         """A lease owner naming one resume attempt of this instance."""
@@ -211,6 +223,9 @@ class AgentInstance(TurnRunner):
                 sub_task_id, peer_task_id=wire.progress_task_id(response))
         except UnknownSubTaskError:
             pass
+        except InvalidArgumentError as error:  # e.g. a peer task id that is too long
+            await self._reject(delivery, BadMessageError(f"bad status update: {error}"))
+            return
         except StoreError as error:
             logger.warning("%s: could not refresh %s (%s)", self.instance_id, sub_task_id,
                            error)
@@ -301,11 +316,14 @@ class AgentInstance(TurnRunner):
             return "leased"
         restored = await self.store.restore_task(task_id, lease_owner=owner)
         ctx = restored.context
+        # Rows first: once they are gone no answer, sweep or recovery can revive the
+        # task. The cancels and the answer are then published (at most lost, never
+        # half-applied: the peers' own deadlines end their work).
+        await self.store.cleanup_task(task_id, lease_owner=owner)
+        self.stats.note("canceled", task_id)
         for sub_task_id, corr in list(ctx.active_peer_sub_tasks.items()):
             await self.cancel_peer(sub_task_id, corr)
         await self.answer(ctx, a2a.TaskState.CANCELED, "canceled")
-        await self.store.cleanup_task(task_id, lease_owner=owner)
-        self.stats.note("canceled", task_id)
         return "canceled"
 
     async def _on_control(self, delivery: Delivery) -> None:

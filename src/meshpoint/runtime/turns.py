@@ -18,6 +18,7 @@ deadlines, and its inbound message stays un-acknowledged (kept alive by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -115,6 +116,7 @@ class TurnRunner:
                     return
                 response = await self._call_model(ctx)
                 if run.lost:
+                    self._forget(run)
                     return
                 if ctx.cancellation_event.is_set():
                     await self.finish_canceled(run)
@@ -208,7 +210,11 @@ class TurnRunner:
                 # our lease expired and was taken over. Theirs is the live copy.
                 logger.info("%s: dropping task %s: %s", self.instance_id, ctx.task_id, error)
                 self.stats.note("dropped", ctx.task_id)
-                self.active.pop(ctx.task_id, None)
+                self._forget(run)
+                if run.lease_owner is not None and isinstance(error, CheckpointConflictError):
+                    # Refused (e.g. calls still open after a cancel): let it go.
+                    with contextlib.suppress(StoreError):
+                        await self.store.release_resume_lease(ctx.task_id, run.lease_owner)
                 if run.lease_owner is None and isinstance(error, CheckpointConflictError):
                     # Our request was redelivered: its first run checkpointed but may
                     # have died before publishing. Publish the stored calls again
@@ -233,7 +239,7 @@ class TurnRunner:
                                      "out", self.instance_id, sub_task_id, peer.agent, error)
                 if run.delivery is not None:
                     await run.delivery.ack()
-                self.active.pop(ctx.task_id, None)
+                self._forget(run)
                 if ctx.cancellation_event.is_set():
                     # A cancel reached us during the boundary: apply it to the stored task.
                     self.spawn(self._cancel_after_boundary(ctx.task_id))
@@ -376,12 +382,18 @@ class TurnRunner:
                                                                text))
         await self.answer(ctx, state, text)
         self.stats.note(state.value, ctx.task_id)
-        if run.lease_owner is not None:
-            try:
+        try:
+            if run.lease_owner is not None:
                 await self.store.cleanup_task(ctx.task_id, lease_owner=run.lease_owner)
-            except (LeaseNotHeldError, UnknownTaskError):
-                pass
-        self._forget(run)
+        except (LeaseNotHeldError, UnknownTaskError):
+            pass
+        except StoreError as error:
+            # The lease expires and another instance re-runs the turn: it answers
+            # again (a duplicate the caller ignores) and removes the rows.
+            logger.warning("%s: cleanup of %s failed: %s", self.instance_id, ctx.task_id,
+                           error)
+        finally:
+            self._forget(run)
         if run.delivery is not None:
             await run.delivery.ack()
 
@@ -394,7 +406,8 @@ class TurnRunner:
         run.cancel_timers()
         for sub_task_id in list(run.ctx.active_peer_sub_tasks):
             self.memory_subs.pop(sub_task_id, None)
-        self.active.pop(run.ctx.task_id, None)
+        if self.active.get(run.ctx.task_id) is run:  # never another run of the same task
+            del self.active[run.ctx.task_id]
 
     async def cancel_local(self, run: TaskRun) -> None:
         """Cancel a task in this instance's memory. A turn in progress stops at its
