@@ -157,18 +157,22 @@ async def row_counts(store: SqlStore) -> dict[str, int]:
     return {name: len(rows) for name, rows in (await snapshot(store)).items()}
 
 
+async def _empty_store(backend: str, url: str, options: dict[str, object],
+                       **extra: object) -> SqlStore:
+    """A store on the backend's test database, emptied of every row."""
+    opened = await open_store(url, **options, **extra)  # type: ignore[arg-type]
+    if backend == "postgres":
+        tables = ", ".join(table.name for table in metadata.sorted_tables)
+        await opened.run(lambda conn: conn.exec_driver_sql(f"TRUNCATE {tables}"), write=True)
+    return opened
+
+
 @pytest.fixture
 async def store(backend: str, store_url: str, store_options: dict[str, object],
                 clock: FakeClock) -> AsyncIterator[SqlStore]:
     """A store on an empty database of the parametrised backend, on a fake clock."""
-    opened = await open_store(store_url, clock=clock, **store_options)  # type: ignore[arg-type]
-    if backend == "postgres":
-        tables = ", ".join(table.name for table in metadata.sorted_tables)
-        await opened.run(lambda conn: conn.exec_driver_sql(f"TRUNCATE {tables}"), write=True)
-    try:
+    async with await _empty_store(backend, store_url, store_options, clock=clock) as opened:
         yield opened
-    finally:
-        await opened.close()
 
 
 @pytest.fixture
@@ -176,11 +180,5 @@ async def live_store(backend: str, store_url: str,
                      store_options: dict[str, object]) -> AsyncIterator[SqlStore]:
     """A store on an empty database of the parametrised backend, on the real clock
     (for the runtime, whose leases and deadlines must really expire)."""
-    opened = await open_store(store_url, **store_options)  # type: ignore[arg-type]
-    if backend == "postgres":
-        tables = ", ".join(table.name for table in metadata.sorted_tables)
-        await opened.run(lambda conn: conn.exec_driver_sql(f"TRUNCATE {tables}"), write=True)
-    try:
+    async with await _empty_store(backend, store_url, store_options) as opened:
         yield opened
-    finally:
-        await opened.close()

@@ -102,22 +102,6 @@ async def _count_rows(store: SqlStore) -> int:
     return await store.run(count)
 
 
-def _count_checkpoints(store: SqlStore) -> list[int]:
-    """Count committed checkpoints, including those whose instance was killed while
-    the write was in flight (the write still commits; the instance never hears)."""
-    count = [0]
-    write = store.checkpoint_task
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        job = asyncio.ensure_future(write(*args, **kwargs))
-        job.add_done_callback(lambda done: count.__setitem__(
-            0, count[0] + (not done.cancelled() and done.exception() is None)))
-        return await asyncio.shield(job)
-
-    store.checkpoint_task = counted  # type: ignore[method-assign]
-    return count
-
-
 def _ms(samples: list[float]) -> dict[str, float | None]:
     p50, p99 = percentile(samples, 50), percentile(samples, 99)
     return {"p50": None if p50 is None else round(p50, 3),
@@ -138,7 +122,6 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
                                            config.peer_timeout_s * 2)) for name in PEERS]
     started = time.perf_counter()
     async with open_store(f"sqlite:///{config.db_path}") as store:
-        checkpoints = _count_checkpoints(store)
         broker = InProcessBroker()
         every: list[AgentInstance] = []
 
@@ -195,7 +178,7 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
         "submitted": len(rids), "completed": completed,
         "failed": config.tasks - completed,
         "duplicate_answers": sum(max(0, len(a) - 1) for a in answers.values()),
-        "checkpoints_written": checkpoints[0],
+        "checkpoints_written": total("checkpoints"),
         "resumed": total("resumed"),
         "resumed_elsewhere": sum(i.stats.resumed_elsewhere for i in coordinators),
         "recovered_after_kill": total("recovered"),

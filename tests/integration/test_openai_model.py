@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -17,7 +17,6 @@ from meshpoint.llm import ToolSpec
 from meshpoint.llm.openai import OpenAIModel
 from meshpoint.llm.scripted import ScriptedModel
 from meshpoint.runtime import Agent, Peer
-from meshpoint.store import SqlStore
 from tests.integration.mesh import Mesh
 
 
@@ -85,15 +84,6 @@ def chat() -> Iterator[ChatServer]:
     server = ChatServer()
     yield server
     server.close()
-
-
-@pytest.fixture
-async def mesh(live_store: SqlStore) -> AsyncIterator[Mesh]:
-    started = await Mesh(live_store).start()
-    try:
-        yield started
-    finally:
-        await started.close()
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -13,18 +12,8 @@ from meshpoint import a2a
 from meshpoint.broker.base import DEAD_LETTER_REASON, DEAD_LETTER_SUBJECT
 from meshpoint.llm import ScriptedModel
 from meshpoint.runtime import Agent, Peer, wire
-from meshpoint.store import SqlStore
 from tests.conftest import snapshot
 from tests.integration.mesh import ManualPeer, Mesh, eventually
-
-
-@pytest.fixture
-async def mesh(live_store: SqlStore) -> AsyncIterator[Mesh]:
-    started = await Mesh(live_store).start()
-    try:
-        yield started
-    finally:
-        await started.close()
 
 
 async def test_bad_messages_on_every_subject_are_dead_lettered_and_change_nothing(

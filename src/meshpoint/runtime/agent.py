@@ -8,6 +8,7 @@ which return at once.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -116,8 +117,10 @@ class Agent:
         if self.max_turns < 1:
             raise InvalidArgumentError(f"agent {self.name!r}: max_turns must be >= 1")
 
+    @functools.cached_property
     def tool_specs(self) -> list[ToolSpec]:
-        """What the model is offered: local tools, then one tool per peer."""
+        """What the model is offered: local tools, then one tool per peer (built once;
+        every model call of every task passes it)."""
         specs = [ToolSpec(t.name, t.description, t.parameters) for t in self.tools]
         specs += [ToolSpec(p.tool, p.description or f"Ask the {p.agent} agent.", kind="peer")
                   for p in self.peers]

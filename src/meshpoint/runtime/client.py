@@ -30,8 +30,6 @@ class Client:
         self._prefix = wire.client_prefix(namespace, self.client_id)
         #: request id -> every final answer received for it (normally one).
         self.answers: dict[str, list[a2a.Task]] = {}
-        #: request id -> the task id its agent reported in its first status update.
-        self.task_ids: dict[str, str] = {}
         self._waiters: dict[str, asyncio.Future[a2a.Task]] = {}
         self._subscription: Subscription | None = None
 
@@ -97,8 +95,6 @@ class Client:
             logger.warning("request %s failed: %s", request_id, response.error.message)
             return
         result = response.result
-        if isinstance(result, a2a.TaskStatusUpdateEvent):
-            self.task_ids.setdefault(request_id, result.task_id)
         if kind == "response" and isinstance(result, a2a.Task) and result.status.state.is_final:
             self.answers.setdefault(request_id, []).append(result)
             future = self._waiters.get(request_id)

@@ -19,7 +19,9 @@ class InstanceStats:
     instance did what: ``started``, ``paused``, ``paused_in_memory``, ``resumed``,
     ``recovered``, ``completed``, ``failed``, ``canceled``, ``timeout``,
     ``ignored_answer``, ``dropped`` (another instance owns the task). Only the
-    latest ``KEEP`` events and samples are kept; ``counts`` are totals.
+    latest ``KEEP`` events and samples are kept; ``counts`` are totals, and also
+    count ``checkpoints`` (writes that committed, even if the instance was killed
+    while waiting for the commit).
     """
 
     instance_id: str

@@ -37,7 +37,7 @@ from meshpoint.errors import (
 )
 from meshpoint.llm.base import ModelResponse
 from meshpoint.runtime import wire
-from meshpoint.runtime.agent import Agent, Peer, RuntimeOptions
+from meshpoint.runtime.agent import Agent, RuntimeOptions
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.store.sql import TIMEOUT_RESULT, SqlStore
 
@@ -146,7 +146,7 @@ class TurnRunner:
         messages = list(ctx.session_events)
         if self.agent.system_prompt:
             messages.insert(0, {"role": "system", "content": self.agent.system_prompt})
-        response = await self.agent.model.complete(messages, self.agent.tool_specs())
+        response = await self.agent.model.complete(messages, self.agent.tool_specs)
         ctx.flags["model_calls"] = self._turns(ctx) + 1
         usage = response.usage
         ctx.record_token_usage(model=response.model or self.agent.model.name,
@@ -157,8 +157,9 @@ class TurnRunner:
         return response
 
     async def _start_calls(self, ctx: TaskExecutionContext, response: ModelResponse
-                           ) -> list[tuple[str, Peer, dict[str, Any]]]:
-        """Open a new invocation: run local tools, register peer calls as sub-tasks."""
+                           ) -> list[str]:
+        """Open a new invocation: run local tools, register peer calls as sub-tasks.
+        Returns the new sub-task ids; their correlation data holds all a request needs."""
         invocation = wire.new_id()
         ctx.current_invocation_id = invocation
         # Only the current join is kept: earlier ones were injected into the conversation.
@@ -168,7 +169,8 @@ class TurnRunner:
             "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments}
                            for c in response.tool_calls]})
         ctx.begin_parallel_calls(invocation, [c.id for c in response.tool_calls])
-        peer_calls = []
+        peer_calls: list[str] = []
+        ns = self.options.namespace
         for call in response.tool_calls:
             peer = self.agent.peer_for_tool(call.name)
             if peer is not None:
@@ -178,9 +180,9 @@ class TurnRunner:
                 ctx.register_peer_sub_task(sub_task_id, {
                     "function_call_id": call.id, "peer_agent_name": peer.agent,
                     "peer_tool_name": call.name, "timeout_s": peer.timeout_s, "query": text,
-                    "reply_to": wire.response_subject(self.options.namespace,
-                                                      self.agent.name, sub_task_id)})
-                peer_calls.append((sub_task_id, peer, {"text": text}))
+                    "reply_to": wire.response_subject(ns, self.agent.name, sub_task_id),
+                    "status_to": wire.status_subject(ns, self.agent.name, sub_task_id)})
+                peer_calls.append(sub_task_id)
                 continue
             tool = self.agent.local_tool(call.name)
             if tool is None:
@@ -195,16 +197,19 @@ class TurnRunner:
 
     # -- the pause boundary ----------------------------------------------------------------
 
-    async def pause(self, run: TaskRun, peer_calls: list[tuple[str, Peer, dict[str, Any]]]
-                    ) -> None:
+    async def pause(self, run: TaskRun, peer_calls: list[str]) -> None:
         ctx = run.ctx
         ctx.flags["paused_at"] = time.time()
         ctx.flags["paused_by"] = self.instance_id
         if self.agent.stateless_checkpointing:
             started = time.perf_counter()
+            # Shielded so that a write still in flight when this instance is killed is
+            # counted once it commits (it commits either way: it runs in the database).
+            write = asyncio.ensure_future(self.store.checkpoint_task(
+                ctx, self.agent.name, lease_owner=run.lease_owner))
+            write.add_done_callback(self._count_checkpoint)
             try:
-                await self.store.checkpoint_task(ctx, self.agent.name,
-                                                 lease_owner=run.lease_owner)
+                await asyncio.shield(write)
             except (CheckpointConflictError, LeaseNotHeldError, UnknownTaskError) as error:
                 # Another instance has this task: a redelivered request ran twice, or
                 # our lease expired and was taken over. Theirs is the live copy.
@@ -229,14 +234,15 @@ class TurnRunner:
             else:
                 self.stats.checkpoint_ms.append((time.perf_counter() - started) * 1000)
                 self.stats.note("paused", ctx.task_id)
-                for sub_task_id, peer, request in peer_calls:
+                for sub_task_id in peer_calls:
+                    corr = ctx.active_peer_sub_tasks[sub_task_id]
                     try:
-                        await self._publish_request(ctx, sub_task_id, peer, request["text"],
-                                                    wire.response_subject, wire.status_subject)
+                        await self._publish_call(ctx.task_id, sub_task_id, corr)
                     except Exception as error:
                         # The checkpoint holds the call: it times out and the task goes on.
                         logger.error("%s: request %s to %s not published (%s); it will time "
-                                     "out", self.instance_id, sub_task_id, peer.agent, error)
+                                     "out", self.instance_id, sub_task_id,
+                                     corr["peer_agent_name"], error)
                 if run.delivery is not None:
                     await run.delivery.ack()
                 self._forget(run)
@@ -248,16 +254,13 @@ class TurnRunner:
         run.waiting = True
         self.stats.note("paused_in_memory", ctx.task_id)
         inbox = wire.inbox_prefix(self.options.namespace, self.instance_id)
-        for sub_task_id, peer, request in peer_calls:
-            corr = ctx.active_peer_sub_tasks.get(sub_task_id)
-            if corr is None:
-                continue
+        for sub_task_id in peer_calls:
+            corr = ctx.active_peer_sub_tasks[sub_task_id]
             corr["reply_to"] = f"{inbox}.response.{sub_task_id}"
+            corr["status_to"] = f"{inbox}.status.{sub_task_id}"
             self.memory_subs[sub_task_id] = ctx.task_id
-            self.schedule_timeout(run, sub_task_id, peer.timeout_s)
-            await self._publish_request(ctx, sub_task_id, peer, request["text"],
-                                        lambda _ns, _agent, sub: f"{inbox}.response.{sub}",
-                                        lambda _ns, _agent, sub: f"{inbox}.status.{sub}")
+            self.schedule_timeout(run, sub_task_id, corr["timeout_s"])
+            await self._publish_call(ctx.task_id, sub_task_id, corr)
 
     async def _republish(self, task_id: str) -> None:
         try:
@@ -265,16 +268,8 @@ class TurnRunner:
         except StoreError:
             return  # the calls still time out
         for sub in stored:
-            corr = sub.correlation_data
-            if sub.status == "pending" and sub.peer_agent_name and "query" in corr:
-                peer = Peer(sub.peer_agent_name, timeout_s=float(corr.get("timeout_s", 600)))
-                await self._publish_request(self._stored_ctx(task_id), sub.sub_task_id, peer,
-                                            str(corr["query"]), wire.response_subject,
-                                            wire.status_subject)
-
-    @staticmethod
-    def _stored_ctx(task_id: str) -> TaskExecutionContext:
-        return TaskExecutionContext(task_id)
+            if sub.status == "pending" and sub.peer_agent_name:
+                await self._publish_call(task_id, sub.sub_task_id, sub.correlation_data)
 
     async def _cancel_after_boundary(self, task_id: str) -> None:
         try:
@@ -282,15 +277,17 @@ class TurnRunner:
         except StoreError as error:
             logger.warning("%s: cancel of %s failed: %s", self.instance_id, task_id, error)
 
-    async def _publish_request(self, ctx: TaskExecutionContext, sub_task_id: str, peer: Peer,
-                               text: str, reply: Any, status: Any) -> None:
-        ns = self.options.namespace
+    async def _publish_call(self, task_id: str, sub_task_id: str, corr: dict[str, Any]) -> None:
+        """Send one peer call, as its correlation data describes it."""
         await self.broker.publish(
-            wire.request_subject(ns, peer.agent),
-            wire.send_request(sub_task_id, text, metadata={
-                "meshpoint_caller": {"agent": self.agent.name, "task_id": ctx.task_id}}),
-            wire.reply_headers(reply(ns, self.agent.name, sub_task_id),
-                               status(ns, self.agent.name, sub_task_id)))
+            wire.request_subject(self.options.namespace, corr["peer_agent_name"]),
+            wire.send_request(sub_task_id, corr["query"], metadata={
+                "meshpoint_caller": {"agent": self.agent.name, "task_id": task_id}}),
+            wire.reply_headers(corr["reply_to"], corr["status_to"]))
+
+    def _count_checkpoint(self, write: asyncio.Future[Any]) -> None:
+        if not write.cancelled() and write.exception() is None:
+            self.stats.counts["checkpoints"] += 1
 
     # -- the in-memory path ---------------------------------------------------------------
 
@@ -324,10 +321,7 @@ class TurnRunner:
                                                       corr["function_call_id"], result)
         if completed == total and run.waiting:
             run.waiting = False
-            paused_at = ctx.flags.get("paused_at")
-            if isinstance(paused_at, float | int):
-                self.stats.pause_resume_ms.append(max(0.0, (time.time() - paused_at) * 1000))
-            self.stats.note("resumed", ctx.task_id)
+            self._note_resumed(ctx)
             inject_results(ctx)
             self.spawn(self.drive(run))
         return True
@@ -346,14 +340,18 @@ class TurnRunner:
         ctx = restored.context
         run = TaskRun(ctx, lease_owner=owner)
         self.active[task_id] = run
+        self._note_resumed(ctx)
+        inject_results(ctx)
+        await self.drive(run)
+
+    def _note_resumed(self, ctx: TaskExecutionContext) -> None:
+        """Count a resume, how long the task was paused, and whether elsewhere."""
         paused_at = ctx.flags.get("paused_at")
         if isinstance(paused_at, float | int):
             self.stats.pause_resume_ms.append(max(0.0, (time.time() - paused_at) * 1000))
         if ctx.flags.get("paused_by") != self.instance_id:
             self.stats.resumed_elsewhere += 1
-        self.stats.note("resumed", task_id)
-        inject_results(ctx)
-        await self.drive(run)
+        self.stats.note("resumed", ctx.task_id)
 
     # -- ending a task ----------------------------------------------------------------------
 
