@@ -25,6 +25,33 @@ from meshpoint.store.schema import metadata
 POSTGRES_URL = os.environ.get("MESHPOINT_TEST_POSTGRES_URL",
                               "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 REQUIRE_SERVICES = os.environ.get("MESHPOINT_REQUIRE_SERVICES") == "1"
+NATS_URL = os.environ.get("MESHPOINT_TEST_NATS_URL", "nats://127.0.0.1:4222")
+
+
+def service_missing(message: str) -> None:
+    """Skip with ``message``, or fail under MESHPOINT_REQUIRE_SERVICES=1 (CI)."""
+    if REQUIRE_SERVICES:
+        pytest.fail(message + " [MESHPOINT_REQUIRE_SERVICES=1]", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> str:
+    """The NATS URL, or a skip (a failure under MESHPOINT_REQUIRE_SERVICES=1)."""
+    from meshpoint.broker.nats import NatsBroker
+    from meshpoint.errors import BrokerError
+
+    async def probe() -> None:
+        broker = await NatsBroker.connect(NATS_URL, connect_timeout_s=3)
+        await broker.close()
+
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(lambda: asyncio.run(probe())).result()
+    except BrokerError as error:
+        service_missing(f"{error}. Start it (`make services`) or point "
+                        f"MESHPOINT_TEST_NATS_URL at a server")
+    return NATS_URL
 
 
 async def pg_execute_async(sql: str) -> None:
@@ -49,17 +76,32 @@ def pg_execute(sql: str) -> None:
         pool.submit(lambda: asyncio.run(pg_execute_async(sql))).result()
 
 
+@pytest.fixture
+def private_nats(tmp_path: Path) -> Iterator[Any]:
+    """A nats-server of this test's own (see tests/nats_server.py)."""
+    from tests.nats_server import PrivateNats, nats_server_binary
+
+    binary = nats_server_binary()
+    if binary is None:
+        service_missing("nats-server is not installed (Debian: apt install nats-server)")
+        raise AssertionError  # unreachable
+    server = PrivateNats(binary, tmp_path / "nats")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> str:
     """The PostgreSQL URL, or a skip (a failure under MESHPOINT_REQUIRE_SERVICES=1)."""
     try:
         pg_execute("SELECT 1")
     except Exception as error:
-        message = (f"PostgreSQL is not reachable at {POSTGRES_URL} ({error}). Start it "
-                   "(`make services`) or point MESHPOINT_TEST_POSTGRES_URL at a server")
-        if REQUIRE_SERVICES:
-            pytest.fail(message + " [MESHPOINT_REQUIRE_SERVICES=1]", pytrace=False)
-        pytest.skip(message)
+        service_missing(f"PostgreSQL is not reachable at {POSTGRES_URL} ({error}). Start "
+                        "it (`make services`) or point MESHPOINT_TEST_POSTGRES_URL at a "
+                        "server")
     return POSTGRES_URL
 
 

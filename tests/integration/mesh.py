@@ -28,9 +28,10 @@ class RecordingBroker(InProcessBroker):
         self.log: list[tuple[str, str, bytes]] = []
 
     async def publish(self, subject: str, data: bytes,
-                      headers: Mapping[str, str] | None = None) -> None:
+                      headers: Mapping[str, str] | None = None, *,
+                      msg_id: str | None = None) -> None:
         self.log.append(("publish", subject, data))
-        await super().publish(subject, data, headers)
+        await super().publish(subject, data, headers, msg_id=msg_id)
 
     async def subscribe(self, subject: str, queue: str, handler: Handler,
                         options: ConsumerOptions | None = None) -> Subscription:
@@ -68,7 +69,8 @@ class Mesh:
             self.dead_letters.append((delivery.message.subject, dict(delivery.message.headers)))
             await delivery.ack()
 
-        await self.broker.subscribe("deadletter.>", "test-dead-letters", dead)
+        await self.broker.subscribe(f"{self.options.namespace}.deadletter.>",
+                                    "test-dead-letters", dead)
         return self
 
     async def run(self, agent: Agent, count: int = 1, **kwargs: Any) -> list[AgentInstance]:

@@ -1,12 +1,12 @@
-"""The broker contract (meshpoint.broker.base), run against every implementation.
-
-NATS JetStream joins the ``broker`` fixture with the scale-out work; every test
-here must hold for it unchanged.
+"""The broker contract (meshpoint.broker.base), run against every implementation:
+the in-process broker and NATS JetStream (a real server; each test has a namespace,
+hence a stream, of its own, deleted afterwards).
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
@@ -19,13 +19,32 @@ from meshpoint.errors import BrokerClosedError, InvalidArgumentError
 FAST = ConsumerOptions(ack_wait_s=0.2, max_deliver=3)
 
 
-@pytest.fixture(params=["inprocess"])
-async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
-    instance = InProcessBroker()
+@pytest.fixture
+def ns() -> str:
+    """A namespace (first subject token) of this test's own."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(params=["inprocess", pytest.param("nats", marks=pytest.mark.nats)])
+async def broker(request: pytest.FixtureRequest, ns: str) -> AsyncIterator[Broker]:
+    if request.param == "inprocess":
+        instance: Broker = InProcessBroker()
+        try:
+            yield instance
+        finally:
+            await instance.close()
+        return
+    from meshpoint.broker.nats import NatsBroker
+
+    url = request.getfixturevalue("nats_url")
+    nats_broker = await NatsBroker.connect(url, pull_expires_s=0.5)
     try:
-        yield instance
+        yield nats_broker
     finally:
-        await instance.close()
+        await nats_broker.close()
+        cleanup = await NatsBroker.connect(url)
+        await cleanup.delete_namespace(ns)
+        await cleanup.close()
 
 
 async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
@@ -62,13 +81,13 @@ class Recorder:
         return [data for data, _, _ in self.seen]
 
 
-async def test_a_queue_delivers_each_message_to_exactly_one_member(broker: Broker) -> None:
+async def test_a_queue_delivers_each_message_to_exactly_one_member(broker: Broker, ns: str) -> None:
     members = [Recorder(f"m{n}") for n in range(3)]
     for member in members:
-        await broker.subscribe("ns.req.coordinator", "coordinator-requests", member)
+        await broker.subscribe(f"{ns}.req.coordinator", "coordinator-requests", member)
     sent = [f"task-{n}".encode() for n in range(300)]
     for data in sent:
-        await broker.publish("ns.req.coordinator", data)
+        await broker.publish(f"{ns}.req.coordinator", data)
     await eventually(lambda: sum(len(m.seen) for m in members) >= 300)
     await asyncio.sleep(0.3)  # past ack_wait: nothing acked may come back
     got = Counter(p for m in members for p in m.payloads)
@@ -76,14 +95,14 @@ async def test_a_queue_delivers_each_message_to_exactly_one_member(broker: Broke
     assert sum(1 for m in members if m.seen) >= 2  # the work is shared
 
 
-async def test_each_queue_gets_its_own_copy_and_filters_match_like_nats(broker: Broker) -> None:
+async def test_each_queue_gets_its_own_copy_and_filters_match_like_nats(broker: Broker, ns: str) -> None:
     exact, star, tail = Recorder(), Recorder(), Recorder()
-    await broker.subscribe("ns.response.coordinator.s1", "exact", exact)
-    await broker.subscribe("ns.response.*.s1", "star", star)
-    await broker.subscribe("ns.response.>", "tail", tail)
-    await broker.publish("ns.response.coordinator.s1", b"1")
-    await broker.publish("ns.response.researcher.s1", b"2")
-    await broker.publish("ns.response.coordinator.s1.extra", b"3")
+    await broker.subscribe(f"{ns}.response.coordinator.s1", "exact", exact)
+    await broker.subscribe(f"{ns}.response.*.s1", "star", star)
+    await broker.subscribe(f"{ns}.response.>", "tail", tail)
+    await broker.publish(f"{ns}.response.coordinator.s1", b"1")
+    await broker.publish(f"{ns}.response.researcher.s1", b"2")
+    await broker.publish(f"{ns}.response.coordinator.s1.extra", b"3")
     await eventually(lambda: len(tail.seen) == 3)
     await asyncio.sleep(0.05)
     assert exact.payloads == [b"1"]
@@ -91,16 +110,16 @@ async def test_each_queue_gets_its_own_copy_and_filters_match_like_nats(broker: 
     assert sorted(tail.payloads) == [b"1", b"2", b"3"]
 
 
-async def test_an_unacknowledged_delivery_comes_back_after_ack_wait(broker: Broker) -> None:
+async def test_an_unacknowledged_delivery_comes_back_after_ack_wait(broker: Broker, ns: str) -> None:
     first = Recorder(settle="none")
-    await broker.subscribe("ns.a", "q", first, FAST)
-    await broker.publish("ns.a", b"x")
+    await broker.subscribe(f"{ns}.a", "q", first, FAST)
+    await broker.publish(f"{ns}.a", b"x")
     await eventually(lambda: len(first.seen) == 2)
     (_, n1, t1), (_, n2, t2) = first.seen[:2]
     assert (n1, n2) == (1, 2) and t2 - t1 >= 0.19
 
 
-async def test_nak_redelivers_after_its_delay(broker: Broker) -> None:
+async def test_nak_redelivers_after_its_delay(broker: Broker, ns: str) -> None:
     seen: list[tuple[int, float]] = []
 
     async def handler(delivery: Delivery) -> None:
@@ -110,77 +129,77 @@ async def test_nak_redelivers_after_its_delay(broker: Broker) -> None:
         else:
             await delivery.ack()
 
-    await broker.subscribe("ns.a", "q", handler, ConsumerOptions(ack_wait_s=5))
-    await broker.publish("ns.a", b"x")
+    await broker.subscribe(f"{ns}.a", "q", handler, ConsumerOptions(ack_wait_s=5))
+    await broker.publish(f"{ns}.a", b"x")
     await eventually(lambda: len(seen) == 2)
     assert seen[1][1] - seen[0][1] >= 0.14
     await asyncio.sleep(0.3)
     assert len(seen) == 2
 
 
-async def test_term_dead_letters_with_its_reason_and_never_redelivers(broker: Broker) -> None:
+async def test_term_dead_letters_with_its_reason_and_never_redelivers(broker: Broker, ns: str) -> None:
     poison, dead = Recorder(settle="term"), []
 
     async def dead_letters(delivery: Delivery) -> None:
         dead.append(delivery.message)
         await delivery.ack()
 
-    await broker.subscribe("ns.a", "q", poison, FAST)
-    await broker.subscribe("deadletter.q", "dlq-reader", dead_letters)
-    await broker.publish("ns.a", b"garbage", {"trace": "t-1"})
+    await broker.subscribe(f"{ns}.a", "q", poison, FAST)
+    await broker.subscribe(f"{ns}.deadletter.q", "dlq-reader", dead_letters)
+    await broker.publish(f"{ns}.a", b"garbage", {"trace": "t-1"})
     await eventually(lambda: len(dead) == 1)
     await asyncio.sleep(0.3)
     assert len(poison.seen) == 1
     assert dead[0].data == b"garbage"
-    assert dead[0].headers[DEAD_LETTER_SUBJECT] == "ns.a"
+    assert dead[0].headers[DEAD_LETTER_SUBJECT] == f"{ns}.a"
     assert dead[0].headers[DEAD_LETTER_REASON] == "terminated: cannot parse it"
     assert dead[0].headers["trace"] == "t-1"
 
 
-async def test_max_deliver_then_dead_letter(broker: Broker) -> None:
+async def test_max_deliver_then_dead_letter(broker: Broker, ns: str) -> None:
     stubborn, dead = Recorder(settle="nak"), Recorder()
-    await broker.subscribe("ns.a", "q", stubborn,
+    await broker.subscribe(f"{ns}.a", "q", stubborn,
                            ConsumerOptions(ack_wait_s=5, max_deliver=3,
-                                           dead_letter_subject="ns.dead.q"))
-    await broker.subscribe("ns.dead.q", "dead", dead)
-    await broker.publish("ns.a", b"x")
+                                           dead_letter_subject=f"{ns}.dead.q"))
+    await broker.subscribe(f"{ns}.dead.q", "dead", dead)
+    await broker.publish(f"{ns}.a", b"x")
     await eventually(lambda: len(dead.seen) == 1)
     assert [n for _, n, _ in stubborn.seen] == [1, 2, 3]
 
 
-async def test_a_failing_handler_has_its_delivery_redelivered(broker: Broker) -> None:
+async def test_a_failing_handler_has_its_delivery_redelivered(broker: Broker, ns: str) -> None:
     buggy, dead = Recorder(settle="raise"), Recorder()
-    await broker.subscribe("ns.a", "q", buggy, FAST)
-    await broker.subscribe("deadletter.q", "dead", dead)
-    await broker.publish("ns.a", b"x")
+    await broker.subscribe(f"{ns}.a", "q", buggy, FAST)
+    await broker.subscribe(f"{ns}.deadletter.q", "dead", dead)
+    await broker.publish(f"{ns}.a", b"x")
     await eventually(lambda: len(dead.seen) == 1)
     assert [n for _, n, _ in buggy.seen] == [1, 2, 3]
 
 
-async def test_a_member_that_goes_away_without_acking_loses_nothing(broker: Broker) -> None:
+async def test_a_member_that_goes_away_without_acking_loses_nothing(broker: Broker, ns: str) -> None:
     gone, survivor = Recorder(settle="none"), Recorder()
-    subscription = await broker.subscribe("ns.a", "q", gone, FAST)
-    await broker.publish("ns.a", b"x")
+    subscription = await broker.subscribe(f"{ns}.a", "q", gone, FAST)
+    await broker.publish(f"{ns}.a", b"x")
     await eventually(lambda: len(gone.seen) == 1)
     await subscription.stop()  # crashed with the message in hand
-    await broker.subscribe("ns.a", "q", survivor, FAST)
+    await broker.subscribe(f"{ns}.a", "q", survivor, FAST)
     await eventually(lambda: len(survivor.seen) == 1)
     assert survivor.seen[0][:2] == (b"x", 2)
 
 
-async def test_a_queue_outlives_its_members_and_early_messages_wait(broker: Broker) -> None:
-    await broker.publish("ns.req.peer", b"before any instance started")
+async def test_a_queue_outlives_its_members_and_early_messages_wait(broker: Broker, ns: str) -> None:
+    await broker.publish(f"{ns}.req.peer", b"before any instance started")
     first = Recorder()
-    subscription = await broker.subscribe("ns.req.peer", "peer", first)
+    subscription = await broker.subscribe(f"{ns}.req.peer", "peer", first)
     await eventually(lambda: first.payloads == [b"before any instance started"])
     await subscription.stop()
-    await broker.publish("ns.req.peer", b"while every instance was down")
+    await broker.publish(f"{ns}.req.peer", b"while every instance was down")
     second = Recorder()
-    await broker.subscribe("ns.req.peer", "peer", second)
+    await broker.subscribe(f"{ns}.req.peer", "peer", second)
     await eventually(lambda: second.payloads == [b"while every instance was down"])
 
 
-async def test_settling_twice_and_late_settlements_are_harmless(broker: Broker) -> None:
+async def test_settling_twice_and_late_settlements_are_harmless(broker: Broker, ns: str) -> None:
     deliveries: list[Delivery] = []
 
     async def keep(delivery: Delivery) -> None:
@@ -190,8 +209,8 @@ async def test_settling_twice_and_late_settlements_are_harmless(broker: Broker) 
             await delivery.ack()
             await delivery.nak()
 
-    await broker.subscribe("ns.a", "q", keep, FAST)
-    await broker.publish("ns.a", b"x")
+    await broker.subscribe(f"{ns}.a", "q", keep, FAST)
+    await broker.publish(f"{ns}.a", b"x")
     await eventually(lambda: len(deliveries) == 2)
     await deliveries[0].ack()  # its ack wait expired: too late, already redelivered
     await asyncio.sleep(0.3)
@@ -204,24 +223,24 @@ async def test_bad_subjects_are_refused(broker: Broker, subject: str) -> None:
         await broker.subscribe(subject, "q", Recorder())
 
 
-async def test_bad_publishes_and_closed_brokers_are_refused(broker: Broker) -> None:
+async def test_bad_publishes_and_closed_brokers_are_refused(broker: Broker, ns: str) -> None:
     with pytest.raises(InvalidArgumentError):
-        await broker.publish("ns.*", b"x")  # wildcards only filter
+        await broker.publish(f"{ns}.*", b"x")  # wildcards only filter
     with pytest.raises(InvalidArgumentError, match="bytes"):
-        await broker.publish("ns.a", "text")  # type: ignore[arg-type]
-    await broker.subscribe("ns.a", "q", Recorder())
+        await broker.publish(f"{ns}.a", "text")  # type: ignore[arg-type]
+    await broker.subscribe(f"{ns}.a", "q", Recorder())
     with pytest.raises(InvalidArgumentError, match="cannot also take"):
-        await broker.subscribe("ns.b", "q", Recorder())
+        await broker.subscribe(f"{ns}.b", "q", Recorder())
     with pytest.raises(InvalidArgumentError, match="ack_wait_s"):
         ConsumerOptions(ack_wait_s=0)
     await broker.close()
     with pytest.raises(BrokerClosedError):
-        await broker.publish("ns.a", b"x")
+        await broker.publish(f"{ns}.a", b"x")
 
 
-async def test_dead_letters_count_their_deliveries(broker: Broker) -> None:
+async def test_dead_letters_count_their_deliveries(broker: Broker, ns: str) -> None:
     dead = Recorder()
-    await broker.subscribe("ns.a", "q", Recorder(settle="none"),
+    await broker.subscribe(f"{ns}.a", "q", Recorder(settle="none"),
                            ConsumerOptions(ack_wait_s=0.05, max_deliver=2))
     captured = []
 
@@ -229,21 +248,21 @@ async def test_dead_letters_count_their_deliveries(broker: Broker) -> None:
         captured.append(delivery.message.headers)
         await dead(delivery)
 
-    await broker.subscribe("deadletter.q", "dead", capture)
-    await broker.publish("ns.a", b"x")
+    await broker.subscribe(f"{ns}.deadletter.q", "dead", capture)
+    await broker.publish(f"{ns}.a", b"x")
     await eventually(lambda: len(captured) == 1)
     assert captured[0][DEAD_LETTER_DELIVERIES] == "2"
     assert "max_deliver=2" in captured[0][DEAD_LETTER_REASON]
 
 
-async def test_in_progress_restarts_the_ack_wait(broker: Broker) -> None:
+async def test_in_progress_restarts_the_ack_wait(broker: Broker, ns: str) -> None:
     held: list[Delivery] = []
 
     async def hold(delivery: Delivery) -> None:
         held.append(delivery)
 
-    await broker.subscribe("work.>", "holders", hold, FAST)
-    await broker.publish("work.long", b"x")
+    await broker.subscribe(f"{ns}.work.>", "holders", hold, FAST)
+    await broker.publish(f"{ns}.work.long", b"x")
     await eventually(lambda: len(held) == 1)
     for _ in range(5):  # 0.5 s: 2.5 ack waits, kept alive
         await asyncio.sleep(0.1)
@@ -254,7 +273,7 @@ async def test_in_progress_restarts_the_ack_wait(broker: Broker) -> None:
     await held[1].ack()
 
 
-async def test_an_ephemeral_queue_goes_away_with_its_last_member(broker: Broker) -> None:
+async def test_an_ephemeral_queue_goes_away_with_its_last_member(broker: Broker, ns: str) -> None:
     got: list[bytes] = []
 
     async def take(delivery: Delivery) -> None:
@@ -262,17 +281,78 @@ async def test_an_ephemeral_queue_goes_away_with_its_last_member(broker: Broker)
         await delivery.ack()
 
     options = ConsumerOptions(ephemeral=True)
-    first = await broker.subscribe("inbox.a", "inbox-a", take, options)
-    second = await broker.subscribe("inbox.a", "inbox-a", take, options)
-    await broker.publish("inbox.a", b"1")
+    first = await broker.subscribe(f"{ns}.inbox.a", "inbox-a", take, options)
+    second = await broker.subscribe(f"{ns}.inbox.a", "inbox-a", take, options)
+    await broker.publish(f"{ns}.inbox.a", b"1")
     await eventually(lambda: got == [b"1"])
     await first.stop()
-    await broker.publish("inbox.a", b"2")
+    await broker.publish(f"{ns}.inbox.a", b"2")
     await eventually(lambda: got == [b"1", b"2"])  # one member left: still there
     await second.stop()
-    if isinstance(broker, InProcessBroker):
-        assert "inbox-a" not in broker.queues  # gone, with what it held
-    await broker.publish("inbox.a", b"3")
-    third = await broker.subscribe("inbox.a", "inbox-b", take, options)
-    await eventually(lambda: got[-1] == b"3")  # held for the next queue, not the dead one
+    assert not await queue_exists(broker, ns, "inbox-a")  # gone, with what it held
+    await broker.publish(f"{ns}.inbox.a", b"3")  # before the next queue existed
+    third = await broker.subscribe(f"{ns}.inbox.a", "inbox-b", take, options)
+    await broker.publish(f"{ns}.inbox.a", b"4")
+    await eventually(lambda: got[-1] == b"4")
+    await asyncio.sleep(0.2)
+    assert got == [b"1", b"2", b"4"]  # an ephemeral queue starts at new messages
     await third.stop()
+
+
+async def queue_exists(broker: Broker, ns: str, queue: str) -> bool:
+    if isinstance(broker, InProcessBroker):
+        return queue in broker.queues
+    import nats.js.errors
+
+    from meshpoint.broker.nats import NatsBroker
+    assert isinstance(broker, NatsBroker)
+    try:
+        await broker.js.consumer_info(broker.stream_name(ns), queue)
+    except nats.js.errors.NotFoundError:
+        return False
+    return True
+
+
+async def test_a_repeated_msg_id_is_stored_once(broker: Broker, ns: str) -> None:
+    got = Recorder()
+    await broker.subscribe(f"{ns}.answers", "q", got)
+    await broker.publish(f"{ns}.answers", b"first", msg_id="answer.t1")
+    await broker.publish(f"{ns}.answers", b"again", msg_id="answer.t1")  # a re-run's
+    await broker.publish(f"{ns}.answers", b"other", msg_id="answer.t2")
+    await broker.publish(f"{ns}.answers", b"plain")
+    await broker.publish(f"{ns}.answers", b"plain")  # no msg_id: never deduplicated
+    await eventually(lambda: len(got.seen) == 4)
+    await asyncio.sleep(0.2)
+    assert sorted(got.payloads) == [b"first", b"other", b"plain", b"plain"]
+    with pytest.raises(InvalidArgumentError, match="msg_id"):
+        await broker.publish(f"{ns}.answers", b"x", msg_id="")
+
+
+async def test_drain_lets_the_handlers_in_hand_finish_and_takes_nothing_new(
+        broker: Broker, ns: str) -> None:
+    started, finished = Recorder(settle="none"), []
+    release = asyncio.Event()
+
+    async def slow(delivery: Delivery) -> None:
+        await started(delivery)
+        await release.wait()
+        finished.append(delivery.message.data)
+        await delivery.ack()
+
+    member = await broker.subscribe(f"{ns}.jobs", "workers", slow,
+                                    ConsumerOptions(ack_wait_s=1.0))
+    await broker.publish(f"{ns}.jobs", b"in hand")
+    await eventually(lambda: len(started.seen) == 1)
+    draining = asyncio.create_task(member.drain(timeout_s=5))
+    await asyncio.sleep(0.2)
+    await broker.publish(f"{ns}.jobs", b"after the drain began")
+    await asyncio.sleep(0.2)
+    assert not draining.done() and len(started.seen) == 1
+    release.set()
+    await draining
+    assert finished == [b"in hand"]
+    later = Recorder()
+    await broker.subscribe(f"{ns}.jobs", "workers", later)
+    await eventually(lambda: later.payloads == [b"after the drain began"])
+    await asyncio.sleep(1.2)  # past the ack wait: the finished one never comes back
+    assert later.payloads == [b"after the drain began"]

@@ -14,6 +14,13 @@ Shaped after NATS JetStream so that both implementations mean the same thing:
   member. After ``max_deliver`` deliveries a message is dead-lettered instead.
 * **Dead letters** are published to the queue's ``dead_letter_subject`` with
   headers naming the original subject, the delivery count and the reason.
+* A publish may carry a ``msg_id``: a second publish with the same id within the
+  broker's dedupe window is dropped (JetStream's ``Nats-Msg-Id``). The runtime gives
+  every final answer such an id, so an answer re-sent by a turn re-run after a crash
+  reaches its caller once.
+* An **ephemeral** queue (an instance's or a client's inbox) takes only messages
+  published after it was created, and goes away with its last member; a durable
+  queue also takes what was published to its subjects before it first existed.
 
 Subjects are dot-separated tokens; a filter may use ``*`` (one token) and ``>``
 (one or more trailing tokens), as in NATS.
@@ -78,6 +85,11 @@ class Subscription(ABC):
         """Take no more deliveries. Deliveries in hand and not acked are redelivered
         after their ``ack_wait_s``, as if this member had crashed."""
 
+    @abstractmethod
+    async def drain(self, timeout_s: float) -> None:
+        """Take no more deliveries, let the handlers in hand finish (up to
+        ``timeout_s``), then :meth:`stop`. A graceful shutdown."""
+
 
 @dataclass(frozen=True, slots=True)
 class ConsumerOptions:
@@ -85,7 +97,8 @@ class ConsumerOptions:
 
     ack_wait_s: float = 30.0
     max_deliver: int = 5
-    #: Where dead letters go; default ``deadletter.<queue>``.
+    #: Where dead letters go; default ``<first token of the filter>.deadletter.<queue>``
+    #: (in the namespace's own stream on NATS).
     dead_letter_subject: str | None = None
     #: Deliveries one member handles at once.
     max_in_flight: int = 16
@@ -108,8 +121,10 @@ class Broker(ABC):
 
     @abstractmethod
     async def publish(self, subject: str, data: bytes,
-                      headers: Mapping[str, str] | None = None) -> None:
-        """Publish ``data`` to ``subject``; returns once the broker holds it."""
+                      headers: Mapping[str, str] | None = None, *,
+                      msg_id: str | None = None) -> None:
+        """Publish ``data`` to ``subject``; returns once the broker holds it. With a
+        ``msg_id``, a repeat of the same id within the dedupe window is dropped."""
 
     @abstractmethod
     async def subscribe(self, subject: str, queue: str, handler: Handler,
@@ -121,6 +136,19 @@ class Broker(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Stop every subscription and release the broker's resources."""
+
+
+def default_dead_letter_subject(filter_tokens: list[str], queue: str) -> str:
+    """``<namespace>.deadletter.<queue>``, or ``deadletter.<queue>`` when the filter
+    starts with a wildcard."""
+    head = filter_tokens[0]
+    return f"deadletter.{queue}" if head in ("*", ">") else f"{head}.deadletter.{queue}"
+
+
+def check_msg_id(msg_id: str | None) -> None:
+    if msg_id is not None and (type(msg_id) is not str or not msg_id or len(msg_id) > 256):
+        raise InvalidArgumentError(f"msg_id must be a non-empty str of at most 256 "
+                                   f"characters, got {msg_id!r}")
 
 
 def check_subject(subject: str, *, pattern: bool) -> list[str]:

@@ -12,7 +12,7 @@ import contextlib
 import heapq
 import itertools
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 
 from meshpoint.broker.base import (
@@ -25,7 +25,9 @@ from meshpoint.broker.base import (
     Handler,
     Message,
     Subscription,
+    check_msg_id,
     check_subject,
+    default_dead_letter_subject,
     subject_matches,
 )
 from meshpoint.errors import BrokerClosedError, InvalidArgumentError
@@ -90,7 +92,8 @@ class _Queue:
         self.name = name
         self.filter_tokens = filter_tokens
         self.options = options
-        self.dead_letter_subject = options.dead_letter_subject or f"deadletter.{name}"
+        self.dead_letter_subject = (options.dead_letter_subject
+                                    or default_dead_letter_subject(filter_tokens, name))
         self.ready: asyncio.Queue[_Entry] = asyncio.Queue()
         self.pending: list[tuple[float, int, _Delivery]] = []  # a heap by deadline
         #: Settled deliveries still in the heap; compacted away once they dominate,
@@ -175,6 +178,14 @@ class _Member(Subscription):
         finally:
             self.slots.release()
 
+    async def drain(self, timeout_s: float) -> None:
+        self.loop_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.loop_task
+        if self.in_flight:
+            await asyncio.wait(set(self.in_flight), timeout=timeout_s)
+        await self.stop()
+
     async def stop(self) -> None:
         tasks = [self.loop_task, *self.in_flight]
         for task in tasks:
@@ -191,25 +202,48 @@ class _Member(Subscription):
 
 class InProcessBroker(Broker):
     """A broker inside one process. Messages published to subjects that no queue
-    matches are held (up to ``max_unrouted``) for the first queue that will."""
+    matches are held (up to ``max_unrouted``) for the first durable queue that will.
+    Publishes with a ``msg_id`` seen in the last ``dedupe_window_s`` are dropped."""
 
-    def __init__(self, *, max_unrouted: int = 100_000) -> None:
+    def __init__(self, *, max_unrouted: int = 100_000, dedupe_window_s: float = 120.0
+                 ) -> None:
         self.queues: dict[str, _Queue] = {}
         self.members: set[_Member] = set()
         self.unrouted: deque[Message] = deque()
         self.max_unrouted = max_unrouted
         self.sequence = itertools.count()
+        self.dedupe_window_s = dedupe_window_s
+        #: msg_id -> when it was published, oldest first.
+        self.recent_ids: OrderedDict[str, float] = OrderedDict()
         self.closed = False
         self._reaper: asyncio.Task[None] | None = None
 
     async def publish(self, subject: str, data: bytes,
-                      headers: Mapping[str, str] | None = None) -> None:
+                      headers: Mapping[str, str] | None = None, *,
+                      msg_id: str | None = None) -> None:
         if self.closed:
             raise BrokerClosedError("the broker is closed")
         check_subject(subject, pattern=False)
+        check_msg_id(msg_id)
         if type(data) is not bytes:
             raise InvalidArgumentError(f"data must be bytes, got {type(data).__name__}")
+        if msg_id is not None and self._seen(msg_id):
+            return
         self.route(Message(subject, data, dict(headers or {})))
+
+    def _seen(self, msg_id: str) -> bool:
+        """Whether ``msg_id`` was published within the window (and remember it)."""
+        now = asyncio.get_running_loop().time()
+        recent = self.recent_ids
+        while recent:
+            oldest, at = next(iter(recent.items()))
+            if now - at <= self.dedupe_window_s:
+                break
+            del recent[oldest]
+        if msg_id in recent:
+            return True
+        recent[msg_id] = now
+        return False
 
     def route(self, message: Message) -> None:
         tokens = message.subject.split(".")
@@ -235,7 +269,9 @@ class InProcessBroker(Broker):
         if existing is None:
             existing = _Queue(self, queue, tokens, options or ConsumerOptions())
             self.queues[queue] = existing
-            held = [m for m in self.unrouted if subject_matches(tokens, m.subject.split("."))]
+            # An ephemeral queue starts with what is published from now on.
+            held = [] if existing.options.ephemeral else [
+                m for m in self.unrouted if subject_matches(tokens, m.subject.split("."))]
             for message in held:
                 self.unrouted.remove(message)
                 existing.ready.put_nowait(_Entry(message))

@@ -420,12 +420,16 @@ class TurnRunner:
         reply_to = ctx.a2a_context.get("reply_to")
         if not reply_to:
             return
+        # One final answer per task: a turn re-run after a take-over (the first run
+        # answered, then died before its cleanup) publishes the same msg_id, which the
+        # broker drops within its dedupe window.
         await self.broker.publish(reply_to, wire.final_task(
             ctx.a2a_context.get("request_id") or ctx.task_id, ctx.task_id,
             ctx.a2a_context.get("context_id") or ctx.task_id, state, text,
             ctx.produced_artifacts, {"token_usage": ctx.token_usage.to_dict(),
                                      "agent": self.agent.name,
-                                     "instance": self.instance_id}))
+                                     "instance": self.instance_id}),
+            msg_id=wire.answer_msg_id(ctx.task_id))
 
 
 def inject_results(ctx: TaskExecutionContext) -> None:

@@ -49,6 +49,11 @@ def client_prefix(ns: str, client_id: str) -> str:
     return f"{ns}.a2a.v1.client.{client_id}"
 
 
+def answer_msg_id(task_id: str) -> str:
+    """The dedupe id of a task's final answer: the same for every run of the task."""
+    return f"answer.{task_id}"
+
+
 def new_id() -> str:
     """A fresh id that is also a valid subject token."""
     return uuid.uuid4().hex

@@ -1,0 +1,480 @@
+"""``NatsBroker``: the broker contract of :mod:`meshpoint.broker.base` on NATS JetStream.
+
+How the contract maps onto JetStream:
+
+* **Streams per namespace.** A subject's first token is its namespace; the first
+  publish or subscribe under a namespace creates the stream ``<prefix><namespace>``
+  capturing ``<namespace>.>`` (file storage, limits retention bounded by
+  ``max_age_s``, a dedupe window of ``dedupe_window_s``). Several brokers, processes
+  and hosts share it.
+* **A queue is a pull consumer** on that stream, named after the queue, filtered by
+  the subscription's subject, with explicit acks and the queue's ``ack_wait_s``.
+  A durable queue is a durable consumer (delivering from the start of the stream, so
+  messages published before its first member wait for it); the members of a queue,
+  in any process, pull from the same consumer and so compete. An ephemeral queue is
+  a named consumer that starts at new messages, is deleted when its last member in
+  this process stops, and by the server after ``ephemeral_inactive_s`` without pulls
+  (its process died).
+* **max_deliver** is enforced here, not by the server: the consumer redelivers without
+  limit and a member that receives delivery ``max_deliver + 1`` dead-letters it (the
+  handler saw exactly ``max_deliver``). The server alone would drop the message with
+  only an advisory; this way the message itself reaches the dead-letter subject.
+* **Settlements** are JetStream acks (``+ACK``, ``-NAK`` with a delay, ``+WPI``,
+  ``+TERM``). A settlement that cannot be sent (the connection is down) is logged and
+  dropped: the message comes back after its ack wait, as after a lost ack.
+* **Restarts.** The client reconnects forever; a publish retries (with the same
+  ``Nats-Msg-Id``, so a retry is never stored twice) until ``publish_timeout_s``;
+  members keep pulling through the outage. Streams and consumers are on disk, so a
+  restarted server loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+
+from meshpoint.broker.base import (
+    DEAD_LETTER_DELIVERIES,
+    DEAD_LETTER_REASON,
+    DEAD_LETTER_SUBJECT,
+    Broker,
+    ConsumerOptions,
+    Delivery,
+    Handler,
+    Message,
+    Subscription,
+    check_msg_id,
+    check_subject,
+    default_dead_letter_subject,
+)
+from meshpoint.errors import BrokerClosedError, BrokerError, InvalidArgumentError
+
+logger = logging.getLogger("meshpoint.broker.nats")
+
+#: Errors that mean "NATS is not reachable right now": retry, do not give up.
+_TRANSIENT = (asyncio.TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
+              nats.errors.ConnectionReconnectingError, nats.errors.StaleConnectionError,
+              nats.errors.OutboundBufferLimitError, nats.errors.NoRespondersError,
+              nats.js.errors.ServiceUnavailableError, nats.js.errors.NoStreamResponseError,
+              OSError)
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def safe_name(name: str) -> str:
+    """A stream or consumer name for ``name``: kept as is when NATS accepts it, else
+    its unsafe characters replaced and a hash of the original appended (no clashes)."""
+    cleaned = _UNSAFE_NAME.sub("_", name)
+    if cleaned == name and len(name) <= 64:
+        return name
+    return f"{cleaned[:48]}_{hashlib.sha256(name.encode()).hexdigest()[:12]}"
+
+
+class NatsBroker(Broker):
+    """The broker on a NATS server with JetStream; create it with :meth:`connect`."""
+
+    def __init__(self, nc: NatsClient, url: str, *, stream_prefix: str = "MESHPOINT_",
+                 max_age_s: float = 7 * 86400.0, dedupe_window_s: float = 120.0,
+                 publish_timeout_s: float = 30.0, pull_expires_s: float = 1.0,
+                 ephemeral_inactive_s: float = 60.0) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream(timeout=5.0)
+        self.url = url
+        self.stream_prefix = stream_prefix
+        self.max_age_s = max_age_s
+        self.dedupe_window_s = dedupe_window_s
+        self.publish_timeout_s = publish_timeout_s
+        self.pull_expires_s = pull_expires_s
+        self.ephemeral_inactive_s = ephemeral_inactive_s
+        self.closed = False
+        self._streams: set[str] = set()
+        self._stream_lock = asyncio.Lock()
+        #: (stream, consumer) -> members of that queue in this process.
+        self._members: dict[tuple[str, str], set[_Member]] = {}
+
+    @classmethod
+    async def connect(cls, url: str = "nats://127.0.0.1:4222", *,
+                      connect_timeout_s: float = 10.0, name: str | None = None,
+                      **options: Any) -> NatsBroker:
+        """Connect to the NATS server at ``url`` (reconnecting forever afterwards).
+        Raises :class:`BrokerError` if it cannot be reached within
+        ``connect_timeout_s``; ``options`` are those of :class:`NatsBroker`."""
+        nc = NatsClient()
+
+        async def quiet(_error: Exception) -> None:  # reconnects are logged below
+            return None
+
+        async def disconnected() -> None:
+            logger.warning("NATS connection to %s lost; reconnecting", url)
+
+        async def reconnected() -> None:
+            logger.warning("NATS connection to %s re-established", url)
+
+        try:
+            await asyncio.wait_for(nc.connect(
+                servers=[url], name=name or "meshpoint", max_reconnect_attempts=-1,
+                reconnect_time_wait=0.25, connect_timeout=2, error_cb=quiet,
+                disconnected_cb=disconnected, reconnected_cb=reconnected,
+                allow_reconnect=True), connect_timeout_s)
+        except (asyncio.TimeoutError, OSError, nats.errors.Error) as error:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            raise BrokerError(
+                f"cannot reach NATS at {url} within {connect_timeout_s:g}s ({error!r}); "
+                f"start nats-server with JetStream (-js) or fix the broker URL") from None
+        broker = cls(nc, url, **options)
+        try:
+            await broker.js.account_info()
+        except nats.errors.Error as error:
+            await nc.close()
+            raise BrokerError(f"NATS at {url} has no JetStream ({error}); start nats-server "
+                              f"with -js") from None
+        return broker
+
+    # -- streams and consumers -----------------------------------------------------------
+
+    def stream_name(self, namespace: str) -> str:
+        return safe_name(f"{self.stream_prefix}{namespace}")
+
+    async def _ensure_stream(self, namespace: str) -> str:
+        name = self.stream_name(namespace)
+        if name in self._streams:
+            return name
+        async with self._stream_lock:
+            if name not in self._streams:
+                config = StreamConfig(
+                    name=name, subjects=[f"{namespace}.>"], retention=RetentionPolicy.LIMITS,
+                    storage=StorageType.FILE, max_age=self.max_age_s,
+                    duplicate_window=self.dedupe_window_s, discard=DiscardPolicy.OLD)
+                try:
+                    await self.js.add_stream(config)
+                except nats.js.errors.BadRequestError:
+                    # It exists with other limits (set by an operator): use it as it is,
+                    # if it captures the namespace.
+                    info = await self.js.stream_info(name)
+                    if f"{namespace}.>" not in (info.config.subjects or []):
+                        raise BrokerError(
+                            f"NATS stream {name} exists but does not capture "
+                            f"{namespace}.>; delete it or use another stream_prefix") from None
+                self._streams.add(name)
+        return name
+
+    async def _ensure_consumer(self, stream: str, consumer: str, subject: str,
+                               options: ConsumerOptions) -> None:
+        try:
+            info = await self.js.consumer_info(stream, consumer)
+        except nats.js.errors.NotFoundError:
+            info = None
+        if info is not None:
+            if info.config.filter_subject != subject:
+                raise InvalidArgumentError(
+                    f"queue {consumer!r} filters {info.config.filter_subject!r}; it cannot "
+                    f"also take {subject!r} (use another queue name)")
+            return
+        await self.js.add_consumer(stream, ConsumerConfig(
+            name=consumer, durable_name=None if options.ephemeral else consumer,
+            deliver_policy=DeliverPolicy.NEW if options.ephemeral else DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT, ack_wait=options.ack_wait_s, max_deliver=-1,
+            filter_subject=subject, max_ack_pending=max(1000, 64 * options.max_in_flight),
+            inactive_threshold=self.ephemeral_inactive_s if options.ephemeral else None))
+
+    async def delete_namespace(self, namespace: str) -> None:
+        """Delete a namespace's stream, with every message and queue in it."""
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await self.js.delete_stream(self.stream_name(namespace))
+        self._streams.discard(self.stream_name(namespace))
+
+    async def subject_counts(self, namespace: str, subjects: str = ">") -> dict[str, int]:
+        """Messages held in a namespace's stream, by subject (matching ``subjects``)."""
+        stream = self.stream_name(namespace)
+        info = await self.js.stream_info(stream, subjects_filter=f"{namespace}.{subjects}")
+        return dict(info.state.subjects or {})
+
+    # -- the contract --------------------------------------------------------------------
+
+    async def publish(self, subject: str, data: bytes,
+                      headers: Mapping[str, str] | None = None, *,
+                      msg_id: str | None = None) -> None:
+        self._check_open()
+        tokens = check_subject(subject, pattern=False)
+        check_msg_id(msg_id)
+        if type(data) is not bytes:
+            raise InvalidArgumentError(f"data must be bytes, got {type(data).__name__}")
+        sent = {**(headers or {}), "Nats-Msg-Id": msg_id or uuid.uuid4().hex}
+        await self._retrying(f"publish to {subject}", lambda: self._publish_once(
+            tokens[0], subject, data, sent))
+
+    async def _publish_once(self, namespace: str, subject: str, data: bytes,
+                            headers: dict[str, str]) -> None:
+        stream = await self._ensure_stream(namespace)
+        try:
+            await self.js.publish(subject, data, headers=headers, timeout=2.0)
+        except nats.js.errors.NoStreamResponseError:
+            self._streams.discard(stream)  # deleted under us: create it again
+            raise
+
+    async def _retrying(self, doing: str, attempt: Callable[[], Awaitable[None]]) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.publish_timeout_s
+        pause = 0.05
+        while True:
+            self._check_open()
+            try:
+                await attempt()
+                return
+            except _TRANSIENT as error:
+                if loop.time() + pause > deadline:
+                    raise BrokerError(f"NATS at {self.url}: could not {doing} within "
+                                      f"{self.publish_timeout_s:g}s ({error!r})") from None
+                await asyncio.sleep(pause)
+                pause = min(1.0, pause * 2)
+            except nats.js.errors.APIError as error:
+                raise BrokerError(f"NATS at {self.url}: could not {doing}: {error}") from None
+
+    async def subscribe(self, subject: str, queue: str, handler: Handler,
+                        options: ConsumerOptions | None = None) -> Subscription:
+        self._check_open()
+        tokens = check_subject(subject, pattern=True)
+        check_subject(queue, pattern=False)
+        if tokens[0] in ("*", ">"):
+            raise InvalidArgumentError(
+                f"subject {subject!r}: NatsBroker needs a literal first token (the "
+                f"namespace, which names the stream)")
+        options = options or ConsumerOptions()
+        stream = await self._ensure_stream(tokens[0])
+        consumer = safe_name(queue)
+        await self._ensure_consumer(stream, consumer, subject, options)
+        dead_letter = options.dead_letter_subject or default_dead_letter_subject(tokens, queue)
+        member = _Member(self, stream, consumer, subject, handler, options, dead_letter)
+        await member.start()
+        self._members.setdefault((stream, consumer), set()).add(member)
+        return member
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        for members in list(self._members.values()):
+            for member in list(members):
+                await member.stop()
+        self.closed = True
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+        with contextlib.suppress(Exception):
+            await self.nc.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise BrokerClosedError("the broker is closed")
+
+    async def _left(self, member: _Member) -> None:
+        """A member stopped; delete an ephemeral queue when its last member did."""
+        key = (member.stream, member.consumer)
+        members = self._members.get(key, set())
+        members.discard(member)
+        if not members:
+            self._members.pop(key, None)
+            if member.options.ephemeral and not self.nc.is_closed:
+                with contextlib.suppress(Exception):
+                    await self.js.delete_consumer(member.stream, member.consumer)
+
+
+class _Delivery(Delivery):
+    """A JetStream message in a member's hands."""
+
+    def __init__(self, member: _Member, msg: Msg, count: int) -> None:
+        self._member = member
+        self._msg = msg
+        headers = {k: v for k, v in (msg.headers or {}).items() if not k.startswith("Nats-")}
+        self.message = Message(msg.subject, msg.data, headers)
+        self.delivery_count = count
+        self._deadline = asyncio.get_running_loop().time() + member.options.ack_wait_s
+        self.settled = False
+
+    def _take(self) -> bool:
+        """Settle once; a settlement after the ack wait ran out is ignored (the message
+        may be in another member's hands by now), as in the in-process broker."""
+        if self.settled:
+            return False
+        self.settled = True
+        return asyncio.get_running_loop().time() <= self._deadline
+
+    async def _send(self, what: str, send: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await send()
+        except (*_TRANSIENT, nats.errors.Error) as error:
+            logger.warning("could not %s a message on %s (%r); it comes back after its "
+                           "ack wait", what, self.message.subject, error)
+
+    async def ack(self) -> None:
+        if self._take():
+            await self._send("ack", self._msg.ack)
+
+    async def in_progress(self) -> None:
+        loop = asyncio.get_running_loop()
+        if not self.settled and loop.time() <= self._deadline:
+            self._deadline = loop.time() + self._member.options.ack_wait_s
+            await self._send("extend", self._msg.in_progress)
+
+    async def nak(self, delay_s: float = 0.0) -> None:
+        if delay_s < 0:
+            raise InvalidArgumentError(f"delay_s must be >= 0, got {delay_s!r}")
+        if self._take():
+            await self._send("nak", lambda: self._msg.nak(delay_s or None))
+
+    async def term(self, reason: str) -> None:
+        if self._take():
+            if await self._member.dead_letter(self._msg, f"terminated: {reason}",
+                                              self.delivery_count):
+                await self._send("terminate", self._msg.term)
+            else:
+                await self._send("nak", lambda: self._msg.nak(1.0))
+
+
+class _Member(Subscription):
+    """One member of a queue: pulls one message at a time (as soon as it has a free
+    slot, so a message is never parked in a busy member) and handles up to
+    ``max_in_flight`` at once."""
+
+    def __init__(self, broker: NatsBroker, stream: str, consumer: str, subject: str,
+                 handler: Handler, options: ConsumerOptions, dead_letter_subject: str) -> None:
+        self.broker = broker
+        self.stream = stream
+        self.consumer = consumer
+        self.subject = subject
+        self.handler = handler
+        self.options = options
+        self.dead_letter_subject = dead_letter_subject
+        self.slots = asyncio.Semaphore(options.max_in_flight)
+        self.in_flight: set[asyncio.Task[None]] = set()
+        self.loop_task: asyncio.Task[None] | None = None
+        self.pull: JetStreamContext.PullSubscription | None = None
+        self.stopped = False
+
+    async def start(self) -> None:
+        self.pull = await self.broker.js.pull_subscribe_bind(consumer=self.consumer,
+                                                             stream=self.stream)
+        self.loop_task = asyncio.create_task(self._take(), name=f"member of {self.consumer}")
+
+    async def _take(self) -> None:
+        assert self.pull is not None
+        pause = 0.05
+        while True:
+            await self.slots.acquire()
+            try:
+                msgs = await self.pull.fetch(1, timeout=self.broker.pull_expires_s)
+            except (asyncio.TimeoutError, nats.errors.TimeoutError):
+                self.slots.release()
+                continue
+            except BaseException as error:
+                self.slots.release()
+                if isinstance(error, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+                    raise
+                await self._recover(error, pause)
+                pause = min(2.0, pause * 2)
+                continue
+            pause = 0.05
+            task = asyncio.create_task(self._handle(msgs[0]))
+            self.in_flight.add(task)
+            task.add_done_callback(self.in_flight.discard)
+
+    async def _recover(self, error: BaseException, pause: float) -> None:
+        """A pull failed: wait, and re-create the queue if the server lost it (an
+        ephemeral queue idle too long, or a consumer deleted by an operator)."""
+        logger.debug("pull from %s failed: %r", self.consumer, error)
+        await asyncio.sleep(pause)
+        if isinstance(error, nats.js.errors.APIError) and error.code in (404, 409):
+            with contextlib.suppress(*_TRANSIENT, nats.errors.Error):
+                await self.broker._ensure_consumer(self.stream, self.consumer, self.subject,
+                                                   self.options)
+
+    async def _handle(self, msg: Msg) -> None:
+        try:
+            count = msg.metadata.num_delivered or 1
+            if count > self.options.max_deliver:
+                reason = (f"not acknowledged after {count - 1} deliveries "
+                          f"(max_deliver={self.options.max_deliver})")
+                if await self.dead_letter(msg, reason, count - 1):
+                    with contextlib.suppress(*_TRANSIENT, nats.errors.Error):
+                        await msg.ack()
+                return
+            delivery = _Delivery(self, msg, count)
+            try:
+                await self.handler(delivery)
+            except asyncio.CancelledError:
+                raise  # the member stopped: the message comes back after its ack wait
+            except Exception:
+                logger.exception("handler of queue %s failed on %s", self.consumer,
+                                 msg.subject)
+                if not delivery.settled:
+                    await delivery.nak(min(1.0, 0.05 * count))
+        finally:
+            self.slots.release()
+
+    async def dead_letter(self, msg: Msg, reason: str, deliveries: int) -> bool:
+        """Publish ``msg`` to the dead-letter subject; False if that failed (then the
+        message must stay, to be dead-lettered on a later delivery)."""
+        logger.warning("dead-lettering a message on %s from queue %s: %s", msg.subject,
+                       self.consumer, reason)
+        headers = {k: v for k, v in (msg.headers or {}).items() if not k.startswith("Nats-")}
+        headers.update({DEAD_LETTER_SUBJECT: msg.subject, DEAD_LETTER_REASON: reason,
+                        DEAD_LETTER_DELIVERIES: str(deliveries)})
+        try:
+            await self.broker.publish(
+                self.dead_letter_subject, msg.data, headers,
+                msg_id=f"dead.{self.stream}.{msg.metadata.sequence.stream}")
+        except BrokerError as error:
+            logger.error("could not dead-letter a message on %s: %s", msg.subject, error)
+            return False
+        return True
+
+    async def drain(self, timeout_s: float) -> None:
+        await self._stop_pulling()
+        if self.in_flight:
+            await asyncio.wait(set(self.in_flight), timeout=timeout_s)
+        await self.stop()
+
+    async def _stop_pulling(self) -> None:
+        if self.loop_task is not None:
+            self.loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.loop_task
+        if self.pull is not None:
+            # No interest left in the pull's inbox: the server hands a pending pull
+            # request nothing more.
+            with contextlib.suppress(Exception):
+                await self.pull.unsubscribe()
+            self.pull = None
+
+    async def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        await self._stop_pulling()
+        tasks = list(self.in_flight)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.broker._left(self)

@@ -1,0 +1,67 @@
+"""NatsBroker survives a NATS restart: clients reconnect, publishes made during the
+outage go through once it is back, and nothing published or un-acknowledged is lost.
+
+Runs its own nats-server (a private port and store directory), so restarting it
+disturbs no other test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from meshpoint.broker import ConsumerOptions, Delivery
+from meshpoint.broker.nats import NatsBroker
+from tests.nats_server import PrivateNats
+
+pytestmark = pytest.mark.nats
+
+
+async def test_a_restart_loses_nothing(private_nats: PrivateNats) -> None:
+    broker = await NatsBroker.connect(private_nats.url, pull_expires_s=0.5)
+    seen: list[bytes] = []
+    held: list[Delivery] = []
+
+    async def take(delivery: Delivery) -> None:
+        if delivery.message.data == b"held" and delivery.delivery_count == 1:
+            held.append(delivery)  # in hand, un-acked, when the server goes down
+            return
+        seen.append(delivery.message.data)
+        await delivery.ack()
+
+    try:
+        await broker.subscribe("ns.jobs", "workers", take, ConsumerOptions(ack_wait_s=2))
+        await broker.publish("ns.jobs", b"held")
+        before = [f"before-{n}".encode() for n in range(50)]
+        for data in before:
+            await broker.publish("ns.jobs", data)
+        for _ in range(200):
+            if len(seen) == 50 and held:
+                break
+            await asyncio.sleep(0.02)
+        private_nats.stop()
+        during = [f"during-{n}".encode() for n in range(20)]
+        publishing = asyncio.gather(*(broker.publish("ns.jobs", d) for d in during))
+        await asyncio.sleep(1.0)
+        assert not publishing.done()  # waiting for the server, not failing
+        private_nats.start()
+        await asyncio.wait_for(publishing, 30)
+        expected = Counter([*before, *during, b"held"])
+        for _ in range(1000):
+            if set(seen) >= set(expected):
+                break
+            await asyncio.sleep(0.02)
+        assert set(seen) == set(expected)  # nothing lost, the held message came back
+        assert Counter(seen)[b"held"] >= 1
+    finally:
+        await broker.close()
+
+
+async def test_connecting_to_a_dead_server_fails_clearly(unused_tcp_port: int) -> None:
+    from meshpoint.errors import BrokerError
+
+    with pytest.raises(BrokerError, match=f"cannot reach NATS at nats://127.0.0.1:"
+                                          f"{unused_tcp_port}.*nats-server"):
+        await NatsBroker.connect(f"nats://127.0.0.1:{unused_tcp_port}", connect_timeout_s=1)

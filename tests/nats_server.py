@@ -1,0 +1,55 @@
+"""A private nats-server for tests that restart NATS or must not share it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def nats_server_binary() -> str | None:
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    return "/usr/sbin/nats-server" if os.access("/usr/sbin/nats-server", os.X_OK) else None
+
+
+class PrivateNats:
+    """nats-server with JetStream on a free port, storing under ``store_dir``; it can
+    be stopped and started again on the same port and store."""
+
+    def __init__(self, binary: str, store_dir: Path) -> None:
+        self.binary = binary
+        self.store_dir = store_dir
+        self.port = free_port()
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd",
+             str(self.store_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"nats-server did not start on port {self.port}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(15)
+        self.process = None
