@@ -1,9 +1,11 @@
-"""The ``meshpoint`` command line: ``demo``, ``migrate`` and ``stats``."""
+"""The ``meshpoint`` command line: ``demo``, ``serve``, ``submit``, ``migrate``, ``stats``."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
+from meshpoint import a2a
 from meshpoint.errors import MeshpointError
 
 app = typer.Typer(help="meshpoint: AI agents that are stateless while they wait.",
@@ -24,6 +27,8 @@ UrlOption = Annotated[str, typer.Option("--url", envvar="MESHPOINT_STORE_URL",
                                         help="Store URL (sqlite:///file.db or "
                                              "postgresql+asyncpg://user@host/db).")]
 TenantOption = Annotated[str, typer.Option("--tenant", help="Tenant id.")]
+ConfigOption = Annotated[Path, typer.Option("--config", "-c", envvar="MESHPOINT_CONFIG",
+                                            help="The mesh config (YAML).")]
 
 
 def _fail(error: MeshpointError) -> typer.Exit:
@@ -107,12 +112,25 @@ def _demo_table(figures: dict[str, Any], db: Path) -> None:
 
 
 @app.command()
-def migrate(url: UrlOption) -> None:
+def migrate(
+    url: Annotated[str | None, typer.Option(
+        "--url", envvar="MESHPOINT_STORE_URL", help="Store URL (sqlite:///file.db or "
+        "postgresql+asyncpg://user@host/db).")] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="Take the store from this mesh config instead.")] = None,
+) -> None:
     """Bring a database's schema up to date (safe to run from many hosts at once)."""
+    from meshpoint.config import load_config
     from meshpoint.store import open_store
 
     async def run() -> None:
-        store = await open_store(url)
+        if config is not None:
+            mesh = load_config(config)
+            store = await open_store(mesh.store.url, schema=mesh.store.schema_name)
+        elif url is not None:
+            store = await open_store(url)
+        else:
+            raise typer.BadParameter("give --url (or MESHPOINT_STORE_URL) or --config")
         await store.close()
 
     try:
@@ -120,6 +138,69 @@ def migrate(url: UrlOption) -> None:
     except MeshpointError as error:
         raise _fail(error) from None
     console.print("schema is up to date")
+
+
+@app.command()
+def serve(
+    config: ConfigOption,
+    agent: Annotated[str, typer.Option("--agent", "-a", help="The agent to serve.")],
+    instance_id: Annotated[str | None, typer.Option(
+        "--instance-id", help="This instance's id (default: agent name + random).")] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Run one instance of AGENT until SIGTERM/SIGINT; then stop taking work, let the
+    work in hand checkpoint or finish, and exit 0."""
+    from meshpoint.config import load_config
+    from meshpoint.serve import print_ready
+    from meshpoint.serve import serve as run_serve
+
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        mesh = load_config(config)
+        mesh.agent_config(agent)
+        asyncio.run(run_serve(mesh, agent, instance_id=instance_id, on_ready=print_ready))
+    except MeshpointError as error:
+        raise _fail(error) from None
+
+
+@app.command()
+def submit(
+    config: ConfigOption,
+    agent: Annotated[str, typer.Argument(help="The agent to ask.")],
+    text: Annotated[str, typer.Argument(help="The task, in words.")],
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait.")] = 120.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the A2A Task.")] = False,
+) -> None:
+    """Send TEXT to AGENT and print its answer (exit 1 unless it completed)."""
+    from meshpoint.config import load_config
+    from meshpoint.serve import submit as run_submit
+
+    try:
+        task = asyncio.run(run_submit(load_config(config), agent, text, timeout_s=timeout))
+    except MeshpointError as error:
+        raise _fail(error) from None
+    except TimeoutError:
+        err.print(f"[red]error:[/red] no answer from {agent} within {timeout:g}s; is a "
+                  f"`meshpoint serve --agent {agent}` running on this config?")
+        raise typer.Exit(code=1) from None
+    if as_json:
+        print(task.model_dump_json(by_alias=True, exclude_none=True))
+    else:
+        print(answer_text(task))
+    if task.status.state != a2a.TaskState.COMPLETED:
+        err.print(f"[red]the task ended {task.status.state.value}[/red]")
+        raise typer.Exit(code=1)
+
+
+def answer_text(task: a2a.Task) -> str:
+    """The words of an answer: the text of its final status message."""
+    message = task.status.message
+    return "\n".join(part.text for part in (message.parts if message else [])
+                     if isinstance(part, a2a.TextPart))
 
 
 @app.command()

@@ -95,7 +95,8 @@ async def test_a_queue_delivers_each_message_to_exactly_one_member(broker: Broke
     assert sum(1 for m in members if m.seen) >= 2  # the work is shared
 
 
-async def test_each_queue_gets_its_own_copy_and_filters_match_like_nats(broker: Broker, ns: str) -> None:
+async def test_each_queue_gets_its_own_copy_and_filters_match_like_nats(
+        broker: Broker, ns: str) -> None:
     exact, star, tail = Recorder(), Recorder(), Recorder()
     await broker.subscribe(f"{ns}.response.coordinator.s1", "exact", exact)
     await broker.subscribe(f"{ns}.response.*.s1", "star", star)
@@ -110,7 +111,8 @@ async def test_each_queue_gets_its_own_copy_and_filters_match_like_nats(broker: 
     assert sorted(tail.payloads) == [b"1", b"2", b"3"]
 
 
-async def test_an_unacknowledged_delivery_comes_back_after_ack_wait(broker: Broker, ns: str) -> None:
+async def test_an_unacknowledged_delivery_comes_back_after_ack_wait(
+        broker: Broker, ns: str) -> None:
     first = Recorder(settle="none")
     await broker.subscribe(f"{ns}.a", "q", first, FAST)
     await broker.publish(f"{ns}.a", b"x")
@@ -137,7 +139,8 @@ async def test_nak_redelivers_after_its_delay(broker: Broker, ns: str) -> None:
     assert len(seen) == 2
 
 
-async def test_term_dead_letters_with_its_reason_and_never_redelivers(broker: Broker, ns: str) -> None:
+async def test_term_dead_letters_with_its_reason_and_never_redelivers(
+        broker: Broker, ns: str) -> None:
     poison, dead = Recorder(settle="term"), []
 
     async def dead_letters(delivery: Delivery) -> None:
@@ -176,7 +179,8 @@ async def test_a_failing_handler_has_its_delivery_redelivered(broker: Broker, ns
     assert [n for _, n, _ in buggy.seen] == [1, 2, 3]
 
 
-async def test_a_member_that_goes_away_without_acking_loses_nothing(broker: Broker, ns: str) -> None:
+async def test_a_member_that_goes_away_without_acking_loses_nothing(
+        broker: Broker, ns: str) -> None:
     gone, survivor = Recorder(settle="none"), Recorder()
     subscription = await broker.subscribe(f"{ns}.a", "q", gone, FAST)
     await broker.publish(f"{ns}.a", b"x")
@@ -187,7 +191,8 @@ async def test_a_member_that_goes_away_without_acking_loses_nothing(broker: Brok
     assert survivor.seen[0][:2] == (b"x", 2)
 
 
-async def test_a_queue_outlives_its_members_and_early_messages_wait(broker: Broker, ns: str) -> None:
+async def test_a_queue_outlives_its_members_and_early_messages_wait(
+        broker: Broker, ns: str) -> None:
     await broker.publish(f"{ns}.req.peer", b"before any instance started")
     first = Recorder()
     subscription = await broker.subscribe(f"{ns}.req.peer", "peer", first)

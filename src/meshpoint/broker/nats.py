@@ -108,6 +108,7 @@ class NatsBroker(Broker):
         self.pull_expires_s = pull_expires_s
         self.ephemeral_inactive_s = ephemeral_inactive_s
         self.closed = False
+        self._closing: list[bool] = []
         self._streams: set[str] = set()
         self._stream_lock = asyncio.Lock()
         #: (stream, consumer) -> members of that queue in this process.
@@ -121,29 +122,33 @@ class NatsBroker(Broker):
         Raises :class:`BrokerError` if it cannot be reached within
         ``connect_timeout_s``; ``options`` are those of :class:`NatsBroker`."""
         nc = NatsClient()
+        closing: list[bool] = []  # set once close() begins: disconnects are expected
 
         async def quiet(_error: Exception) -> None:  # reconnects are logged below
             return None
 
         async def disconnected() -> None:
-            logger.warning("NATS connection to %s lost; reconnecting", url)
+            if not closing and not nc.is_closed:
+                logger.warning("NATS connection to %s lost; reconnecting", url)
 
         async def reconnected() -> None:
             logger.warning("NATS connection to %s re-established", url)
 
         try:
-            await asyncio.wait_for(nc.connect(
-                servers=[url], name=name or "meshpoint", max_reconnect_attempts=-1,
-                reconnect_time_wait=0.25, connect_timeout=2, error_cb=quiet,
-                disconnected_cb=disconnected, reconnected_cb=reconnected,
-                allow_reconnect=True), connect_timeout_s)
-        except (asyncio.TimeoutError, OSError, nats.errors.Error) as error:
+            settings: dict[str, Any] = {
+                "servers": [url], "name": name or "meshpoint", "max_reconnect_attempts": -1,
+                "reconnect_time_wait": 0.25, "connect_timeout": 2, "error_cb": quiet,
+                "disconnected_cb": disconnected, "reconnected_cb": reconnected,
+                "allow_reconnect": True}
+            await asyncio.wait_for(nc.connect(**settings), connect_timeout_s)
+        except (TimeoutError, OSError, nats.errors.Error) as error:
             with contextlib.suppress(Exception):
                 await nc.close()
             raise BrokerError(
                 f"cannot reach NATS at {url} within {connect_timeout_s:g}s ({error!r}); "
                 f"start nats-server with JetStream (-js) or fix the broker URL") from None
         broker = cls(nc, url, **options)
+        broker._closing = closing
         try:
             await broker.js.account_info()
         except nats.errors.Error as error:
@@ -274,6 +279,7 @@ class NatsBroker(Broker):
     async def close(self) -> None:
         if self.closed:
             return
+        self._closing.append(True)
         for members in list(self._members.values()):
             for member in list(members):
                 await member.stop()
@@ -383,7 +389,7 @@ class _Member(Subscription):
             await self.slots.acquire()
             try:
                 msgs = await self.pull.fetch(1, timeout=self.broker.pull_expires_s)
-            except (asyncio.TimeoutError, nats.errors.TimeoutError):
+            except (TimeoutError, nats.errors.TimeoutError):
                 self.slots.release()
                 continue
             except BaseException as error:

@@ -68,6 +68,8 @@ class AgentInstance(TurnRunner):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._attempt = 0
         self.running = False
+        #: Set by drain(): take no new work, let the work in hand finish.
+        self.draining = False
 
     def __repr__(self) -> str:
         return f"AgentInstance({self.instance_id!r}, active={len(self.active)})"
@@ -96,13 +98,35 @@ class AgentInstance(TurnRunner):
         ):
             self._subscriptions.append(
                 await self.broker.subscribe(subject, queue, handler, options))
-        self.spawn(self._forever("keeper", self._keep, self._keeper_period()))
+        self.spawn(self._forever("keeper", self._keep, self._keeper_period(),
+                                 while_draining=True))
         if self.agent.peers:
             # Only an agent that calls peers ever pauses: the others have no deadlines
             # to sweep and no leases to recover, and spare the database the polling.
             self.spawn(self._forever("sweeper", self._sweep, self.options.sweep_interval_s))
             self.spawn(self._forever("recovery", self._recover,
                                      self.options.recovery_interval_s))
+
+    async def drain(self, timeout_s: float = 20.0) -> None:
+        """Stop gracefully (SIGTERM): take no new tasks, answers or recoveries; let the
+        work in hand reach its pause boundary (checkpointed) or its end, for up to
+        ``timeout_s``; then stop. Tasks waiting in this instance's memory keep their
+        inbox until they end or time runs out. Whatever is still in hand then is
+        recovered elsewhere, as after a crash (un-acked messages, expiring leases)."""
+        if not self.running:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        self.draining = True
+        # The first three are new work (requests, answers, status); the inbox and the
+        # control subject serve the tasks in hand until the end.
+        new_work, self._subscriptions = self._subscriptions[:3], self._subscriptions[3:]
+        await asyncio.gather(*(s.drain(timeout_s) for s in new_work))
+        while loop.time() < deadline and (self.active or len(self._tasks) > 1):
+            await asyncio.sleep(0.02)  # the keeper is the one task left when idle
+        left = len(self.active)
+        await self._halt()
+        logger.info("%s: drained (%d task(s) left to recovery)", self.instance_id, left)
 
     async def stop(self) -> None:
         """Leave the queues and stop the loops. Tasks still in hand are not lost:
@@ -355,11 +379,15 @@ class AgentInstance(TurnRunner):
 
     # -- loops ----------------------------------------------------------------------------
 
-    async def _forever(self, name: str, step: Any, period_s: float) -> None:
-        """Run ``step`` every ``period_s`` until the instance stops. A failing step is
-        logged and retried next period: a loop must never die of one bad row."""
-        while self.running:
+    async def _forever(self, name: str, step: Any, period_s: float, *,
+                       while_draining: bool = False) -> None:
+        """Run ``step`` every ``period_s`` until the instance stops (or drains, unless
+        ``while_draining``). A failing step is logged and retried next period: a loop
+        must never die of one bad row."""
+        while self.running and (while_draining or not self.draining):
             await asyncio.sleep(period_s)
+            if self.draining and not while_draining:
+                return
             try:
                 await step()
             except StoreError as error:

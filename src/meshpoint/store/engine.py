@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import re
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -279,9 +280,21 @@ def _run_alembic(sync_conn: Connection, direction: str, revision: str) -> None:
 
     if sync_conn.dialect.name == "postgresql":
         sync_conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK})")
+        if direction == "upgrade":
+            _create_selected_schema(sync_conn)
     config = alembic_config()
     config.attributes["connection"] = sync_conn
     getattr(command, direction)(config, revision)
+
+
+def _create_selected_schema(sync_conn: Connection) -> None:
+    """Create the schema ``schema=`` selected (the search_path) if it does not exist
+    yet, so a fresh database needs no manual step."""
+    if sync_conn.exec_driver_sql("SELECT current_schema()").scalar() is not None:
+        return
+    path = str(sync_conn.exec_driver_sql("SHOW search_path").scalar() or "")
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", path):
+        sync_conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{path}"')
 
 
 def _current_revision(sync_conn: Connection) -> str | None:

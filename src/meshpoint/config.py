@@ -1,0 +1,321 @@
+"""The mesh config file: one YAML document for every process of a deployment.
+
+It names the namespace, where checkpoints live (``store``), how messages travel
+(``broker``), the runtime's timings and each agent with its model, peers and
+tools. ``meshpoint serve``, ``submit`` and ``migrate`` read it; so can code::
+
+    config = load_config("mesh.yaml")
+    agent = config.build_agent("coordinator")
+
+Strings may use ``${VAR}`` or ``${VAR:-default}`` to read the environment (secrets,
+per-host URLs). Every mistake is reported with the file, the key (as a dotted path
+such as ``agents.coordinator.peers.0.timeout_s``) and what was expected.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from meshpoint.errors import ConfigurationError, MeshpointError
+from meshpoint.llm.base import Model
+from meshpoint.runtime.agent import Agent, LocalTool, Peer, RuntimeOptions
+
+_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StoreConfig(_Strict):
+    """Where tasks are checkpointed."""
+
+    #: ``sqlite:///path.db`` or ``postgresql+asyncpg://user@host:5432/db``.
+    url: str
+    #: A PostgreSQL schema (search_path) to keep meshpoint's tables in.
+    schema_name: str | None = Field(default=None, alias="schema")
+    tenant: str = "default"
+    #: Bring the schema up to date when a process starts (safe from many at once).
+    migrate: bool = True
+    pool_size: int = Field(default=5, ge=1)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class BrokerConfig(_Strict):
+    """How messages travel. ``memory://`` only reaches agents in the same process."""
+
+    #: ``nats://host:4222`` (NATS with JetStream) or ``memory://``.
+    url: str = "nats://127.0.0.1:4222"
+    stream_prefix: str = "MESHPOINT_"
+    #: How long a NATS stream keeps messages (acknowledged or not).
+    max_age_s: float = Field(default=7 * 86400.0, gt=0)
+    #: Window in which a repeated final answer is dropped (exactly-once answers).
+    dedupe_window_s: float = Field(default=120.0, gt=0)
+    #: How long a publish keeps retrying while NATS is unreachable.
+    publish_timeout_s: float = Field(default=30.0, gt=0)
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+
+
+class RuntimeConfig(_Strict):
+    """Timings of every instance (see :class:`meshpoint.runtime.RuntimeOptions`)."""
+
+    lease_ttl_s: float = Field(default=30.0, gt=0)
+    sweep_interval_s: float = Field(default=1.0, gt=0)
+    recovery_interval_s: float = Field(default=2.0, gt=0)
+    request_ack_wait_s: float = Field(default=60.0, gt=0)
+    response_ack_wait_s: float = Field(default=30.0, gt=0)
+    max_deliver: int = Field(default=5, ge=1)
+    max_in_flight: int = Field(default=16, ge=1)
+    max_message_bytes: int = Field(default=1 << 20, ge=1024)
+    #: On SIGTERM, how long to let the work in hand reach its pause or its end.
+    drain_timeout_s: float = Field(default=20.0, ge=0)
+
+
+class ScriptedModelConfig(_Strict):
+    """The deterministic offline model (plans one peer call per topic of the request)."""
+
+    kind: Literal["scripted"] = "scripted"
+    name: str | None = None
+    persona: str | None = None
+    rounds: int = Field(default=1, ge=1)
+    delay_s: float = Field(default=0.0, ge=0)
+
+
+class OpenAIModelConfig(_Strict):
+    """An OpenAI-compatible chat-completions endpoint."""
+
+    kind: Literal["openai"]
+    #: The model name the endpoint knows (e.g. ``gpt-4o-mini``).
+    name: str
+    base_url: str | None = None
+    #: The environment variable holding the API key (never the key itself).
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=2, ge=0)
+
+
+ModelConfig = Annotated[ScriptedModelConfig | OpenAIModelConfig, Field(discriminator="kind")]
+
+
+class PeerConfig(_Strict):
+    """An agent this agent may call."""
+
+    agent: str = Field(pattern=_NAME)
+    #: Seconds to wait for the answer, counted from the checkpoint (status updates
+    #: restart it).
+    timeout_s: float = Field(default=600.0, gt=0)
+    description: str = ""
+    tool_name: str | None = Field(default=None, pattern=_NAME)
+
+
+class ToolConfig(_Strict):
+    """A local tool: a Python callable named ``package.module:function``."""
+
+    name: str = Field(pattern=_NAME)
+    function: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    description: str = ""
+
+
+class AgentConfig(_Strict):
+    description: str = ""
+    model: ModelConfig = Field(default_factory=ScriptedModelConfig)
+    peers: list[PeerConfig] = Field(default_factory=list)
+    tools: list[ToolConfig] = Field(default_factory=list)
+    stateless_checkpointing: bool = True
+    system_prompt: str | None = None
+    max_turns: int = Field(default=25, ge=1)
+
+
+class MeshConfig(_Strict):
+    """A whole deployment; see the module docstring and ``examples/mesh.yaml``."""
+
+    namespace: str = Field(default="meshpoint", pattern=_NAME)
+    store: StoreConfig
+    broker: BrokerConfig = Field(default_factory=BrokerConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    agents: dict[str, AgentConfig] = Field(min_length=1)
+
+    @field_validator("store", "broker", mode="before")
+    @classmethod
+    def _url_shorthand(cls, value: Any) -> Any:
+        return {"url": value} if isinstance(value, str) else value
+
+    @field_validator("agents")
+    @classmethod
+    def _known_peers(cls, agents: dict[str, AgentConfig]) -> dict[str, AgentConfig]:
+        for name, agent in agents.items():
+            if not re.match(_NAME, name):
+                raise ValueError(f"agent name {name!r} must be 1-64 letters, digits, _ or -")
+            for index, peer in enumerate(agent.peers):
+                if peer.agent not in agents:
+                    raise ValueError(
+                        f"{name}.peers.{index}.agent: {peer.agent!r} is not an agent of this "
+                        f"file (expected one of {sorted(agents)})")
+        return agents
+
+    def runtime_options(self) -> RuntimeOptions:
+        r = self.runtime
+        return RuntimeOptions(
+            namespace=self.namespace, lease_ttl_s=r.lease_ttl_s,
+            sweep_interval_s=r.sweep_interval_s, recovery_interval_s=r.recovery_interval_s,
+            request_ack_wait_s=r.request_ack_wait_s, response_ack_wait_s=r.response_ack_wait_s,
+            max_deliver=r.max_deliver, max_in_flight=r.max_in_flight,
+            max_message_bytes=r.max_message_bytes)
+
+    def agent_config(self, name: str) -> AgentConfig:
+        try:
+            return self.agents[name]
+        except KeyError:
+            raise ConfigurationError(f"no agent {name!r} in the config (it defines: "
+                                     f"{', '.join(sorted(self.agents))})") from None
+
+    def build_agent(self, name: str) -> Agent:
+        """The :class:`Agent` called ``name``, with its model and tools built."""
+        spec = self.agent_config(name)
+        return Agent(
+            name=name, model=_build_model(name, spec.model), description=spec.description,
+            tools=[_build_tool(name, tool) for tool in spec.tools],
+            peers=[Peer(agent=p.agent, timeout_s=p.timeout_s, description=p.description,
+                        tool_name=p.tool_name) for p in spec.peers],
+            stateless_checkpointing=spec.stateless_checkpointing,
+            system_prompt=spec.system_prompt, max_turns=spec.max_turns)
+
+    async def open_store(self) -> Any:
+        from meshpoint.store import open_store
+
+        s = self.store
+        return await open_store(s.url, tenant_id=s.tenant, migrate=s.migrate,
+                                schema=s.schema_name, pool_size=s.pool_size)
+
+    async def open_broker(self) -> Any:
+        from meshpoint.broker import open_broker
+
+        b = self.broker
+        if b.url.startswith(("nats://", "tls://")):
+            return await open_broker(
+                b.url, stream_prefix=b.stream_prefix, max_age_s=b.max_age_s,
+                dedupe_window_s=b.dedupe_window_s, publish_timeout_s=b.publish_timeout_s,
+                connect_timeout_s=b.connect_timeout_s)
+        return await open_broker(b.url, dedupe_window_s=b.dedupe_window_s)
+
+
+def _build_model(agent: str, spec: ScriptedModelConfig | OpenAIModelConfig) -> Model:
+    if isinstance(spec, ScriptedModelConfig):
+        from meshpoint.llm.scripted import ScriptedModel
+
+        return ScriptedModel(spec.name or agent, persona=spec.persona or agent,
+                             rounds=spec.rounds, delay_s=spec.delay_s)
+    from meshpoint.llm.openai import OpenAIModel
+
+    key = os.environ.get(spec.api_key_env)
+    if not key:
+        raise ConfigurationError(f"agents.{agent}.model: the API key variable "
+                                 f"{spec.api_key_env} is not set")
+    return OpenAIModel(spec.name, base_url=spec.base_url, api_key=key,
+                       timeout_s=spec.timeout_s, max_retries=spec.max_retries)
+
+
+def _build_tool(agent: str, spec: ToolConfig) -> LocalTool:
+    module_name, _, attribute = spec.function.partition(":")
+    where = f"agents.{agent}.tools ({spec.name})"
+    try:
+        fn = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise ConfigurationError(f"{where}: cannot import {spec.function!r} ({error})") from None
+    return LocalTool(spec.name, spec.description or (fn.__doc__ or "").strip(), fn)
+
+
+def load_config(path: str | Path) -> MeshConfig:
+    """Read and validate the YAML config at ``path``."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise ConfigurationError(f"cannot read the config {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise ConfigurationError(f"{path}: not valid YAML: {error}") from None
+    if not isinstance(raw, dict):
+        raise ConfigurationError(f"{path}: expected a mapping of keys (namespace, store, "
+                                 f"broker, runtime, agents), got {type(raw).__name__}")
+    try:
+        return MeshConfig.model_validate(_expand_env(raw, ()))
+    except ValidationError as error:
+        problems = [_explain(e) for e in error.errors(include_url=False)]
+        raise ConfigurationError(f"{path}: " + (problems[0] if len(problems) == 1 else (
+            f"{len(problems)} problems:\n  - " + "\n  - ".join(problems)))) from None
+    except MeshpointError as error:
+        raise ConfigurationError(f"{path}: {error}") from None
+
+
+def _expand_env(value: Any, where: tuple[Any, ...]) -> Any:
+    if isinstance(value, dict):
+        return {k: _expand_env(v, (*where, k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, (*where, i)) for i, v in enumerate(value)]
+    if isinstance(value, str):
+        def substitute(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            found = os.environ.get(name, default)
+            if found is None:
+                raise ConfigurationError(
+                    f"{'.'.join(map(str, where))}: environment variable {name} is not set "
+                    f"(write ${{{name}:-default}} for a default)")
+            return found
+
+        return _ENV.sub(substitute, value)
+    return value
+
+
+def _explain(error: Any) -> str:
+    """One pydantic error as ``key.path: what was expected (got ...)``."""
+    loc = [str(part) for part in error["loc"] if part not in ("scripted", "openai")]
+    where = ".".join(loc) or "(top level)"
+    if error["type"] == "extra_forbidden":
+        allowed = _allowed_keys(error["loc"][:-1])
+        hint = f"; expected one of: {', '.join(allowed)}" if allowed else ""
+        return f"{where}: unknown key{hint}"
+    if error["type"] == "missing":
+        return f"{where}: required key is missing"
+    message = error["msg"]
+    if error["type"] == "value_error":
+        message = message.removeprefix("Value error, ")
+    got = error.get("input")
+    shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+    return f"{where}: {message}{shown}"
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the model at ``loc`` accepts (best effort, for the error message)."""
+    model: Any = MeshConfig
+    for part in loc:
+        if part in ("scripted", "openai"):
+            model = ScriptedModelConfig if part == "scripted" else OpenAIModelConfig
+            continue
+        if model is MeshConfig and part == "agents":
+            model = "agents"
+            continue
+        if model == "agents":
+            model = AgentConfig
+            continue
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) else None  # type: ignore[attr-defined]
+        if field is None:
+            return []
+        model = {"store": StoreConfig, "broker": BrokerConfig, "runtime": RuntimeConfig,
+                 "model": "tagged", "peers": PeerConfig, "tools": ToolConfig}.get(part)
+        if model is None:
+            return []
+    if not isinstance(model, type):
+        return []
+    fields: dict[str, Any] = model.model_fields  # type: ignore[attr-defined]
+    return sorted(f.alias or name for name, f in fields.items())
