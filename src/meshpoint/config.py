@@ -78,6 +78,8 @@ class RuntimeConfig(_Strict):
     max_message_bytes: int = Field(default=1 << 20, ge=1024)
     #: On SIGTERM, how long to let the work in hand reach its pause or its end.
     drain_timeout_s: float = Field(default=20.0, ge=0)
+    #: How long ``serve`` retries an unreachable store or broker before giving up.
+    startup_timeout_s: float = Field(default=120.0, ge=0)
 
 
 class ScriptedModelConfig(_Strict):

@@ -33,7 +33,7 @@ from meshpoint.llm.base import ModelResponse, ToolSpec
 from meshpoint.llm.scripted import ScriptedModel
 from meshpoint.runtime import Agent, AgentInstance, Client, Peer, RuntimeOptions
 from meshpoint.runtime.stats import percentile
-from meshpoint.store import SqlStore, open_store
+from meshpoint.store import open_store
 
 PEERS = ("flights", "hotels", "weather")
 
@@ -90,16 +90,6 @@ def _check_replaceable(path: Path) -> None:
         raise ConfigurationError(
             f"{path} exists and is not a meshpoint database (it has {sorted(foreign)}); "
             "the demo recreates its file, so name a new one with --db")
-
-
-async def _count_rows(store: SqlStore) -> int:
-    from meshpoint.store.schema import LIVE_TABLES
-
-    def count(conn: Any) -> int:
-        return sum(conn.exec_driver_sql(f"SELECT count(*) FROM {t.name}").scalar() or 0
-                   for t in LIVE_TABLES)
-
-    return await store.run(count)
 
 
 def _ms(samples: list[float]) -> dict[str, float | None]:
@@ -165,7 +155,7 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
         for instance in every:
             await instance.stop()
         await broker.close()
-        rows_left = await _count_rows(store)
+        rows_left = sum((await store.live_row_counts()).values())
     seconds = time.perf_counter() - started
     coordinators = [i for i in every if i.agent.name == "coordinator"]
 

@@ -13,16 +13,21 @@ un-acked messages are redelivered and its leases expire.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from meshpoint import a2a
 from meshpoint.config import MeshConfig
+from meshpoint.errors import BrokerError, StoreUnavailableError
 from meshpoint.runtime import AgentInstance, Client
 
 logger = logging.getLogger("meshpoint.serve")
+
+T = TypeVar("T")
 
 #: Printed (and flushed) on stdout once the instance takes work; scripts wait for it.
 READY = "meshpoint: ready"
@@ -30,18 +35,27 @@ READY = "meshpoint: ready"
 
 async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None = None,
                 on_ready: Callable[[AgentInstance], None] | None = None) -> None:
-    """Serve ``agent_name`` until SIGTERM/SIGINT, then drain and return."""
+    """Serve ``agent_name`` until SIGTERM/SIGINT, then drain and return.
+
+    A store or broker that is unreachable at start is retried for up to
+    ``runtime.startup_timeout_s`` (hosts restart in any order); a signal meanwhile ends the
+    process cleanly."""
     agent = config.build_agent(agent_name)
-    store = await config.open_store()
+    startup_timeout_s = config.runtime.startup_timeout_s
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    store = await _until_up("the store", config.open_store, stop, startup_timeout_s)
+    if store is None:
+        return
     try:
-        broker = await config.open_broker()
+        broker = await _until_up("the broker", config.open_broker, stop, startup_timeout_s)
+        if broker is None:
+            return
         try:
             instance = AgentInstance(agent, store, broker, instance_id=instance_id,
                                      options=config.runtime_options())
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(signum, stop.set)
             await instance.start()
             logger.info("%s serving agent %s (namespace %s, broker %s)",
                         instance.instance_id, agent_name, config.namespace, config.broker.url)
@@ -55,6 +69,27 @@ async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None 
             await broker.close()
     finally:
         await store.close()
+
+
+async def _until_up(what: str, opener: Callable[[], Awaitable[T]], stop: asyncio.Event,
+                    timeout_s: float) -> T | None:
+    """``opener()``, retried while it fails with a store or broker error; None if a
+    signal came first. The last error is raised once ``timeout_s`` has passed."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    pause = 0.5
+    while True:
+        try:
+            return await opener()
+        except (StoreUnavailableError, BrokerError) as error:
+            if loop.time() + pause > deadline:
+                raise
+            logger.warning("cannot open %s yet (%s); retrying in %.1fs", what, error, pause)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), pause)
+        if stop.is_set():
+            return None
+        pause = min(5.0, pause * 2)
 
 
 async def submit(config: MeshConfig, agent_name: str, text: str, *,

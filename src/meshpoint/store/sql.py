@@ -657,6 +657,18 @@ class SqlStore:
 
         return await self._read("listing deadlines", body)
 
+    async def live_row_counts(self) -> dict[str, int]:
+        """Rows of every live table (paused tasks, their sub-tasks, joins and session
+        events), across tenants. All zero once every task has ended: the check that
+        nothing was left behind."""
+        from meshpoint.store.schema import LIVE_TABLES
+
+        def body(conn: Connection) -> dict[str, int]:
+            return {t.name: int(conn.exec_driver_sql(f"SELECT count(*) FROM {t.name}")
+                                .scalar() or 0) for t in LIVE_TABLES}
+
+        return await self._read("counting live rows", body)
+
     async def stats(self) -> StoreStats:
         """Counts of paused tasks by ``(agent_name, status)``, pending and expired
         sub-tasks, the oldest checkpoint and the next deadline."""

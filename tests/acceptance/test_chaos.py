@@ -1,0 +1,195 @@
+"""Chaos: real ``meshpoint serve`` processes on a real database and NATS, SIGKILLed.
+
+3 coordinator processes and 2 processes for each of 3 peer agents. 300 tasks, each
+fanning out to the 3 peers. Every 2 s a random process gets SIGKILL and is
+restarted. Afterwards:
+
+* every task was answered exactly once, ``completed``;
+* every sub-task was resolved exactly once: each answer holds each peer's result
+  once (none lost, none twice, no timeout), and each sub-task's answer subject holds
+  exactly one message in the stream;
+* no live row is left in the database, and the dead-letter subjects are empty;
+* every process still running exits 0 on SIGTERM (it drains).
+
+Variants: PostgreSQL (the main run), PostgreSQL stopped for a few seconds mid-run
+(tasks stall, then all finish), and several processes on one SQLite file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshpoint import a2a
+from meshpoint.broker.nats import NatsBroker
+from meshpoint.runtime import Client
+from meshpoint.store import open_store
+from tests.cluster import PEERS, Cluster, mesh_config
+from tests.conftest import service_missing
+
+pytestmark = [pytest.mark.chaos, pytest.mark.nats, pytest.mark.timeout(420)]
+
+TASKS = 300
+KILL_EVERY_S = 2.0
+#: Submissions are paced so that the kills land on work in flight.
+SUBMIT_PER_S = 12.0
+RESULT = re.compile(r"^- ask_(\w+)\((\w+)\) = \[(\w+)\] ", re.M)
+
+
+def pg_cluster_command(action: str) -> list[str]:
+    versions = sorted(Path("/etc/postgresql").iterdir()) if Path(
+        "/etc/postgresql").is_dir() else []
+    if not versions or shutil.which("pg_ctlcluster") is None:
+        service_missing("restarting PostgreSQL needs pg_ctlcluster (Debian's "
+                        "postgresql-common) and a local cluster")
+    return ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1].name, "main", action]
+
+
+async def run_chaos(cluster: Cluster, nats_url: str, namespace: str, *,
+                    pg_outage_at: float | None = None) -> dict[str, Any]:
+    broker = await NatsBroker.connect(nats_url)
+    loop = asyncio.get_running_loop()
+    rng = random.Random(7)
+    figures: dict[str, Any] = {"pg_outage_s": 0.0}
+    try:
+        async with Client(broker, namespace=namespace) as client:
+            started = loop.time()
+            request_ids: list[str] = []
+
+            async def submit_all() -> None:
+                for n in range(TASKS):
+                    request_ids.append(await client.submit(
+                        "coordinator", f"Trip {n}: flights, hotels, weather"))
+                    await asyncio.sleep(1 / SUBMIT_PER_S)
+
+            async def chaos() -> None:
+                outage_done = pg_outage_at is None
+                while True:
+                    await asyncio.sleep(KILL_EVERY_S)
+                    victim = rng.choice(cluster.alive())
+                    await asyncio.to_thread(cluster.kill_and_restart, victim)
+                    if not outage_done and loop.time() - started >= pg_outage_at:
+                        outage_done = True
+                        figures["pg_outage_s"] = await pg_outage()
+
+            submitting = asyncio.create_task(submit_all())
+            killing = asyncio.create_task(chaos())
+            try:
+                await submitting
+                deadline = loop.time() + 180
+                while len(client.answers) < TASKS and loop.time() < deadline:
+                    await asyncio.sleep(0.2)
+            finally:
+                killing.cancel()
+                await asyncio.gather(killing, return_exceptions=True)
+            figures["seconds"] = round(loop.time() - started, 1)
+            await asyncio.sleep(1.0)  # would a duplicate answer still arrive?
+            figures["answers"] = {rid: list(client.answers.get(rid, [])) for rid in request_ids}
+        figures["dead_letters"] = await broker.subject_counts(namespace, "deadletter.>")
+        figures["responses"] = {
+            **await broker.subject_counts(namespace, "a2a.v1.agent.response.coordinator.*"),
+            **await broker.subject_counts(namespace, "a2a.v1.instance.*.response.*")}
+    finally:
+        await broker.close()
+    return figures
+
+
+async def pg_outage() -> float:
+    """Stop PostgreSQL for 3 s, then start it again; returns how long it was down."""
+    began = time.monotonic()
+    await asyncio.to_thread(subprocess.run, pg_cluster_command("stop"), check=True,
+                            capture_output=True, timeout=60)
+    await asyncio.sleep(3.0)
+    await asyncio.to_thread(subprocess.run, pg_cluster_command("start"), check=True,
+                            capture_output=True, timeout=60)
+    return round(time.monotonic() - began, 1)
+
+
+def check_exactly_once(figures: dict[str, Any], cluster: Cluster) -> None:
+    answers: dict[str, list[a2a.Task]] = figures["answers"]
+    unanswered = [rid for rid, got in answers.items() if not got]
+    twice = {rid: len(got) for rid, got in answers.items() if len(got) > 1}
+    assert not unanswered, (f"{len(unanswered)} of {TASKS} tasks unanswered after "
+                            f"{figures['seconds']}s\n{cluster.logs()}")
+    assert not twice, f"tasks answered more than once: {twice}"
+    for rid, (task,) in answers.items():
+        assert task.status.state == a2a.TaskState.COMPLETED, (rid, task.status)
+        text = task.status.message.parts[0].text  # type: ignore[union-attr]
+        results = RESULT.findall(text)
+        # One result per peer, each from that peer: resolved once, not timed out.
+        assert sorted(tool for tool, _, _ in results) == sorted(PEERS), text
+        assert all(tool == topic == persona for tool, topic, persona in results), text
+    # Each sub-task's answer is in the stream once (a peer's re-run after a kill sends
+    # the same msg_id). Answers to tasks waiting in an instance's memory (a failed
+    # checkpoint while PostgreSQL was down) went to that instance's inbox; a task
+    # whose instance then died ran again with new sub-tasks, so there may be more.
+    per_sub = Counter(subject.rsplit(".", 1)[-1] for subject, n in
+                      figures["responses"].items() for _ in range(n))
+    assert set(per_sub.values()) == {1}, Counter(per_sub.values())
+    if figures["pg_outage_s"]:
+        assert len(per_sub) >= TASKS * len(PEERS)
+    else:
+        assert len(per_sub) == TASKS * len(PEERS)
+    assert figures["dead_letters"] == {}, figures["dead_letters"]
+
+
+async def live_rows(url: str, schema: str | None) -> dict[str, int]:
+    async with open_store(url, schema=schema, migrate=False) as store:
+        return await store.live_row_counts()
+
+
+def start_cluster(tmp_path: Path, namespace: str, store: dict[str, Any],
+                  nats_url: str) -> Cluster:
+    cluster = Cluster.write(tmp_path / "cluster", mesh_config(namespace, store, nats_url))
+    cluster.migrate()
+    cluster.start({"coordinator": 3, **{p: 2 for p in PEERS}})
+    return cluster
+
+
+async def cleanup_namespace(nats_url: str, namespace: str) -> None:
+    broker = await NatsBroker.connect(nats_url)
+    await broker.delete_namespace(namespace)
+    await broker.close()
+
+
+@pytest.mark.parametrize("variant", ["postgres", "postgres-restart", "sqlite"])
+async def test_kill_9_chaos_answers_every_task_exactly_once(
+        variant: str, tmp_path: Path, nats_url: str, request: pytest.FixtureRequest) -> None:
+    namespace = f"chaos{uuid.uuid4().hex[:10]}"
+    schema: str | None = None
+    if variant == "sqlite":
+        url = f"sqlite:///{tmp_path / 'mesh.db'}"
+        store: dict[str, Any] = {"url": url}
+    else:
+        url = request.getfixturevalue("postgres_url")
+        schema = f"mp_{namespace}"
+        store = {"url": url, "schema": schema}
+    cluster = start_cluster(tmp_path, namespace, store, nats_url)
+    try:
+        figures = await run_chaos(cluster, nats_url, namespace, pg_outage_at=(
+            6.0 if variant == "postgres-restart" else None))
+    finally:
+        codes = cluster.stop()
+    try:
+        print(f"\n{variant}: {TASKS} tasks in {figures['seconds']}s, {cluster.kills} kills, "
+              f"PostgreSQL down {figures['pg_outage_s']}s")
+        assert cluster.kills >= 5
+        check_exactly_once(figures, cluster)
+        assert all(code == 0 for code in codes.values()), (codes, cluster.logs())
+        assert set((await live_rows(url, schema)).values()) == {0}
+    finally:
+        await cleanup_namespace(nats_url, namespace)
+        if schema is not None:
+            from tests.conftest import pg_execute_async
+
+            await pg_execute_async(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
