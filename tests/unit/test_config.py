@@ -1,0 +1,126 @@
+"""The mesh config: the example loads; every mistake names its key and what was expected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshpoint.config import load_config
+from meshpoint.errors import ConfigurationError
+from meshpoint.llm.scripted import ScriptedModel
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "mesh.yaml"
+MINIMAL = """
+namespace: travel
+store: sqlite:///mesh.db
+broker: memory://
+agents:
+  coordinator:
+    peers: [{agent: flights, timeout_s: 5}]
+  flights: {}
+"""
+
+
+def lookup_tool(arguments: dict[str, Any]) -> str:
+    """Looks things up."""
+    return f"found {arguments.get('query')}"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "mesh.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_the_example_loads_and_builds_every_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MESHPOINT_STORE_URL", raising=False)
+    monkeypatch.setenv("MESHPOINT_NAMESPACE", "demo1")
+    config = load_config(EXAMPLE)
+    assert config.namespace == "demo1"  # ${VAR:-default}: the environment wins
+    assert config.store.url.startswith("postgresql+asyncpg://")  # the default
+    assert config.broker.url == "nats://127.0.0.1:4222"
+    coordinator = config.build_agent("coordinator")
+    assert [p.agent for p in coordinator.peers] == ["flights", "hotels", "weather"]
+    assert isinstance(coordinator.model, ScriptedModel)
+    options = config.runtime_options()
+    assert (options.namespace, options.lease_ttl_s) == ("demo1", 10)
+
+
+def test_shorthands_defaults_and_local_tools(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MINIMAL + """
+  researcher:
+    tools: [{name: lookup, function: "tests.unit.test_config:lookup_tool"}]
+"""))
+    assert config.store.url == "sqlite:///mesh.db" and config.broker.url == "memory://"
+    assert config.runtime.drain_timeout_s == 20.0
+    researcher = config.build_agent("researcher")
+    assert researcher.tools[0].name == "lookup"
+    assert researcher.tools[0].description == "Looks things up."
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (MINIMAL.replace("timeout_s: 5", "timeout_s: -1"),
+     "agents.coordinator.peers.0.timeout_s: Input should be greater than 0 (got -1)"),
+    (MINIMAL.replace("timeout_s: 5", "timeout: 5"),
+     "agents.coordinator.peers.0.timeout: unknown key; expected one of: agent, description, "
+     "timeout_s, tool_name"),
+    (MINIMAL + "runtime: {lease_ttl: 3}\n",
+     "runtime.lease_ttl: unknown key; expected one of: drain_timeout_s, lease_ttl_s"),
+    (MINIMAL.replace("agent: flights", "agent: hotels"),
+     "'hotels' is not an agent of this file (expected one of ['coordinator', 'flights'])"),
+    (MINIMAL.replace("store: sqlite:///mesh.db\n", ""), "store: required key is missing"),
+    (MINIMAL.replace("flights: {}", "flights: {model: {kind: gpt}}"),
+     "agents.flights.model: Input tag 'gpt' found using 'kind' does not match any of the "
+     "expected tags: 'scripted', 'openai'"),
+    (MINIMAL.replace("flights: {}", "flights: {model: {kind: scripted, rounds: zero}}"),
+     "agents.flights.model.rounds: Input should be a valid integer"),
+    (MINIMAL.replace("namespace: travel", "namespace: trav el"),
+     "namespace: String should match pattern"),
+    (MINIMAL.replace("sqlite:///mesh.db", "${NOT_SET_ANYWHERE}"),
+     "store: environment variable NOT_SET_ANYWHERE is not set"),
+    ("agents: [1, 2\n", "not valid YAML"),
+    ("- just\n- a list\n", "expected a mapping of keys"),
+    (MINIMAL + "  tooly:\n    tools: [{name: t, function: 'no_such_module:f'}]\n", None),
+])
+def test_mistakes_name_the_key_and_what_was_expected(
+        tmp_path: Path, text: str, expected: str | None) -> None:
+    path = write(tmp_path, text)
+    if expected is None:  # valid as a file; the tool fails when the agent is built
+        with pytest.raises(ConfigurationError, match="agents.tooly.tools .t.: cannot import "
+                                                     "'no_such_module:f'"):
+            load_config(path).build_agent("tooly")
+        return
+    with pytest.raises(ConfigurationError) as caught:
+        load_config(path)
+    assert str(path) in str(caught.value)
+    assert expected in str(caught.value)
+
+
+def test_several_mistakes_are_listed_together(tmp_path: Path) -> None:
+    text = MINIMAL.replace("timeout_s: 5", "timeout_s: 0") + "runtime: {max_deliver: 0}\n"
+    with pytest.raises(ConfigurationError, match=r"2 problems:\n  - ") as caught:
+        load_config(write(tmp_path, text))
+    assert "runtime.max_deliver" in str(caught.value)
+
+
+def test_a_missing_file_and_an_unknown_agent(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="cannot read the config"):
+        load_config(tmp_path / "nope.yaml")
+    config = load_config(write(tmp_path, MINIMAL))
+    with pytest.raises(ConfigurationError, match="no agent 'hotel' in the config .it "
+                                                 "defines: coordinator, flights"):
+        config.build_agent("hotel")
+
+
+def test_an_openai_model_needs_its_key_variable(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MY_KEY", raising=False)
+    config = load_config(write(tmp_path, MINIMAL.replace(
+        "flights: {}", "flights: {model: {kind: openai, name: gpt-4o-mini, "
+                       "api_key_env: MY_KEY}}")))
+    with pytest.raises(ConfigurationError, match="MY_KEY is not set"):
+        config.build_agent("flights")
+    monkeypatch.setenv("MY_KEY", "sk-test")
+    assert config.build_agent("flights").model.name == "gpt-4o-mini"
