@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/meshpoint demo
 
-## test: the whole suite; PostgreSQL tests skip (with a reason) when it is not running,
+## test: the whole suite; PostgreSQL and NATS tests skip (with a reason) when they are down,
 ## unless MESHPOINT_REQUIRE_SERVICES=1 makes them fail instead (as CI does)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -28,6 +28,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_store.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/bench_runtime.py $(BENCH_RUNTIME_ARGS)
+	$(BIN)/python benchmarks/bench_scaleout.py $(BENCH_SCALEOUT_ARGS)
 
 ## services: start PostgreSQL and NATS on this machine if they are down, and wait for them
 services:

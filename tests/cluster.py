@@ -86,10 +86,11 @@ class Cluster:
     def spawn(self, agent: str) -> Proc:
         self.spawned += 1
         log = self.workdir / f"{agent}-{self.spawned}.log"
+        stats = self.workdir / f"{agent}-{self.spawned}.stats.json"
         log_file = log.open("wb")
         popen = subprocess.Popen(
             self.command("serve", "--config", str(self.config_path), "--agent", agent,
-                         "--log-level", "warning"),
+                         "--log-level", "warning", "--stats-json", str(stats)),
             stdout=subprocess.PIPE, stderr=log_file, env=self.env)
         proc = Proc(agent, popen, log, log_file)
         self.procs.append(proc)
@@ -138,6 +139,13 @@ class Cluster:
                 codes[proc.log.name] = None
             proc.close()
         return codes
+
+    def stats(self, agent: str) -> list[dict[str, Any]]:
+        """The stats each gracefully stopped process of ``agent`` wrote at exit."""
+        import json
+
+        return [json.loads(path.read_text())
+                for path in sorted(self.workdir.glob(f"{agent}-*.stats.json"))]
 
     def tail(self, proc: Proc, lines: int = 30) -> str:
         text = proc.log.read_text(errors="replace") if proc.log.exists() else ""

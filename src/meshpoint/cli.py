@@ -147,6 +147,9 @@ def serve(
     instance_id: Annotated[str | None, typer.Option(
         "--instance-id", help="This instance's id (default: agent name + random).")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    stats_json: Annotated[Path | None, typer.Option(
+        help="On a graceful exit, write this instance's counts and latency samples "
+             "here (JSON).")] = None,
 ) -> None:
     """Run one instance of AGENT until SIGTERM/SIGINT; then stop taking work, let the
     work in hand checkpoint or finish, and exit 0."""
@@ -162,7 +165,8 @@ def serve(
     try:
         mesh = load_config(config)
         mesh.agent_config(agent)
-        asyncio.run(run_serve(mesh, agent, instance_id=instance_id, on_ready=print_ready))
+        asyncio.run(run_serve(mesh, agent, instance_id=instance_id, on_ready=print_ready,
+                              stats_path=stats_json))
     except MeshpointError as error:
         raise _fail(error) from None
 

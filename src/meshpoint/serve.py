@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 from meshpoint import a2a
@@ -34,7 +36,8 @@ READY = "meshpoint: ready"
 
 
 async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None = None,
-                on_ready: Callable[[AgentInstance], None] | None = None) -> None:
+                on_ready: Callable[[AgentInstance], None] | None = None,
+                stats_path: Path | None = None) -> None:
     """Serve ``agent_name`` until SIGTERM/SIGINT, then drain and return.
 
     A store or broker that is unreachable at start is retried for up to
@@ -65,6 +68,8 @@ async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None 
             logger.info("%s: signal received, draining (up to %gs)", instance.instance_id,
                         config.runtime.drain_timeout_s)
             await instance.drain(config.runtime.drain_timeout_s)
+            if stats_path is not None:
+                stats_path.write_text(json.dumps(instance.stats.summary(samples=True)))
         finally:
             await broker.close()
     finally:

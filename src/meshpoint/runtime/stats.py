@@ -38,6 +38,17 @@ class InstanceStats:
         self.counts[what] += 1
         self.events.append((what, task_id))
 
+    def summary(self, *, samples: bool = False) -> dict[str, object]:
+        """Counts and p50/p99 latencies as JSON-ready data (with the raw samples, to
+        pool them across instances, if ``samples``)."""
+        out: dict[str, object] = {"instance_id": self.instance_id, "counts": dict(self.counts),
+                                  "resumed_elsewhere": self.resumed_elsewhere}
+        for name in ("checkpoint_ms", "pause_resume_ms"):
+            values = list(getattr(self, name))
+            out[name] = {"p50": percentile(values, 50), "p99": percentile(values, 99),
+                         "n": len(values), **({"samples": values} if samples else {})}
+        return out
+
     def tasks(self, what: str) -> list[str]:
         return [task for event, task in self.events if event == what]
 
