@@ -235,7 +235,7 @@ def open_database(url: URL, *, busy_timeout_s: float, schema: str | None,
     if schema is not None:
         connect_args["server_settings"] = {"search_path": schema}
     return AsyncDatabase(create_async_engine(
-        url, pool_size=pool_size, max_overflow=pool_size, connect_args=connect_args,
+        url, pool_size=pool_size, max_overflow=0, connect_args=connect_args,
         **json_codec))
 
 
