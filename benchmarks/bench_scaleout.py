@@ -5,7 +5,8 @@
 
 For 1, 2 and 4 coordinator processes (and one process per peer agent: flights,
 hotels, weather, whose scripted models answer at once), a client keeps
-``--window`` tasks in flight until ``--tasks`` are answered. Each task fans out to
+``--window`` tasks in flight until ``--tasks`` are answered; first, one coordinator
+gets ``--latency-tasks`` tasks one at a time (latency without queueing). Each task fans out to
 the 3 peers, so it pauses once (a checkpoint), and its join is claimed 3 times
 (one resolution per answer). Reported:
 
@@ -58,7 +59,7 @@ RESULTS = Path(__file__).parent / "results"
 POSTGRES_URL = os.environ.get("MESHPOINT_TEST_POSTGRES_URL",
                               "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 NATS_URL = os.environ.get("MESHPOINT_TEST_NATS_URL", "nats://127.0.0.1:4222")
-console = Console()
+console = Console(width=150)  # the table has 8 columns
 
 
 def psql(sql: str) -> str:
@@ -147,7 +148,8 @@ def run_mesh(coordinators: int, tasks: int, window: int, workdir: Path,
     writes = [s for st in stats for s in st["checkpoint_ms"]["samples"]]
     rate = tasks / figures["seconds"]
     return {
-        "coordinators": coordinators, "tasks": tasks, "failed": figures["failed"],
+        "coordinators": coordinators, "tasks": tasks, "window": window,
+        "failed": figures["failed"],
         "seconds": round(figures["seconds"], 2), "tasks_per_s": round(rate, 1),
         "claims_per_s": round(rate * len(PEERS), 1),
         "pause_resume_ms": {"p50": percentile(pause, 50), "p99": percentile(pause, 99)},
@@ -200,6 +202,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=64, help="tasks in flight at once")
     parser.add_argument("--coordinators", default="1,2,4")
     parser.add_argument("--pgbench-seconds", type=int, default=5)
+    parser.add_argument("--latency-tasks", type=int, default=100,
+                        help="tasks sent one at a time to 1 coordinator (unloaded latency)")
     args = parser.parse_args()
     missing = services_missing()
     if missing:
@@ -209,24 +213,26 @@ def main() -> None:
     counts = [int(n) for n in args.coordinators.split(",")]
     runs = []
     with tempfile.TemporaryDirectory() as tmp, Progress(console=console) as progress:
+        if args.latency_tasks:
+            runs.append(run_mesh(1, args.latency_tasks, 1, Path(tmp), progress))
         for n in counts:
             runs.append(run_mesh(n, args.tasks, args.window, Path(tmp), progress))
     console.print("pgbench ceiling ...")
-    ceiling = pgbench_ceiling(counts, args.pgbench_seconds, rows=300_000)
+    ceiling = pgbench_ceiling(sorted({1, *counts}), args.pgbench_seconds, rows=300_000)
 
     def pair(ms: dict[str, float | None]) -> str:
         return " / ".join("-" if v is None else f"{v:.1f}" for v in (ms["p50"], ms["p99"]))
 
     table = Table(title=f"meshpoint serve processes on PostgreSQL + NATS, fan-out 3, "
-                        f"{args.tasks} tasks, {os.cpu_count()} cores")
-    for column in ("coordinator processes", "tasks/s", "claims/s", "pgbench DELETE tps",
-                   "claims / pgbench", "pause-to-resume p50/p99 ms", "checkpoint p50/p99 ms",
-                   "end-to-end p50/p99 ms"):
+                        f"{os.cpu_count()} cores")
+    for column in ("coordinator processes", "tasks in flight", "tasks/s", "claims/s",
+                   "pgbench DELETE tps", "claims / pgbench", "pause-to-resume p50/p99 ms",
+                   "checkpoint p50/p99 ms", "end-to-end p50/p99 ms"):
         table.add_column(column, justify="right")
     for run in runs:
         run["pgbench_tps"] = ceiling[run["coordinators"]]
         run["claims_vs_pgbench"] = round(run["claims_per_s"] / run["pgbench_tps"], 3)
-        table.add_row(str(run["coordinators"]), f"{run['tasks_per_s']:.1f}",
+        table.add_row(str(run["coordinators"]), str(run["window"]), f"{run['tasks_per_s']:.1f}",
                       f"{run['claims_per_s']:.1f}", f"{run['pgbench_tps']:.0f}",
                       f"{run['claims_vs_pgbench']:.1%}", pair(run["pause_resume_ms"]),
                       pair(run["checkpoint_ms"]), pair(run["end_to_end_ms"]))
