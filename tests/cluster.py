@@ -7,6 +7,7 @@ them with SIGTERM, checking each drains and exits 0.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -28,7 +29,7 @@ def mesh_config(namespace: str, store: dict[str, Any], broker_url: str, *,
                 **runtime: Any) -> dict[str, Any]:
     """A coordinator whose every request fans out to flights, hotels and weather."""
     timings = {"lease_ttl_s": 3.0, "recovery_interval_s": 0.5, "sweep_interval_s": 0.5,
-               "request_ack_wait_s": 5.0, "response_ack_wait_s": 5.0, "max_deliver": 50,
+               "request_ack_wait_s": 5.0, "response_ack_wait_s": 5.0, "max_deliver": 5,
                "drain_timeout_s": 10.0, **runtime}
     return {
         "namespace": namespace, "store": store, "broker": {"url": broker_url},
@@ -125,7 +126,11 @@ class Cluster:
         return self.spawn(proc.agent)
 
     def stop(self, timeout_s: float = 60.0) -> dict[str, int | None]:
-        """SIGTERM every process; returns each one's exit code (None: did not exit)."""
+        """SIGTERM every process, once each is ready (a process killed before it set
+        up its signal handlers would not drain); returns each one's exit code (None:
+        it did not exit)."""
+        with contextlib.suppress(AssertionError):
+            self.wait_ready([p for p in self.alive() if not p.instance_id])
         for proc in self.alive():
             proc.popen.send_signal(signal.SIGTERM)
         codes: dict[str, int | None] = {}

@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from meshpoint.errors import ConfigurationError, MeshpointError
 from meshpoint.llm.base import Model
@@ -63,6 +70,13 @@ class BrokerConfig(_Strict):
     #: How long a publish keeps retrying while NATS is unreachable.
     publish_timeout_s: float = Field(default=30.0, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _window_within_age(self) -> BrokerConfig:
+        if self.dedupe_window_s > self.max_age_s:
+            raise ValueError(f"dedupe_window_s ({self.dedupe_window_s:g}) must not exceed "
+                             f"max_age_s ({self.max_age_s:g}): NATS refuses such a stream")
+        return self
 
 
 class RuntimeConfig(_Strict):
@@ -160,8 +174,8 @@ class MeshConfig(_Strict):
             for index, peer in enumerate(agent.peers):
                 if peer.agent not in agents:
                     raise ValueError(
-                        f"{name}.peers.{index}.agent: {peer.agent!r} is not an agent of this "
-                        f"file (expected one of {sorted(agents)})")
+                        f"agents.{name}.peers.{index}.agent: {peer.agent!r} is not an agent "
+                        f"of this file (expected one of {sorted(agents)})")
         return agents
 
     def runtime_options(self) -> RuntimeOptions:
@@ -279,7 +293,7 @@ def _expand_env(value: Any, where: tuple[Any, ...]) -> Any:
 
 def _explain(error: Any) -> str:
     """One pydantic error as ``key.path: what was expected (got ...)``."""
-    loc = [str(part) for part in error["loc"] if part not in ("scripted", "openai")]
+    loc = [str(part) for part in _without_tags(error["loc"])]
     where = ".".join(loc) or "(top level)"
     if error["type"] == "extra_forbidden":
         allowed = _allowed_keys(error["loc"][:-1])
@@ -287,19 +301,27 @@ def _explain(error: Any) -> str:
         return f"{where}: unknown key{hint}"
     if error["type"] == "missing":
         return f"{where}: required key is missing"
-    message = error["msg"]
+    message = str(error["msg"])
     if error["type"] == "value_error":
         message = message.removeprefix("Value error, ")
+        if message.startswith(f"{where}."):  # it names a deeper key itself
+            return message
     got = error.get("input")
     shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
     return f"{where}: {message}{shown}"
 
 
+def _without_tags(loc: tuple[Any, ...]) -> list[Any]:
+    """``loc`` without the union tag pydantic inserts after ``model``."""
+    return [part for index, part in enumerate(loc)
+            if not (index and loc[index - 1] == "model" and part in ("scripted", "openai"))]
+
+
 def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
     """The keys the model at ``loc`` accepts (best effort, for the error message)."""
     model: Any = MeshConfig
-    for part in loc:
-        if part in ("scripted", "openai"):
+    for index, part in enumerate(loc):
+        if model == "tagged" and part in ("scripted", "openai") and loc[index - 1] == "model":
             model = ScriptedModelConfig if part == "scripted" else OpenAIModelConfig
             continue
         if model is MeshConfig and part == "agents":

@@ -78,7 +78,7 @@ async def test_sigterm_lets_the_work_in_hand_finish(
     try:
         async with Client(broker, namespace=namespace) as client:
             ids = [await client.submit("coordinator", f"Trip {n}: flights") for n in range(4)]
-            await asyncio.sleep(0.8)  # the coordinator paused; flights is thinking
+            await held_by_flights(broker, namespace, 4)  # flights is thinking
             flights.popen.send_signal(signal.SIGTERM)
             answers = await asyncio.wait_for(
                 asyncio.gather(*(client.wait(i) for i in ids)), 30)
@@ -90,6 +90,17 @@ async def test_sigterm_lets_the_work_in_hand_finish(
     assert all("- ask_flights(flights) = [flights]" in a.status.message.parts[0].text  # type: ignore[union-attr]
                for a in answers)
     assert set(codes.values()) == {0}, cluster.logs()
+
+
+async def held_by_flights(broker: NatsBroker, namespace: str, count: int) -> None:
+    """Wait until the flights queue has ``count`` deliveries in hand, un-acked."""
+    for _ in range(300):
+        info = await broker.js.consumer_info(broker.stream_name(namespace),
+                                             f"{namespace}-flights-requests")
+        if info.num_ack_pending == count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"flights never held {count} requests")
 
 
 async def test_submit_and_serve_explain_what_is_wrong(

@@ -65,3 +65,35 @@ async def test_connecting_to_a_dead_server_fails_clearly(unused_tcp_port: int) -
     with pytest.raises(BrokerError, match=f"cannot reach NATS at nats://127.0.0.1:"
                                           f"{unused_tcp_port}.*nats-server"):
         await NatsBroker.connect(f"nats://127.0.0.1:{unused_tcp_port}", connect_timeout_s=1)
+
+
+async def test_a_queue_deleted_on_the_server_is_re_created(private_nats: PrivateNats) -> None:
+    """An ephemeral consumer the server dropped (its process was cut off longer than
+    the inactivity threshold) or a consumer an operator deleted comes back, from new
+    messages on (never replaying the stream)."""
+    broker = await NatsBroker.connect(private_nats.url, pull_expires_s=0.3)
+    seen: list[bytes] = []
+
+    async def take(delivery: Delivery) -> None:
+        seen.append(delivery.message.data)
+        await delivery.ack()
+
+    try:
+        for queue, ephemeral in (("inbox", True), ("requests", False)):
+            await broker.subscribe(f"ns.{queue}", queue, take,
+                                   ConsumerOptions(ephemeral=ephemeral))
+            await broker.publish(f"ns.{queue}", b"before")
+            for _ in range(200):
+                if seen and seen[-1] == b"before":
+                    break
+                await asyncio.sleep(0.02)
+            await broker.js.delete_consumer(broker.stream_name("ns"), queue)
+            await asyncio.sleep(1.0)
+            await broker.publish(f"ns.{queue}", f"after-{queue}".encode())
+            for _ in range(500):
+                if seen[-1] == f"after-{queue}".encode():
+                    break
+                await asyncio.sleep(0.02)
+            assert seen[-2:] == [b"before", f"after-{queue}".encode()]
+    finally:
+        await broker.close()

@@ -70,7 +70,8 @@ def test_shorthands_defaults_and_local_tools(tmp_path: Path) -> None:
     (MINIMAL + "runtime: {lease_ttl: 3}\n",
      "runtime.lease_ttl: unknown key; expected one of: drain_timeout_s, lease_ttl_s"),
     (MINIMAL.replace("agent: flights", "agent: hotels"),
-     "'hotels' is not an agent of this file (expected one of ['coordinator', 'flights'])"),
+     "agents.coordinator.peers.0.agent: 'hotels' is not an agent of this file "
+     "(expected one of ['coordinator', 'flights'])"),
     (MINIMAL.replace("store: sqlite:///mesh.db\n", ""), "store: required key is missing"),
     (MINIMAL.replace("flights: {}", "flights: {model: {kind: gpt}}"),
      "agents.flights.model: Input tag 'gpt' found using 'kind' does not match any of the "
@@ -81,6 +82,11 @@ def test_shorthands_defaults_and_local_tools(tmp_path: Path) -> None:
      "namespace: String should match pattern"),
     (MINIMAL.replace("sqlite:///mesh.db", "${NOT_SET_ANYWHERE}"),
      "store: environment variable NOT_SET_ANYWHERE is not set"),
+    (MINIMAL.replace("flights: {}", "openai: {model: {kind: scripted, roundz: 1}}")
+     .replace("agent: flights", "agent: openai"),
+     "agents.openai.model.roundz: unknown key; expected one of: delay_s, kind, name"),
+    (MINIMAL.replace("broker: memory://", "broker: {url: memory://, max_age_s: 60}"),
+     "broker: dedupe_window_s (120) must not exceed max_age_s (60)"),
     ("agents: [1, 2\n", "not valid YAML"),
     ("- just\n- a list\n", "expected a mapping of keys"),
     (MINIMAL + "  tooly:\n    tools: [{name: t, function: 'no_such_module:f'}]\n", None),

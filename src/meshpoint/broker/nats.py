@@ -79,6 +79,8 @@ _TRANSIENT = (asyncio.TimeoutError, nats.errors.TimeoutError, nats.errors.Connec
               nats.errors.OutboundBufferLimitError, nats.errors.NoRespondersError,
               nats.js.errors.ServiceUnavailableError, nats.js.errors.NoStreamResponseError,
               OSError)
+#: How often an idle member checks that its consumer still exists on the server.
+CONSUMER_CHECK_S = 5.0
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -186,7 +188,10 @@ class NatsBroker(Broker):
         return name
 
     async def _ensure_consumer(self, stream: str, consumer: str, subject: str,
-                               options: ConsumerOptions) -> None:
+                               options: ConsumerOptions, *, lost: bool = False) -> None:
+        """Create the queue's consumer unless it exists. ``lost``: it existed and the
+        server no longer has it (an ephemeral one idle too long, or deleted by hand);
+        the new one starts at new messages, never replaying the stream's history."""
         try:
             info = await self.js.consumer_info(stream, consumer)
         except nats.js.errors.NotFoundError:
@@ -197,11 +202,16 @@ class NatsBroker(Broker):
                     f"queue {consumer!r} filters {info.config.filter_subject!r}; it cannot "
                     f"also take {subject!r} (use another queue name)")
             return
+        if lost:
+            logger.error("queue %s on stream %s was deleted on the server; re-creating it "
+                         "from new messages on", consumer, stream)
         await self.js.add_consumer(stream, ConsumerConfig(
             name=consumer, durable_name=None if options.ephemeral else consumer,
-            deliver_policy=DeliverPolicy.NEW if options.ephemeral else DeliverPolicy.ALL,
+            deliver_policy=(DeliverPolicy.NEW if options.ephemeral or lost
+                            else DeliverPolicy.ALL),
             ack_policy=AckPolicy.EXPLICIT, ack_wait=options.ack_wait_s, max_deliver=-1,
-            filter_subject=subject, max_ack_pending=max(1000, 64 * options.max_in_flight),
+            # Tasks waiting in memory hold their requests un-acked: leave them room.
+            filter_subject=subject, max_ack_pending=max(10_000, 64 * options.max_in_flight),
             inactive_threshold=self.ephemeral_inactive_s if options.ephemeral else None))
 
     async def delete_namespace(self, namespace: str) -> None:
@@ -232,6 +242,10 @@ class NatsBroker(Broker):
 
     async def _publish_once(self, namespace: str, subject: str, data: bytes,
                             headers: dict[str, str]) -> None:
+        if not self.nc.is_connected:
+            # Never hand nats-py a publish to buffer while disconnected: it would go
+            # out on reconnect even after we reported it failed.
+            raise nats.errors.ConnectionReconnectingError
         stream = await self._ensure_stream(namespace)
         try:
             await self.js.publish(subject, data, headers=headers, timeout=2.0)
@@ -267,9 +281,14 @@ class NatsBroker(Broker):
                 f"subject {subject!r}: NatsBroker needs a literal first token (the "
                 f"namespace, which names the stream)")
         options = options or ConsumerOptions()
-        stream = await self._ensure_stream(tokens[0])
+        stream = self.stream_name(tokens[0])
         consumer = safe_name(queue)
-        await self._ensure_consumer(stream, consumer, subject, options)
+
+        async def setup() -> None:
+            await self._ensure_stream(tokens[0])
+            await self._ensure_consumer(stream, consumer, subject, options)
+
+        await self._retrying(f"subscribe to {subject}", setup)
         dead_letter = options.dead_letter_subject or default_dead_letter_subject(tokens, queue)
         member = _Member(self, stream, consumer, subject, handler, options, dead_letter)
         await member.start()
@@ -358,9 +377,8 @@ class _Delivery(Delivery):
 
 
 class _Member(Subscription):
-    """One member of a queue: pulls one message at a time (as soon as it has a free
-    slot, so a message is never parked in a busy member) and handles up to
-    ``max_in_flight`` at once."""
+    """One member of a queue: pulls one message at a time, only when it has a free
+    slot and a connection, and handles up to ``max_in_flight`` at once."""
 
     def __init__(self, broker: NatsBroker, stream: str, consumer: str, subject: str,
                  handler: Handler, options: ConsumerOptions, dead_letter_subject: str) -> None:
@@ -375,7 +393,9 @@ class _Member(Subscription):
         self.in_flight: set[asyncio.Task[None]] = set()
         self.loop_task: asyncio.Task[None] | None = None
         self.pull: JetStreamContext.PullSubscription | None = None
+        self.pulling = True
         self.stopped = False
+        self.checked_at = 0.0
 
     async def start(self) -> None:
         self.pull = await self.broker.js.pull_subscribe_bind(consumer=self.consumer,
@@ -385,12 +405,23 @@ class _Member(Subscription):
     async def _take(self) -> None:
         assert self.pull is not None
         pause = 0.05
-        while True:
+        while self.pulling:
             await self.slots.acquire()
+            if not self.broker.nc.is_connected:
+                # A pull request made now would be buffered and sent on reconnect, late.
+                self.slots.release()
+                await asyncio.sleep(0.1)
+                continue
             try:
                 msgs = await self.pull.fetch(1, timeout=self.broker.pull_expires_s)
             except (TimeoutError, nats.errors.TimeoutError):
                 self.slots.release()
+                # Pulls from a consumer the server no longer has just time out: look
+                # for it now and then while idle.
+                now = asyncio.get_running_loop().time()
+                if now - self.checked_at >= CONSUMER_CHECK_S:
+                    self.checked_at = now
+                    await self._recreate_if_lost()
                 continue
             except BaseException as error:
                 self.slots.release()
@@ -400,19 +431,34 @@ class _Member(Subscription):
                 pause = min(2.0, pause * 2)
                 continue
             pause = 0.05
+            if not self.pulling:  # a drain began while this pull was out: give it back
+                self.slots.release()
+                with contextlib.suppress(*_TRANSIENT, nats.errors.Error):
+                    await msgs[0].nak()
+                return
             task = asyncio.create_task(self._handle(msgs[0]))
             self.in_flight.add(task)
             task.add_done_callback(self.in_flight.discard)
 
     async def _recover(self, error: BaseException, pause: float) -> None:
         """A pull failed: wait, and re-create the queue if the server lost it (an
-        ephemeral queue idle too long, or a consumer deleted by an operator)."""
+        ephemeral queue idle too long while this process was cut off, or a consumer
+        deleted by an operator)."""
         logger.debug("pull from %s failed: %r", self.consumer, error)
         await asyncio.sleep(pause)
-        if isinstance(error, nats.js.errors.APIError) and error.code in (404, 409):
+        await self._recreate_if_lost()
+
+    async def _recreate_if_lost(self) -> None:
+        if not self.broker.nc.is_connected:
+            return
+        try:
+            await self.broker.js.consumer_info(self.stream, self.consumer)
+        except nats.js.errors.NotFoundError:
             with contextlib.suppress(*_TRANSIENT, nats.errors.Error):
                 await self.broker._ensure_consumer(self.stream, self.consumer, self.subject,
-                                                   self.options)
+                                                   self.options, lost=True)
+        except (*_TRANSIENT, nats.errors.Error):
+            pass
 
     async def _handle(self, msg: Msg) -> None:
         try:
@@ -448,20 +494,28 @@ class _Member(Subscription):
         try:
             await self.broker.publish(
                 self.dead_letter_subject, msg.data, headers,
-                msg_id=f"dead.{self.stream}.{msg.metadata.sequence.stream}")
+                msg_id=f"dead.{self.stream}.{self.consumer}.{msg.metadata.sequence.stream}")
         except BrokerError as error:
             logger.error("could not dead-letter a message on %s: %s", msg.subject, error)
             return False
         return True
 
     async def drain(self, timeout_s: float) -> None:
-        await self._stop_pulling()
+        await self._stop_pulling(gently=True)
         if self.in_flight:
             await asyncio.wait(set(self.in_flight), timeout=timeout_s)
         await self.stop()
 
-    async def _stop_pulling(self) -> None:
+    async def _stop_pulling(self, *, gently: bool = False) -> None:
+        """Stop the pull loop. ``gently`` lets a pull in progress end by itself and
+        gives back (nak) a message it brings, rather than cancelling it and leaving a
+        message it may hold stranded until its ack wait."""
+        self.pulling = False
         if self.loop_task is not None:
+            if gently:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self.loop_task),
+                                           self.broker.pull_expires_s + 1.0)
             self.loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.loop_task

@@ -20,8 +20,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from meshpoint import a2a
 from meshpoint.broker.base import Broker, ConsumerOptions, Delivery, Subscription
@@ -30,6 +30,7 @@ from meshpoint.errors import (
     BadMessageError,
     InvalidArgumentError,
     StoreError,
+    StoreUnavailableError,
     UnknownSubTaskError,
     UnknownTaskError,
 )
@@ -40,6 +41,10 @@ from meshpoint.runtime.turns import TaskRun, TurnRunner
 from meshpoint.store.sql import SqlStore
 
 logger = logging.getLogger("meshpoint.runtime")
+R = TypeVar("R")
+#: How long a handler keeps retrying a store operation while the database is
+#: unavailable before it gives the message back (nak) instead.
+OUTAGE_PATIENCE_S = 60.0
 
 #: Statuses of a stored task that a cancel may take the lease of.
 _CANCELABLE = ("waiting_peers", "input_required", "handoff", "working", "resuming")
@@ -113,7 +118,7 @@ class AgentInstance(TurnRunner):
         ``timeout_s``; then stop. Tasks waiting in this instance's memory keep their
         inbox until they end or time runs out. Whatever is still in hand then is
         recovered elsewhere, as after a crash (un-acked messages, expiring leases)."""
-        if not self.running:
+        if not self.running or self.draining:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -125,6 +130,11 @@ class AgentInstance(TurnRunner):
         while loop.time() < deadline and (self.active or len(self._tasks) > 1):
             await asyncio.sleep(0.02)  # the keeper is the one task left when idle
         left = len(self.active)
+        # Handlers still running on the inbox or the control subject (a cancel midway)
+        # finish too, within what is left of the time.
+        await asyncio.gather(*(s.drain(max(0.0, deadline - loop.time()))
+                               for s in self._subscriptions))
+        self._subscriptions.clear()
         await self._halt()
         logger.info("%s: drained (%d task(s) left to recovery)", self.instance_id, left)
 
@@ -217,8 +227,9 @@ class AgentInstance(TurnRunner):
             return
         owner = self.next_owner()
         try:
-            resolution = await self.store.resolve_peer_sub_task(
-                sub_task_id, result, lease_owner=owner, lease_ttl_s=self.options.lease_ttl_s)
+            resolution = await self.outlasting_outages(delivery, lambda: (
+                self.store.resolve_peer_sub_task(sub_task_id, result, lease_owner=owner,
+                                                 lease_ttl_s=self.options.lease_ttl_s)))
         except UnknownSubTaskError:
             resolution = None  # its task already ended (a late answer)
         except StoreError as error:
@@ -234,6 +245,26 @@ class AgentInstance(TurnRunner):
         if resolution.join_complete and resolution.lease_owner == owner:
             await self.resume(resolution.sub_task.task_id, owner)
 
+    async def outlasting_outages(self, delivery: Delivery,
+                                 operation: Callable[[], Awaitable[R]]) -> R:
+        """Run a store operation for ``delivery``; while the database is unavailable,
+        keep the delivery (``in_progress``) and retry with backoff for up to
+        ``OUTAGE_PATIENCE_S``. A nak per attempt would spend the message's deliveries
+        and dead-letter an answer during a database restart."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + OUTAGE_PATIENCE_S
+        pause = 0.25
+        while True:
+            try:
+                return await operation()
+            except StoreUnavailableError as error:
+                if not self.running or loop.time() + pause > give_up:
+                    raise
+                logger.warning("%s: %s; retrying in %.2fs", self.instance_id, error, pause)
+            await delivery.in_progress()
+            await asyncio.sleep(pause)
+            pause = min(5.0, pause * 2)
+
     async def _on_status(self, delivery: Delivery) -> None:
         parsed = await self._parse_answer(delivery)
         if parsed is not None:
@@ -243,8 +274,8 @@ class AgentInstance(TurnRunner):
                                 delivery: Delivery) -> None:
         """A status update restarts the sub-task's deadline; it claims nothing."""
         try:
-            await self.store.reset_timeout_deadline(
-                sub_task_id, peer_task_id=wire.progress_task_id(response))
+            await self.outlasting_outages(delivery, lambda: self.store.reset_timeout_deadline(
+                sub_task_id, peer_task_id=wire.progress_task_id(response)))
         except UnknownSubTaskError:
             pass
         except InvalidArgumentError as error:  # e.g. a peer task id that is too long
@@ -308,7 +339,8 @@ class AgentInstance(TurnRunner):
             await delivery.ack()
             return
         try:
-            outcome = await self.cancel_stored(task_id)
+            outcome = await self.outlasting_outages(delivery,
+                                                    lambda: self.cancel_stored(task_id))
         except StoreError as error:
             logger.warning("%s: cancel of %s failed (%s); retrying", self.instance_id,
                            task_id, error)
