@@ -25,10 +25,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
 
+## bench: meshpoint beside LangGraph's savers, claim throughput, RSS (BENCH_MODE=quick,
+## about 3 minutes); BENCH_MODE=full adds the store and scale-out benchmarks and 100k tasks
+BENCH_MODE ?= quick
 bench: $(STAMP)
-	$(BIN)/python benchmarks/bench_store.py $(BENCH_ARGS)
-	$(BIN)/python benchmarks/bench_runtime.py $(BENCH_RUNTIME_ARGS)
-	$(BIN)/python benchmarks/bench_scaleout.py $(BENCH_SCALEOUT_ARGS)
+	$(BIN)/python benchmarks/bench_compare.py --mode $(BENCH_MODE)
+	$(BIN)/python benchmarks/bench_claims.py --mode $(BENCH_MODE)
+	$(BIN)/python benchmarks/bench_runtime.py $(if $(filter full,$(BENCH_MODE)),,--tasks 100)
+	if [ "$(BENCH_MODE)" = full ]; then \
+	  $(BIN)/python benchmarks/bench_store.py && $(BIN)/python benchmarks/bench_scaleout.py; fi
 
 ## services: start PostgreSQL and NATS on this machine if they are down, and wait for them
 services:

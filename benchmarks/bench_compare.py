@@ -1,0 +1,439 @@
+"""meshpoint's store beside LangGraph's checkpoint savers, in one run on one machine.
+
+    python benchmarks/bench_compare.py --mode quick      # under 3 minutes
+    python benchmarks/bench_compare.py --mode full
+
+For SQLite (a file, WAL, synchronous=NORMAL on both sides) and PostgreSQL:
+
+1. **Write and read of one pause.** The payload is a conversation of 20 messages
+   of about 500 B and 3 pending sub-tasks. meshpoint writes it with
+   ``checkpoint_task`` and reads it with ``restore_task``; LangGraph's
+   ``SqliteSaver`` / ``PostgresSaver`` with ``put`` (channels ``messages`` and
+   ``sub_tasks``) and ``get_tuple``. Each run is a new task / thread. Reported:
+   p50/p99/max and the ratio meshpoint / LangGraph.
+2. **Storage of a growing conversation.** One task, 500 turns; each turn adds one
+   message (~500 B) and pauses. meshpoint appends the new event; LangGraph stores a
+   new version of the ``messages`` channel. Reported: the tables' size after the
+   last turn, on both sides.
+3. **At scale.** ``--paused`` tasks paused at once (100,000 in full mode), 1 %% of
+   them past their deadline: the sweep that resolves them (per call, 100 rows a
+   call), an idle sweep, and restore latency with 100 paused vs with all of them.
+
+A markdown table goes to the terminal; the same figures, with the machine's core
+count and the versions compared, to ``benchmarks/results/<date>-<mode>-compare.json``.
+PostgreSQL parts are skipped, with a message, when it is down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import platform
+import random
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+
+from meshpoint import TaskExecutionContext, open_store
+from meshpoint.store import SqlStore
+
+POSTGRES_URL = os.environ.get("MESHPOINT_BENCH_POSTGRES_URL",
+                              "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
+PG_DSN = POSTGRES_URL.replace("postgresql+asyncpg://", "postgresql://")
+RESULTS = Path(__file__).parent / "results"
+MODES = {
+    "quick": {"runs": 300, "turns": 500, "paused": 10_000},
+    "full": {"runs": 2000, "turns": 500, "paused": 100_000},
+}
+console = Console(width=150)
+
+
+_WORDS = ("flight hotel weather lisbon porto budget window aisle breakfast museum "
+          "tram river sunset rain forecast booking night train coast beach dinner "
+          "tickets early late transfer airport luggage quiet view centre walk").split()
+
+
+@functools.lru_cache(maxsize=1024)
+def _message(n: int) -> str:
+    rng = random.Random(n)
+    words: list[str] = []
+    while sum(len(w) + 1 for w in words) < 480:
+        words.append(rng.choice(_WORDS))
+    return f"message {n}: " + " ".join(words)
+
+
+def message(n: int) -> dict[str, Any]:
+    """A conversation message of about 500 bytes of varied words (compressible about
+    as much as prose, unlike a repeated phrase)."""
+    return {"role": "user" if n % 2 == 0 else "assistant", "content": _message(n)}
+
+
+def sub_tasks(prefix: str) -> list[dict[str, Any]]:
+    return [{"sub_task_id": f"{prefix}/sub-{n}", "peer_agent_name": f"peer-{n}",
+             "function_call_id": f"call-{n}", "timeout_s": 300} for n in range(3)]
+
+
+def meshpoint_context(task_id: str, messages: int = 20) -> TaskExecutionContext:
+    ctx = TaskExecutionContext(task_id, {"reply_to": "gateway"})
+    ctx.current_invocation_id = f"{task_id}/inv"
+    for n in range(messages):
+        ctx.append_session_event(message(n))
+    for sub in sub_tasks(task_id):
+        ctx.register_peer_sub_task(sub["sub_task_id"], {
+            k: v for k, v in sub.items() if k != "sub_task_id"})
+    return ctx
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    cut = statistics.quantiles(ordered, n=100, method="inclusive")
+    return {"p50": round(cut[49], 3), "p99": round(cut[98], 3), "max": round(ordered[-1], 3),
+            "runs": len(ordered)}
+
+
+# -- LangGraph -------------------------------------------------------------------------
+
+class LangGraphSide:
+    """One LangGraph saver, driven as a graph would drive it."""
+
+    def __init__(self, saver: Any) -> None:
+        from langgraph.checkpoint.base import empty_checkpoint
+
+        self.saver = saver
+        self.empty = empty_checkpoint
+
+    def put(self, thread: str, messages: list[dict[str, Any]], subs: list[dict[str, Any]],
+            step: int, parent: dict[str, Any] | None = None) -> dict[str, Any]:
+        from langgraph.checkpoint.base import create_checkpoint
+
+        checkpoint = create_checkpoint(self.empty(), None, step)
+        checkpoint["channel_values"] = {"messages": messages, "sub_tasks": subs}
+        checkpoint["channel_versions"] = {"messages": step + 1, "sub_tasks": step + 1}
+        config = parent or {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        result: dict[str, Any] = self.saver.put(
+            config, checkpoint, {"source": "loop", "step": step, "parents": {}},
+            {"messages": step + 1, "sub_tasks": step + 1})
+        return result
+
+    def get(self, thread: str) -> Any:
+        return self.saver.get_tuple({"configurable": {"thread_id": thread,
+                                                      "checkpoint_ns": ""}})
+
+
+def timed(samples: list[float], call: Callable[[], Any]) -> Any:
+    start = time.perf_counter()
+    result = call()
+    samples.append((time.perf_counter() - start) * 1000)
+    return result
+
+
+async def atimed(samples: list[float], call: Callable[[], Any]) -> Any:
+    start = time.perf_counter()
+    result = await call()
+    samples.append((time.perf_counter() - start) * 1000)
+    return result
+
+
+# -- 1. write and read -------------------------------------------------------------------
+
+async def write_read(store: SqlStore, lg: LangGraphSide, runs: int,
+                     progress: Progress, label: str) -> dict[str, Any]:
+    prefix = uuid.uuid4().hex[:8]
+    job = progress.add_task(f"{label}: write and read, both sides", total=4 * runs)
+    mp_write: list[float] = []
+    mp_read: list[float] = []
+    lg_write: list[float] = []
+    lg_read: list[float] = []
+    warm = meshpoint_context(f"{prefix}-warm")
+    await store.checkpoint_task(warm, "bench")
+    lg.put(f"{prefix}-warm", [message(n) for n in range(20)], sub_tasks("w"), 0)
+    # Interleaved, so that both sides see the same machine weather.
+    for n in range(runs):
+        ctx = meshpoint_context(f"{prefix}-{n}")
+        await atimed(mp_write, lambda ctx=ctx: store.checkpoint_task(ctx, "bench"))
+        msgs, subs = [message(i) for i in range(20)], sub_tasks(f"{prefix}-{n}")
+        timed(lg_write, lambda n=n, msgs=msgs, subs=subs: lg.put(f"{prefix}-{n}", msgs,
+                                                               subs, 0))
+        progress.advance(job, 2)
+    for n in range(runs):
+        await atimed(mp_read, lambda n=n: store.restore_task(f"{prefix}-{n}"))
+        got = timed(lg_read, lambda n=n: lg.get(f"{prefix}-{n}"))
+        assert len(got.checkpoint["channel_values"]["messages"]) == 20
+        progress.advance(job, 2)
+    for n in range(runs):
+        await store.cleanup_task(f"{prefix}-{n}")
+    await store.cleanup_task(warm.task_id)
+    progress.remove_task(job)
+    out = {"meshpoint_write": percentiles(mp_write), "langgraph_put": percentiles(lg_write),
+           "meshpoint_restore": percentiles(mp_read), "langgraph_get_tuple": percentiles(lg_read)}
+    for what, ours, theirs in (("write", "meshpoint_write", "langgraph_put"),
+                               ("read", "meshpoint_restore", "langgraph_get_tuple")):
+        out[f"{what}_ratio_p50"] = round(out[ours]["p50"] / out[theirs]["p50"], 3)
+        out[f"{what}_ratio_p99"] = round(out[ours]["p99"] / out[theirs]["p99"], 3)
+    return out
+
+
+# -- 2. storage --------------------------------------------------------------------------
+
+async def grow_meshpoint(store: SqlStore, turns: int) -> None:
+    task_id = f"grow-{uuid.uuid4().hex[:8]}"
+    ctx = TaskExecutionContext(task_id, {"reply_to": "gateway"})
+    for turn in range(turns):
+        ctx.append_session_event(message(turn))
+        ctx.current_invocation_id = f"{task_id}/inv-{turn}"
+        ctx.register_peer_sub_task(f"{task_id}/sub-{turn}", {
+            "peer_agent_name": "peer", "function_call_id": f"call-{turn}", "timeout_s": 300})
+        await store.checkpoint_task(ctx, "bench", lease_owner="grower" if turn else None)
+        await store.resolve_peer_sub_task(f"{task_id}/sub-{turn}", {"text": "ok"},
+                                          lease_owner="grower", lease_ttl_s=600)
+        ctx.active_peer_sub_tasks.clear()
+        ctx.parallel_tool_calls.clear()
+
+
+def grow_langgraph(lg: LangGraphSide, turns: int) -> None:
+    thread = f"grow-{uuid.uuid4().hex[:8]}"
+    messages: list[dict[str, Any]] = []
+    parent = None
+    for turn in range(turns):
+        messages = [*messages, message(turn)]
+        parent = lg.put(thread, messages, sub_tasks(f"{thread}-{turn}")[:1], turn, parent)
+
+
+def sqlite_bytes(path: Path) -> int:
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.execute("VACUUM")
+    pages, size = (conn.execute("PRAGMA page_count").fetchone()[0],
+                   conn.execute("PRAGMA page_size").fetchone()[0])
+    conn.close()
+    return int(pages * size)
+
+
+def pg_bytes(schema: str) -> int:
+    import psycopg
+
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s "
+            "AND c.relkind = 'r'", (schema,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+# -- 3. at scale -------------------------------------------------------------------------
+
+async def at_scale(store: SqlStore, paused: int, progress: Progress,
+                   label: str) -> dict[str, Any]:
+    prefix = uuid.uuid4().hex[:8]
+    expired_every = 100  # 1 %
+    job = progress.add_task(f"{label}: pausing {paused:,} tasks", total=paused)
+    out: dict[str, Any] = {"paused": paused}
+
+    async def pause(n: int) -> None:
+        ctx = TaskExecutionContext(f"{prefix}-{n}", {"reply_to": "gateway"})
+        ctx.current_invocation_id = f"{prefix}-{n}/inv"
+        ctx.append_session_event(message(n))
+        ctx.register_peer_sub_task(f"{prefix}-{n}/sub", {
+            "peer_agent_name": "peer", "function_call_id": "call",
+            "timeout_s": 0.05 if n % expired_every == 0 else 3600})
+        await store.checkpoint_task(ctx, "scale")
+
+    restore_small: list[float] = []
+    for n in range(paused):
+        if n == 100:
+            for m in random.Random(1).choices(range(100), k=300):
+                await atimed(restore_small, lambda m=m: store.restore_task(f"{prefix}-{m}"))
+        await pause(n)
+        if n % 500 == 0:
+            progress.update(job, completed=n)
+    progress.remove_task(job)
+    # What autovacuum does within a minute of such a load on PostgreSQL: without
+    # fresh statistics the planner still sees the 100-row tables it analysed first.
+    await store.run(lambda conn: conn.exec_driver_sql("ANALYZE"), write=True)
+    await asyncio.sleep(0.2)  # the 1 % are past their deadline now
+    restore_large: list[float] = []
+    for m in random.Random(2).sample(range(paused), 300):
+        await atimed(restore_large, lambda m=m: store.restore_task(f"{prefix}-{m}"))
+    out["restore_100"] = percentiles(restore_small)
+    out["restore_all"] = percentiles(restore_large)
+    out["restore_p99_growth"] = round(out["restore_all"]["p99"] / out["restore_100"]["p99"]
+                                      - 1, 3)
+    sweeps: list[float] = []
+    resolved = 0
+    while True:
+        got = await atimed(sweeps, lambda: store.sweep_expired_timeouts("scale", limit=100))
+        resolved += len(got)
+        if not got:
+            sweeps.pop()
+            break
+    idle: list[float] = []
+    for _ in range(50):
+        await atimed(idle, lambda: store.sweep_expired_timeouts("scale", limit=100))
+    out["expired"] = resolved
+    out["sweep_per_call_100_rows"] = (percentiles(sweeps * 2) if len(sweeps) == 1
+                                      else percentiles(sweeps) if sweeps else None)
+    out["idle_sweep"] = percentiles(idle)
+    return out
+
+
+# -- the run -----------------------------------------------------------------------------
+
+def postgres_up() -> str | None:
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_DSN, connect_timeout=3):
+            return None
+    except Exception as error:
+        return f"PostgreSQL is not reachable at {PG_DSN} ({error})"
+
+
+async def run_backend(backend: str, mode: dict[str, int], tmp: Path,
+                      progress: Progress) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if backend == "sqlite":
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        def lg_conn(path: Path) -> sqlite3.Connection:
+            conn = sqlite3.connect(path, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")  # the same durability as meshpoint's
+            conn.execute("PRAGMA synchronous=NORMAL")
+            return conn
+
+        async with open_store(f"sqlite:///{tmp}/mp.db") as store:
+            saver = SqliteSaver(lg_conn(tmp / "lg.db"))
+            saver.setup()
+            out["write_read"] = await write_read(store, LangGraphSide(saver), mode["runs"],
+                                                 progress, backend)
+        async with open_store(f"sqlite:///{tmp}/mp-grow.db") as store:
+            await grow_meshpoint(store, mode["turns"])
+        saver = SqliteSaver(lg_conn(tmp / "lg-grow.db"))
+        saver.setup()
+        grow_langgraph(LangGraphSide(saver), mode["turns"])
+        saver.conn.close()
+        out["storage_bytes"] = {"meshpoint": sqlite_bytes(tmp / "mp-grow.db"),
+                                "langgraph": sqlite_bytes(tmp / "lg-grow.db")}
+        async with open_store(f"sqlite:///{tmp}/mp-scale.db") as store:
+            out["at_scale"] = await at_scale(store, mode["paused"], progress, backend)
+        return out
+
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    schemas = {name: f"mp_bench_{name}_{uuid.uuid4().hex[:6]}"
+               for name in ("mp", "lg", "mpgrow", "lggrow", "scale")}
+    import psycopg
+
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        for schema in schemas.values():
+            conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        def lg_saver(schema: str) -> Any:
+            return PostgresSaver.from_conn_string(f"{PG_DSN}?options=-csearch_path%3D{schema}")
+
+        async with open_store(POSTGRES_URL, schema=schemas["mp"]) as store:
+            with lg_saver(schemas["lg"]) as saver:
+                saver.setup()
+                out["write_read"] = await write_read(store, LangGraphSide(saver),
+                                                     mode["runs"], progress, backend)
+        async with open_store(POSTGRES_URL, schema=schemas["mpgrow"]) as store:
+            await grow_meshpoint(store, mode["turns"])
+        with lg_saver(schemas["lggrow"]) as saver:
+            saver.setup()
+            grow_langgraph(LangGraphSide(saver), mode["turns"])
+        with psycopg.connect(PG_DSN, autocommit=True) as conn:
+            conn.execute("VACUUM")
+        # Only the tables a turn writes to; LangGraph's migrations table is tiny either way.
+        out["storage_bytes"] = {"meshpoint": pg_bytes(schemas["mpgrow"]),
+                                "langgraph": pg_bytes(schemas["lggrow"])}
+        async with open_store(POSTGRES_URL, schema=schemas["scale"]) as store:
+            out["at_scale"] = await at_scale(store, mode["paused"], progress, backend)
+    finally:
+        with psycopg.connect(PG_DSN, autocommit=True) as conn:
+            for schema in schemas.values():
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    return out
+
+
+def table(results: dict[str, Any], turns: int) -> str:
+    def pair(d: dict[str, float]) -> str:
+        return f"{d['p50']:.2f} / {d['p99']:.2f}"
+
+    lines = ["| backend | measure | meshpoint | LangGraph | meshpoint / LangGraph (p50, p99) |",
+             "|---|---|---|---|---|"]
+    for backend, r in results.items():
+        if "skipped" in r:
+            lines.append(f"| {backend} | skipped: {r['skipped']} | | | |")
+            continue
+        w = r["write_read"]
+        lines.append(f"| {backend} | pause write p50 / p99 ms | {pair(w['meshpoint_write'])} | "
+                     f"{pair(w['langgraph_put'])} | {w['write_ratio_p50']:.2f}, "
+                     f"{w['write_ratio_p99']:.2f} |")
+        lines.append(f"| {backend} | read p50 / p99 ms | {pair(w['meshpoint_restore'])} | "
+                     f"{pair(w['langgraph_get_tuple'])} | {w['read_ratio_p50']:.2f}, "
+                     f"{w['read_ratio_p99']:.2f} |")
+        s = r["storage_bytes"]
+        lines.append(f"| {backend} | storage after {turns} turns | "
+                     f"{s['meshpoint'] / 2**20:.1f} MiB | {s['langgraph'] / 2**20:.1f} MiB | "
+                     f"{s['meshpoint'] / s['langgraph']:.3f} |")
+        a = r["at_scale"]
+        lines.append(f"| {backend} | restore p50 / p99 ms, 100 vs {a['paused']:,} paused | "
+                     f"{pair(a['restore_100'])} vs {pair(a['restore_all'])} | | "
+                     f"p99 growth {a['restore_p99_growth']:+.0%} |")
+        if a["sweep_per_call_100_rows"]:
+            lines.append(f"| {backend} | sweep of {a['expired']:,} expired (100 a call) p50 / "
+                         f"p99 ms | {pair(a['sweep_per_call_100_rows'])} | | |")
+        lines.append(f"| {backend} | idle sweep, {a['paused']:,} paused, p50 / p99 ms | "
+                     f"{pair(a['idle_sweep'])} | | |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=sorted(MODES), default="quick")
+    parser.add_argument("--backend", choices=["sqlite", "postgres", "both"], default="both")
+    args = parser.parse_args()
+    mode = MODES[args.mode]
+    results: dict[str, Any] = {}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp, Progress(console=console) as progress:
+        for backend in ("sqlite", "postgres"):
+            if args.backend not in (backend, "both"):
+                continue
+            missing = postgres_up() if backend == "postgres" else None
+            if missing:
+                console.print(f"[yellow]skipping PostgreSQL: {missing}; start it with "
+                              f"`make services`[/yellow]")
+                results[backend] = {"skipped": missing}
+                continue
+            results[backend] = asyncio.run(run_backend(backend, mode, Path(tmp), progress))
+    console.print(table(results, mode["turns"]), markup=False)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%SZ")
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"{stamp}-{args.mode}-compare.json"
+    out.write_text(json.dumps({
+        "when": stamp, "mode": args.mode, "settings": mode, "cores": os.cpu_count(),
+        "python": platform.python_version(), "seconds": round(time.perf_counter() - started),
+        "versions": {p: version(p) for p in ("meshpoint", "langgraph-checkpoint",
+                                             "langgraph-checkpoint-sqlite",
+                                             "langgraph-checkpoint-postgres", "sqlalchemy",
+                                             "asyncpg", "psycopg")},
+        "sqlite": sqlite3.sqlite_version, "results": results}, indent=2))
+    console.print(f"written to {out} ({time.perf_counter() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
