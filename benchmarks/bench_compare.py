@@ -329,6 +329,8 @@ async def run_backend(backend: str, mode: dict[str, int], tmp: Path,
                                 "langgraph": sqlite_bytes(tmp / "lg-grow.db")}
         async with open_store(f"sqlite:///{tmp}/mp-scale.db") as store:
             out["at_scale"] = await at_scale(store, mode["paused"], progress, backend)
+        out["at_scale"]["bytes_per_paused_task"] = round(
+            sqlite_bytes(tmp / "mp-scale.db") / mode["paused"])
         return out
 
     from langgraph.checkpoint.postgres import PostgresSaver
@@ -361,6 +363,8 @@ async def run_backend(backend: str, mode: dict[str, int], tmp: Path,
                                 "langgraph": pg_bytes(schemas["lggrow"])}
         async with open_store(POSTGRES_URL, schema=schemas["scale"]) as store:
             out["at_scale"] = await at_scale(store, mode["paused"], progress, backend)
+        out["at_scale"]["bytes_per_paused_task"] = round(
+            pg_bytes(schemas["scale"]) / mode["paused"])
     finally:
         with psycopg.connect(PG_DSN, autocommit=True) as conn:
             for schema in schemas.values():
@@ -398,6 +402,8 @@ def table(results: dict[str, Any], turns: int) -> str:
                          f"p99 ms | {pair(a['sweep_per_call_100_rows'])} | | |")
         lines.append(f"| {backend} | idle sweep, {a['paused']:,} paused, p50 / p99 ms | "
                      f"{pair(a['idle_sweep'])} | | |")
+        lines.append(f"| {backend} | bytes per paused task (1 message, 1 sub-task; 1 % "
+                     f"resolved) | {a['bytes_per_paused_task']:,} | | |")
     return "\n".join(lines)
 
 
