@@ -65,6 +65,8 @@ _PG_MIGRATION_LOCK = 0x6D657368  # "mesh": the advisory lock id migrations take
 #: Log size (4 KiB pages) at which a commit checkpoints SQLite's WAL itself: only if
 #: the :class:`WalCheckpointer` thread has fallen behind (SQLite's default is 1,000).
 WAL_AUTOCHECKPOINT_PAGES = 16_384
+#: Address space SQLite may map for reads (not memory it allocates).
+SQLITE_MMAP_BYTES = 1 << 30
 
 
 def parse_url(url: str | URL) -> URL:
@@ -251,6 +253,10 @@ def _install_sqlite_hooks(engine: Engine, *, memory: bool, busy_timeout_s: float
             # power loss may drop the last transactions (never corrupts the file).
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+            # Reads through the OS page cache, shared by every connection and process,
+            # instead of each connection's own 2 MB cache: with 100,000 paused tasks the
+            # default cache turned a restore into page-sized read() calls.
+            cursor.execute(f"PRAGMA mmap_size={SQLITE_MMAP_BYTES}")
         cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
         cursor.close()
 
