@@ -21,6 +21,7 @@ Variants: PostgreSQL (the main run), PostgreSQL stopped for a few seconds mid-ru
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import re
 import shutil
@@ -52,10 +53,20 @@ RESULT = re.compile(r"^- ask_(\w+)\((\w+)\) = \[(\w+)\] ", re.M)
 def pg_cluster_command(action: str) -> list[str]:
     versions = sorted(Path("/etc/postgresql").iterdir()) if Path(
         "/etc/postgresql").is_dir() else []
-    if not versions or shutil.which("pg_ctlcluster") is None:
+    if not versions or shutil.which("pg_ctlcluster") is None or os.geteuid() not in (
+            0, *_postgres_uid()):
         service_missing("restarting PostgreSQL needs pg_ctlcluster (Debian's "
-                        "postgresql-common) and a local cluster")
+                        "postgresql-common), a local cluster, and root or the postgres user")
     return ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1].name, "main", action]
+
+
+def _postgres_uid() -> list[int]:
+    import pwd
+
+    try:
+        return [pwd.getpwnam("postgres").pw_uid]
+    except KeyError:
+        return []
 
 
 async def run_chaos(cluster: Cluster, nats_url: str, namespace: str, *,
