@@ -34,7 +34,6 @@ import os
 import platform
 import random
 import sqlite3
-import statistics
 import sys
 import tempfile
 import time
@@ -50,6 +49,9 @@ from rich.progress import Progress
 
 from meshpoint import TaskExecutionContext, open_store
 from meshpoint.store import SqlStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_store import percentiles
 
 POSTGRES_URL = os.environ.get("MESHPOINT_BENCH_POSTGRES_URL",
                               "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
@@ -96,13 +98,6 @@ def meshpoint_context(task_id: str, messages: int = 20) -> TaskExecutionContext:
         ctx.register_peer_sub_task(sub["sub_task_id"], {
             k: v for k, v in sub.items() if k != "sub_task_id"})
     return ctx
-
-
-def percentiles(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    cut = statistics.quantiles(ordered, n=100, method="inclusive")
-    return {"p50": round(cut[49], 3), "p99": round(cut[98], 3), "max": round(ordered[-1], 3),
-            "runs": len(ordered)}
 
 
 # -- LangGraph -------------------------------------------------------------------------
@@ -284,8 +279,7 @@ async def at_scale(store: SqlStore, paused: int, progress: Progress,
     for _ in range(50):
         await atimed(idle, lambda: store.sweep_expired_timeouts("scale", limit=100))
     out["expired"] = resolved
-    out["sweep_per_call_100_rows"] = (percentiles(sweeps * 2) if len(sweeps) == 1
-                                      else percentiles(sweeps) if sweeps else None)
+    out["sweep_per_call_100_rows"] = percentiles(sweeps) if sweeps else None
     out["idle_sweep"] = percentiles(idle)
     return out
 

@@ -35,7 +35,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -243,7 +242,7 @@ def main() -> None:
     out.write_text(json.dumps({
         "when": stamp, "cores": os.cpu_count(), "python": platform.python_version(),
         "postgres": psql("SHOW server_version"), "runs": runs,
-        "pgbench_tps": ceiling, "started": time.time()}, indent=2))
+        "pgbench_tps": ceiling}, indent=2))
     console.print(f"written to {out}")
     if any(run["failed"] or run["clean_exits"] != run["processes"] for run in runs):
         console.print("[red]some tasks failed or a process did not exit cleanly[/red]")

@@ -67,6 +67,8 @@ def context_20kb(task_id: str) -> TaskExecutionContext:
 
 def percentiles(samples_ms: list[float]) -> dict[str, float]:
     ordered = sorted(samples_ms)
+    if len(ordered) == 1:  # quantiles need two points
+        return {"p50": ordered[0], "p99": ordered[0], "max": ordered[0], "runs": 1}
     cut = statistics.quantiles(ordered, n=100, method="inclusive")
     return {"p50": cut[49], "p99": cut[98], "max": ordered[-1], "runs": len(ordered)}
 

@@ -8,6 +8,7 @@ them with SIGTERM, checking each drains and exits 0.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -147,8 +148,6 @@ class Cluster:
 
     def stats(self, agent: str) -> list[dict[str, Any]]:
         """The stats each gracefully stopped process of ``agent`` wrote at exit."""
-        import json
-
         return [json.loads(path.read_text())
                 for path in sorted(self.workdir.glob(f"{agent}-*.stats.json"))]
 

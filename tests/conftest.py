@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from sqlalchemy import Connection
@@ -28,7 +28,7 @@ REQUIRE_SERVICES = os.environ.get("MESHPOINT_REQUIRE_SERVICES") == "1"
 NATS_URL = os.environ.get("MESHPOINT_TEST_NATS_URL", "nats://127.0.0.1:4222")
 
 
-def service_missing(message: str) -> None:
+def service_missing(message: str) -> NoReturn:
     """Skip with ``message``, or fail under MESHPOINT_REQUIRE_SERVICES=1 (CI)."""
     if REQUIRE_SERVICES:
         pytest.fail(message + " [MESHPOINT_REQUIRE_SERVICES=1]", pytrace=False)
@@ -84,7 +84,6 @@ def private_nats(tmp_path: Path) -> Iterator[Any]:
     binary = nats_server_binary()
     if binary is None:
         service_missing("nats-server is not installed (Debian: apt install nats-server)")
-        raise AssertionError  # unreachable
     server = PrivateNats(binary, tmp_path / "nats")
     server.start()
     try:

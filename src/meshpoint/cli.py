@@ -164,7 +164,6 @@ def serve(
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         mesh = load_config(config)
-        mesh.agent_config(agent)
         asyncio.run(run_serve(mesh, agent, instance_id=instance_id, on_ready=print_ready,
                               stats_path=stats_json))
     except MeshpointError as error:

@@ -18,7 +18,8 @@ import importlib
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -33,6 +34,10 @@ from pydantic import (
 from meshpoint.errors import ConfigurationError, MeshpointError
 from meshpoint.llm.base import Model
 from meshpoint.runtime.agent import Agent, LocalTool, Peer, RuntimeOptions
+
+if TYPE_CHECKING:
+    from meshpoint.broker import Broker
+    from meshpoint.store import SqlStore
 
 _NAME = r"^[A-Za-z0-9_-]{1,64}$"
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -79,17 +84,21 @@ class BrokerConfig(_Strict):
         return self
 
 
-class RuntimeConfig(_Strict):
-    """Timings of every instance (see :class:`meshpoint.runtime.RuntimeOptions`)."""
+_RUNTIME = RuntimeOptions()  # the defaults the config falls back to
 
-    lease_ttl_s: float = Field(default=30.0, gt=0)
-    sweep_interval_s: float = Field(default=1.0, gt=0)
-    recovery_interval_s: float = Field(default=2.0, gt=0)
-    request_ack_wait_s: float = Field(default=60.0, gt=0)
-    response_ack_wait_s: float = Field(default=30.0, gt=0)
-    max_deliver: int = Field(default=5, ge=1)
-    max_in_flight: int = Field(default=16, ge=1)
-    max_message_bytes: int = Field(default=1 << 20, ge=1024)
+
+class RuntimeConfig(_Strict):
+    """Timings of every instance (see :class:`meshpoint.runtime.RuntimeOptions`, whose
+    defaults these are), and two of the ``serve`` process."""
+
+    lease_ttl_s: float = Field(default=_RUNTIME.lease_ttl_s, gt=0)
+    sweep_interval_s: float = Field(default=_RUNTIME.sweep_interval_s, gt=0)
+    recovery_interval_s: float = Field(default=_RUNTIME.recovery_interval_s, gt=0)
+    request_ack_wait_s: float = Field(default=_RUNTIME.request_ack_wait_s, gt=0)
+    response_ack_wait_s: float = Field(default=_RUNTIME.response_ack_wait_s, gt=0)
+    max_deliver: int = Field(default=_RUNTIME.max_deliver, ge=1)
+    max_in_flight: int = Field(default=_RUNTIME.max_in_flight, ge=1)
+    max_message_bytes: int = Field(default=_RUNTIME.max_message_bytes, ge=1024)
     #: On SIGTERM, how long to let the work in hand reach its pause or its end.
     drain_timeout_s: float = Field(default=20.0, ge=0)
     #: How long ``serve`` retries an unreachable store or broker before giving up.
@@ -179,13 +188,8 @@ class MeshConfig(_Strict):
         return agents
 
     def runtime_options(self) -> RuntimeOptions:
-        r = self.runtime
-        return RuntimeOptions(
-            namespace=self.namespace, lease_ttl_s=r.lease_ttl_s,
-            sweep_interval_s=r.sweep_interval_s, recovery_interval_s=r.recovery_interval_s,
-            request_ack_wait_s=r.request_ack_wait_s, response_ack_wait_s=r.response_ack_wait_s,
-            max_deliver=r.max_deliver, max_in_flight=r.max_in_flight,
-            max_message_bytes=r.max_message_bytes)
+        return RuntimeOptions(namespace=self.namespace, **self.runtime.model_dump(
+            exclude={"drain_timeout_s", "startup_timeout_s"}))
 
     def agent_config(self, name: str) -> AgentConfig:
         try:
@@ -205,23 +209,21 @@ class MeshConfig(_Strict):
             stateless_checkpointing=spec.stateless_checkpointing,
             system_prompt=spec.system_prompt, max_turns=spec.max_turns)
 
-    async def open_store(self) -> Any:
+    async def open_store(self) -> SqlStore:
         from meshpoint.store import open_store
 
         s = self.store
         return await open_store(s.url, tenant_id=s.tenant, migrate=s.migrate,
                                 schema=s.schema_name, pool_size=s.pool_size)
 
-    async def open_broker(self) -> Any:
+    async def open_broker(self) -> Broker:
         from meshpoint.broker import open_broker
 
-        b = self.broker
-        if b.url.startswith(("nats://", "tls://")):
-            return await open_broker(
-                b.url, stream_prefix=b.stream_prefix, max_age_s=b.max_age_s,
-                dedupe_window_s=b.dedupe_window_s, publish_timeout_s=b.publish_timeout_s,
-                connect_timeout_s=b.connect_timeout_s)
-        return await open_broker(b.url, dedupe_window_s=b.dedupe_window_s)
+        if self.broker.url.startswith(("nats://", "tls://")):
+            return await open_broker(self.broker.url,
+                                     **self.broker.model_dump(exclude={"url"}))
+        return await open_broker(self.broker.url,
+                                 dedupe_window_s=self.broker.dedupe_window_s)
 
 
 def _build_model(agent: str, spec: ScriptedModelConfig | OpenAIModelConfig) -> Model:
@@ -293,10 +295,12 @@ def _expand_env(value: Any, where: tuple[Any, ...]) -> Any:
 
 def _explain(error: Any) -> str:
     """One pydantic error as ``key.path: what was expected (got ...)``."""
-    loc = [str(part) for part in _without_tags(error["loc"])]
-    where = ".".join(loc) or "(top level)"
+    path, _ = _walk(error["loc"])
+    where = ".".join(path) or "(top level)"
     if error["type"] == "extra_forbidden":
-        allowed = _allowed_keys(error["loc"][:-1])
+        _, model = _walk(error["loc"][:-1])
+        allowed = sorted(f.alias or name for name, f in model.model_fields.items()) if (
+            model is not None) else []
         hint = f"; expected one of: {', '.join(allowed)}" if allowed else ""
         return f"{where}: unknown key{hint}"
     if error["type"] == "missing":
@@ -311,35 +315,41 @@ def _explain(error: Any) -> str:
     return f"{where}: {message}{shown}"
 
 
-def _without_tags(loc: tuple[Any, ...]) -> list[Any]:
-    """``loc`` without the union tag pydantic inserts after ``model``."""
-    return [part for index, part in enumerate(loc)
-            if not (index and loc[index - 1] == "model" and part in ("scripted", "openai"))]
+def _walk(loc: tuple[Any, ...]) -> tuple[list[str], type[BaseModel] | None]:
+    """Follow a pydantic error location through the config's types: the key path as
+    the file spells it (without the tag pydantic inserts for a ``kind:`` union), and
+    the model found at its end, if any."""
+    node: Any = MeshConfig
+    path: list[str] = []
+    for part in loc:
+        node = _unwrap(node)
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            field = next((f for name, f in node.model_fields.items()
+                          if part in (name, f.alias)), None)
+            node = field.annotation if field is not None else None
+        elif get_origin(node) in (dict, list):
+            node = get_args(node)[-1]
+        elif get_origin(node) in (Union, UnionType):  # tagged: this part is the tag
+            node = next((m for m in get_args(node) if _kind(m) == part), None)
+            continue
+        else:
+            node = None
+        path.append(str(part))
+    node = _unwrap(node)
+    return path, node if isinstance(node, type) and issubclass(node, BaseModel) else None
 
 
-def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
-    """The keys the model at ``loc`` accepts (best effort, for the error message)."""
-    model: Any = MeshConfig
-    for index, part in enumerate(loc):
-        if model == "tagged" and part in ("scripted", "openai") and loc[index - 1] == "model":
-            model = ScriptedModelConfig if part == "scripted" else OpenAIModelConfig
-            continue
-        if model is MeshConfig and part == "agents":
-            model = "agents"
-            continue
-        if model == "agents":
-            model = AgentConfig
-            continue
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(part) if isinstance(model, type) else None  # type: ignore[attr-defined]
-        if field is None:
-            return []
-        model = {"store": StoreConfig, "broker": BrokerConfig, "runtime": RuntimeConfig,
-                 "model": "tagged", "peers": PeerConfig, "tools": ToolConfig}.get(part)
-        if model is None:
-            return []
-    if not isinstance(model, type):
-        return []
-    fields: dict[str, Any] = model.model_fields  # type: ignore[attr-defined]
-    return sorted(f.alias or name for name, f in fields.items())
+def _unwrap(node: Any) -> Any:
+    """``Annotated[X, ...]`` and ``X | None`` as ``X``."""
+    while get_origin(node) is Annotated:
+        node = get_args(node)[0]
+    if get_origin(node) in (Union, UnionType):
+        members = [m for m in get_args(node) if m is not type(None)]
+        if len(members) == 1:
+            return members[0]
+    return node
+
+
+def _kind(model: Any) -> Any:
+    fields = getattr(model, "model_fields", {})
+    return fields["kind"].default if "kind" in fields else None

@@ -17,7 +17,6 @@ import contextlib
 import json
 import logging
 import signal
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -111,4 +110,3 @@ async def submit(config: MeshConfig, agent_name: str, text: str, *,
 
 def print_ready(instance: AgentInstance) -> None:
     print(f"{READY} {instance.instance_id}", flush=True)
-    sys.stdout.flush()

@@ -110,7 +110,8 @@ class NatsBroker(Broker):
         self.pull_expires_s = pull_expires_s
         self.ephemeral_inactive_s = ephemeral_inactive_s
         self.closed = False
-        self._closing: list[bool] = []
+        #: Set once close() begins: disconnects from then on are expected.
+        self.closing = False
         self._streams: set[str] = set()
         self._stream_lock = asyncio.Lock()
         #: (stream, consumer) -> members of that queue in this process.
@@ -124,13 +125,13 @@ class NatsBroker(Broker):
         Raises :class:`BrokerError` if it cannot be reached within
         ``connect_timeout_s``; ``options`` are those of :class:`NatsBroker`."""
         nc = NatsClient()
-        closing: list[bool] = []  # set once close() begins: disconnects are expected
+        broker = cls(nc, url, **options)  # the client connects below
 
         async def quiet(_error: Exception) -> None:  # reconnects are logged below
             return None
 
         async def disconnected() -> None:
-            if not closing and not nc.is_closed:
+            if not broker.closing and not nc.is_closed:  # closing: expected
                 logger.warning("NATS connection to %s lost; reconnecting", url)
 
         async def reconnected() -> None:
@@ -149,8 +150,6 @@ class NatsBroker(Broker):
             raise BrokerError(
                 f"cannot reach NATS at {url} within {connect_timeout_s:g}s ({error!r}); "
                 f"start nats-server with JetStream (-js) or fix the broker URL") from None
-        broker = cls(nc, url, **options)
-        broker._closing = closing
         try:
             await broker.js.account_info()
         except nats.errors.Error as error:
@@ -298,7 +297,7 @@ class NatsBroker(Broker):
     async def close(self) -> None:
         if self.closed:
             return
-        self._closing.append(True)
+        self.closing = True
         for members in list(self._members.values()):
             for member in list(members):
                 await member.stop()

@@ -69,7 +69,10 @@ class AgentInstance(TurnRunner):
         self.active: dict[str, TaskRun] = {}
         #: sub_task_id -> task_id of the in-memory path's outstanding calls.
         self.memory_subs: dict[str, str] = {}
-        self._subscriptions: list[Subscription] = []
+        #: The agent's shared queues (new work: requests, answers, status updates), and
+        #: this instance's own (its inbox and the control subject).
+        self._work_queues: list[Subscription] = []
+        self._own_queues: list[Subscription] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._attempt = 0
         self.running = False
@@ -91,18 +94,19 @@ class AgentInstance(TurnRunner):
         mine = ConsumerOptions(ack_wait_s=o.response_ack_wait_s, max_deliver=o.max_deliver,
                                max_in_flight=o.max_in_flight, ephemeral=True)
         base = f"{ns}.a2a.v1.agent"
-        for subject, queue, handler, options in (
-            (wire.request_subject(ns, name), f"{ns}-{name}-requests", self._on_request,
-             requests),
-            (f"{base}.response.{name}.*", f"{ns}-{name}-responses", self._on_response, answers),
-            (f"{base}.status.{name}.*", f"{ns}-{name}-status", self._on_status, answers),
-            (f"{wire.inbox_prefix(ns, self.instance_id)}.>", f"{ns}-inbox-{self.instance_id}",
-             self._on_inbox, mine),
-            (wire.control_subject(ns, name), f"{ns}-control-{self.instance_id}",
-             self._on_control, mine),
+        for joined, subject, queue, handler, options in (
+            (self._work_queues, wire.request_subject(ns, name), f"{ns}-{name}-requests",
+             self._on_request, requests),
+            (self._work_queues, f"{base}.response.{name}.*", f"{ns}-{name}-responses",
+             self._on_response, answers),
+            (self._work_queues, f"{base}.status.{name}.*", f"{ns}-{name}-status",
+             self._on_status, answers),
+            (self._own_queues, f"{wire.inbox_prefix(ns, self.instance_id)}.>",
+             f"{ns}-inbox-{self.instance_id}", self._on_inbox, mine),
+            (self._own_queues, wire.control_subject(ns, name),
+             f"{ns}-control-{self.instance_id}", self._on_control, mine),
         ):
-            self._subscriptions.append(
-                await self.broker.subscribe(subject, queue, handler, options))
+            joined.append(await self.broker.subscribe(subject, queue, handler, options))
         self.spawn(self._forever("keeper", self._keep, self._keeper_period(),
                                  while_draining=True))
         if self.agent.peers:
@@ -123,18 +127,17 @@ class AgentInstance(TurnRunner):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         self.draining = True
-        # The first three are new work (requests, answers, status); the inbox and the
-        # control subject serve the tasks in hand until the end.
-        new_work, self._subscriptions = self._subscriptions[:3], self._subscriptions[3:]
-        await asyncio.gather(*(s.drain(timeout_s) for s in new_work))
+        # No new work; the inbox and the control subject serve the tasks in hand.
+        await asyncio.gather(*(s.drain(timeout_s) for s in self._work_queues))
+        self._work_queues.clear()
         while loop.time() < deadline and (self.active or len(self._tasks) > 1):
             await asyncio.sleep(0.02)  # the keeper is the one task left when idle
         left = len(self.active)
         # Handlers still running on the inbox or the control subject (a cancel midway)
         # finish too, within what is left of the time.
         await asyncio.gather(*(s.drain(max(0.0, deadline - loop.time()))
-                               for s in self._subscriptions))
-        self._subscriptions.clear()
+                               for s in self._own_queues))
+        self._own_queues.clear()
         await self._halt()
         logger.info("%s: drained (%d task(s) left to recovery)", self.instance_id, left)
 
@@ -149,9 +152,10 @@ class AgentInstance(TurnRunner):
 
     async def _halt(self) -> None:
         self.running = False
-        for subscription in self._subscriptions:
+        for subscription in (*self._work_queues, *self._own_queues):
             await subscription.stop()
-        self._subscriptions.clear()
+        self._work_queues.clear()
+        self._own_queues.clear()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
