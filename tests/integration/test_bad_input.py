@@ -170,7 +170,10 @@ TASK_ROW = (paused_tasks.c.tenant_id == "default") & (paused_tasks.c.logical_tas
     (update(paused_tasks).where(TASK_ROW).values(context_encoding="zlib"), "corrupt"),
     (update(paused_tasks).where(TASK_ROW).values(context_encoding="rot13"), "encoding"),
     (update(paused_tasks).where(TASK_ROW).values(context_sha256="0" * 64), "SHA-256"),
-    (delete(events_table).where(events_table.c.seq == 1), "2 conversation events but 1"),
+    (delete(events_table), "2 conversation events but 0"),
+    (update(events_table).values(data=[{"role": "user"}]), "2 conversation events but 1"),
+    (update(events_table).values(seq=1), "row at event 1 that does not continue the 0"),
+    (update(events_table).values(data={"role": "user"}), "not a JSON array"),
 ])
 async def test_a_corrupted_task_row_is_never_restored(store: SqlStore, damage: Any,
                                                       match: str) -> None:

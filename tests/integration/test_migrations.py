@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, inspect
+from sqlalchemy import Connection, inspect, select
 
 from meshpoint.errors import SchemaError
-from meshpoint.store import open_store
+from meshpoint.store import SqlStore, open_store
 from meshpoint.store.engine import (
     current_revision,
     downgrade,
@@ -19,7 +19,8 @@ from meshpoint.store.engine import (
     open_database,
     parse_url,
 )
-from meshpoint.store.schema import metadata
+from meshpoint.store.schema import metadata, session_events
+from tests.integration.test_store import fan_out
 
 
 def _include(obj: Any, name: str | None, kind: str, reflected: bool, compare_to: Any) -> bool:
@@ -82,3 +83,42 @@ async def test_migrating_twice_and_down_and_up_again(
         assert await current_revision(db) == head_revision()
     finally:
         await db.dispose()
+
+
+async def test_0002_turns_event_rows_into_batches_and_back(
+        empty_database: tuple[str, dict[str, Any]]) -> None:
+    """Conversations written one row per event (0001) restore after the upgrade, and
+    the downgrade splits batches back into one row per event."""
+    url, options = empty_database
+    db = open_database(parse_url(url), busy_timeout_s=5, schema=options.get("schema"),
+                       pool_size=1)
+    store = SqlStore(db, tenant_id="default")
+    try:
+        await migrate(db)
+        await store.checkpoint_task(fan_out("t1", peers=1), "agent")  # 2 events, one row
+        await store.resolve_peer_sub_task("t1/sub-0", "x", lease_owner="i-1")
+        ctx = (await store.restore_task("t1", lease_owner="i-1")).context
+        for n in range(3):
+            ctx.append_session_event({"role": "tool", "n": n})
+        ctx.current_invocation_id = "inv-2"
+        ctx.register_peer_sub_task("t1/sub-1", {"peer_agent_name": "peer-0"})
+        await store.checkpoint_task(ctx, "agent", lease_owner="i-1")  # 3 more, one row
+        expected = (await store.restore_task("t1")).context.to_checkpoint_dict()
+
+        def event_rows(conn: Connection) -> list[tuple[int, Any]]:
+            return [(row.seq, row.data) for row in conn.execute(
+                select(session_events.c.seq, session_events.c.data)
+                .order_by(session_events.c.seq))]
+
+        assert [(seq, len(data)) for seq, data in await store.run(event_rows)] == \
+            [(0, 2), (2, 3)]
+        await downgrade(db, "0001")
+        rows = await store.run(event_rows)
+        assert [seq for seq, _ in rows] == [0, 1, 2, 3, 4]
+        assert [data for _, data in rows] == expected["session_events"]
+        await migrate(db)
+        assert [(seq, len(data)) for seq, data in await store.run(event_rows)] == \
+            [(n, 1) for n in range(5)]
+        assert (await store.restore_task("t1")).context.to_checkpoint_dict() == expected
+    finally:
+        await store.close()

@@ -46,7 +46,7 @@ async def test_checkpoint_writes_task_sub_tasks_invocation_and_events(
     assert counts["agent_paused_tasks"] == 1
     assert counts["agent_peer_sub_tasks"] == 3
     assert counts["agent_parallel_invocations"] == 1
-    assert counts["agent_session_events"] == 2
+    assert counts["agent_session_events"] == 1  # the 2 events, as one row
     sub = await store.get_peer_sub_task("t1/sub-1")
     assert (sub.task_id, sub.invocation_id, sub.function_call_id) == ("t1", "inv-1", "call-1")
     assert sub.peer_agent_name == "peer-1" and sub.status == "pending"
@@ -228,7 +228,7 @@ async def test_resumed_task_checkpoints_again_under_its_lease(
     assert receipt.events_appended == 2  # only the new events, never the whole conversation
     assert ctx.session_events_persisted == 4
     counts = await row_counts(store)
-    assert counts["agent_session_events"] == 4
+    assert counts["agent_session_events"] == 2  # one row per checkpoint that appended
     assert counts["agent_peer_sub_tasks"] == 1  # the resolved sub-tasks are gone
     restored = await store.restore_task("t1")
     assert restored.status == "waiting_peers" and restored.owner is None
@@ -236,6 +236,25 @@ async def test_resumed_task_checkpoints_again_under_its_lease(
                                                                       "model"]
     assert list(restored.context.active_peer_sub_tasks) == ["t1/follow-up"]
     assert restored.context.parallel_tool_calls["inv-1"].completed == 3
+
+
+async def test_checkpoints_that_append_no_events_write_no_event_row(store: SqlStore) -> None:
+    ctx = fan_out("t1", peers=1, local=False)
+    ctx.session_events.clear()
+    await store.checkpoint_task(ctx, AGENT)  # nothing said yet
+    assert (await row_counts(store))["agent_session_events"] == 0
+    for turn, new_events in enumerate((0, 3, 0, 1)):
+        await store.resolve_peer_sub_task(f"t1/sub-{turn}", "x", lease_owner="i-1")
+        ctx = (await store.restore_task("t1", lease_owner="i-1")).context
+        for n in range(new_events):
+            ctx.append_session_event({"role": "tool", "turn": turn, "n": n})
+        ctx.current_invocation_id = f"inv-{turn + 2}"
+        ctx.register_peer_sub_task(f"t1/sub-{turn + 1}", {"peer_agent_name": "peer-0"})
+        receipt = await store.checkpoint_task(ctx, AGENT, lease_owner="i-1")
+        assert receipt.events_appended == new_events
+    assert (await row_counts(store))["agent_session_events"] == 2
+    events = (await store.restore_task("t1")).context.session_events
+    assert [(e["turn"], e["n"]) for e in events] == [(1, 0), (1, 1), (1, 2), (3, 0)]
 
 
 async def test_restore_rebuilds_the_context(store: SqlStore) -> None:
@@ -265,7 +284,7 @@ async def test_cleanup_removes_every_live_row(store: SqlStore) -> None:
     await store.cleanup_task("t1")
     counts = await row_counts(store)
     assert counts == {"agent_paused_tasks": 1, "agent_peer_sub_tasks": 3,
-                      "agent_parallel_invocations": 1, "agent_session_events": 2,
+                      "agent_parallel_invocations": 1, "agent_session_events": 1,
                       "agent_checkpoints": 0, "agent_events": 0}
     await store.cleanup_task("t2")
     assert set((await row_counts(store)).values()) == {0}

@@ -17,9 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import (
-    ColumnElement,
+    Boolean,
     Float,
-    Insert,
     Integer,
     String,
     and_,
@@ -27,16 +26,19 @@ from sqlalchemy import (
     case,
     column,
     delete,
+    exists,
     func,
     insert,
     literal,
     or_,
     select,
     text,
+    true,
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
+from meshpoint.store.lean import Lean
 from meshpoint.store.schema import (
     OPEN_SUB_TASK_PREDICATE,
     JSONDoc,
@@ -77,6 +79,22 @@ INSERT_TASK = insert(T).values(
     context_sha256=bindparam("p_sha256"), session_event_count=bindparam("p_event_count"),
     version=1, created_at=now, checkpointed_at=now,
     expires_at=bindparam("p_expires_at", type_=Float))
+#: A checkpoint's pending sub-task (one parameter dict per row).
+INSERT_SUB_TASK = insert(S).values(
+    tenant_id=tenant, logical_task_id=task, agent_name=bindparam("p_agent", type_=String),
+    sub_task_id=bindparam("sub_task_id"), invocation_id=bindparam("invocation_id"),
+    function_call_id=bindparam("function_call_id"),
+    peer_agent_name=bindparam("peer_agent_name"), peer_task_id=bindparam("peer_task_id"),
+    correlation_data=bindparam("correlation_data", type_=JSONDoc),
+    timeout_s=bindparam("timeout_s", type_=Float),
+    timeout_deadline=bindparam("timeout_deadline", type_=Float), status="pending",
+    created_at=now)
+#: A checkpoint's parallel invocation (one parameter dict per row).
+INSERT_INVOCATION = insert(I).values(
+    tenant_id=tenant, logical_task_id=task, invocation_id=bindparam("invocation_id"),
+    total_expected=bindparam("total_expected"), completed_count=bindparam("completed_count"),
+    call_order=bindparam("call_order", type_=JSONDoc),
+    results=bindparam("results", type_=JSONDoc), created_at=now)
 #: A re-checkpoint of a resumed task: only the lease holder may overwrite its row, and
 #: only from the conversation it restored (``p_first`` events stored, no more, no less).
 #: The lease is released by the same write, since the task leaves memory again.
@@ -93,29 +111,19 @@ RECHECKPOINT_TASK = (
     .returning(T.c.version)
 )
 
-def _append_events(dialect: str) -> Insert:
-    """Append the events of one checkpoint, sent as *one* JSON array parameter and
-    expanded by the database, numbered from ``p_first``.
-
-    One bound document instead of an executemany of one row per event: on
-    PostgreSQL the executemany took 1.9 ms for 20 events (SQLAlchemy assembles a
-    statement of 20 value tuples per call), this 0.6 ms.
-    """
-    data: ColumnElement[Any]
-    if dialect == "postgresql":
-        items = (func.jsonb_array_elements(bindparam("p_events", type_=JSONB))
-                 .table_valued("value", with_ordinality="ord").render_derived())
-        seq, data = bindparam("p_first", type_=Integer) + items.c.ord - 1, items.c.value
-    else:
-        items = func.json_each(bindparam("p_events", type_=JSONDoc)).table_valued("key", "value")
-        seq, data = bindparam("p_first", type_=Integer) + items.c.key, func.json(items.c.value)
-    rows = select(tenant, task, seq, data, now)
-    return insert(E).from_select(["tenant_id", "logical_task_id", "seq", "data", "created_at"],
-                                 rows)
-
-
-#: Appends a checkpoint's new conversation events (JSON expansion differs by dialect).
-APPEND_EVENTS = {"postgresql": _append_events("postgresql"), "sqlite": _append_events("sqlite")}
+#: Append the events of one checkpoint as *one* row: ``seq`` is the index of its
+#: first event, ``data`` the JSON array of them. Written only if there are any
+#: (``p_has_events``), so a later checkpoint's batch can start at the same index.
+#:
+#: One row per checkpoint rather than per event: the rows (and index entries) a
+#: checkpoint writes were its cost. With 20 events of 500 B, a first checkpoint on
+#: PostgreSQL took p50 0.89 ms writing 20 event rows and 0.59 ms writing none; the
+#: conversation is still never re-stored, only appended to.
+APPEND_EVENTS = insert(E).from_select(
+    ["tenant_id", "logical_task_id", "seq", "data", "created_at"],
+    select(tenant, task, bindparam("p_first", type_=Integer),
+           bindparam("p_events", type_=JSONDoc), now)
+    .where(bindparam("p_has_events", type_=Boolean)))
 
 # PostgreSQL only: a checkpoint's rows in one statement. Every statement is a network
 # round trip; SQLite, in-process, inserts table by table. Sub-tasks and invocations are
@@ -149,7 +157,7 @@ def _pg_child_inserts() -> tuple[Any, ...]:
         ["tenant_id", "logical_task_id", *inv_names, "created_at"],
         select(tenant, task, *(invs.c[name] for name in inv_names), now))
     return (insert_subs.cte("new_sub_tasks"), insert_invs.cte("new_invocations"),
-            _append_events("postgresql").cte("new_events"))
+            APPEND_EVENTS.cte("new_events"))
 
 
 #: A first checkpoint on PostgreSQL: the task row and all its children.
@@ -207,14 +215,59 @@ ADVANCE_INVOCATION = (
 #: only if nobody holds it (a canceler, say): a held lease is never taken away here.
 #: SET expressions all read the old row, so both CASEs decide alike.
 _LEASE_FREE = or_(T.c.owner.is_(None), T.c.lease_expires_at <= now)
-MARK_RESUMING = (
-    update(T)
-    .where(TASK_KEY)
-    .values(status="resuming", owner=case((_LEASE_FREE, owner), else_=T.c.owner),
-            lease_expires_at=case((_LEASE_FREE, lease_until), else_=T.c.lease_expires_at),
-            version=T.c.version + 1)
-    .returning(T.c.owner)
-)
+MARK_RESUMING_VALUES = {
+    "status": "resuming", "owner": case((_LEASE_FREE, owner), else_=T.c.owner),
+    "lease_expires_at": case((_LEASE_FREE, lease_until), else_=T.c.lease_expires_at),
+    "version": T.c.version + 1}
+MARK_RESUMING = update(T).where(TASK_KEY).values(MARK_RESUMING_VALUES).returning(T.c.owner)
+
+
+def _pg_resolve_one() -> Any:
+    """PostgreSQL: claim one sub-task, record its result, count it on its invocation
+    and, if that completes the join, mark the task ``resuming``, in *one* statement.
+
+    The same three updates as RESOLVE_PENDING, ADVANCE_INVOCATION and MARK_RESUMING,
+    in the same lock order, chained through data-modifying CTEs. Run without BEGIN
+    and COMMIT it is one round trip instead of five, and still atomic, but nothing
+    can be rolled back once it returns: so it leaves alone every row the store would
+    refuse after reading it (correlation data that is not an object, an invocation
+    row missing or already full). It then returns no row, and the store takes the
+    transactional path, which explains the refusal. ``completed`` is NULL only if
+    the invocation filled up between the guard and the count, which consistent rows
+    never do.
+    """
+    inv_key = and_(I.c.tenant_id == S.c.tenant_id, I.c.logical_task_id == S.c.logical_task_id,
+                   I.c.invocation_id == S.c.invocation_id)
+    resolved = (
+        update(S)
+        .where(SUB_KEY, S.c.status == "pending",
+               func.jsonb_typeof(S.c.correlation_data) == "object",
+               exists().where(inv_key, I.c.completed_count < I.c.total_expected))
+        .values(status="resolved", resolved_by=resolved_by, result=result, resolved_at=now)
+        .returning(*SUB_COLUMNS)
+        .cte("resolved"))
+    counted = (
+        update(I)
+        .where(I.c.tenant_id == tenant, I.c.logical_task_id == resolved.c.logical_task_id,
+               I.c.invocation_id == resolved.c.invocation_id,
+               I.c.completed_count < I.c.total_expected)
+        .values(completed_count=I.c.completed_count + 1)
+        .returning(I.c.logical_task_id, I.c.completed_count, I.c.total_expected)
+        .cte("counted"))
+    resumed = (
+        update(T)
+        .where(T.c.tenant_id == tenant, T.c.logical_task_id == counted.c.logical_task_id,
+               counted.c.completed_count == counted.c.total_expected)
+        .values(MARK_RESUMING_VALUES)
+        .returning(T.c.owner)
+        .cte("resumed"))
+    return (select(*resolved.c, counted.c.completed_count.label("completed"),
+                   counted.c.total_expected.label("total"), resumed.c.owner.label("holder"))
+            .select_from(resolved.outerjoin(counted, true()).outerjoin(resumed, true())))
+
+
+#: One resolution in one round trip (PostgreSQL); see :func:`_pg_resolve_one`.
+PG_RESOLVE_ONE = _pg_resolve_one()
 #: Sub-tasks whose deadline can still pass. Rendered as literal SQL, word for word the
 #: partial index's predicate: as bound parameters, PostgreSQL's generic plans could
 #: not prove the index applies.
@@ -307,3 +360,15 @@ COUNT_BY_AGENT_STATUS = (select(T.c.agent_name, T.c.status, func.count())
 OLDEST_CHECKPOINT = select(func.min(T.c.checkpointed_at)).where(T.c.tenant_id == tenant)
 PENDING_SUMMARY = select(func.count(), func.min(S.c.timeout_deadline)).where(PENDING)
 EXPIRED_COUNT = select(func.count()).where(PENDING, S.c.timeout_deadline <= now)
+
+
+class Hot:
+    """The statements of the pause-boundary path (a first checkpoint, a resolution),
+    run lean: see :mod:`meshpoint.store.lean` for why and how."""
+
+    insert_task = Lean(INSERT_TASK)
+    insert_sub_task = Lean(INSERT_SUB_TASK)
+    insert_invocation = Lean(INSERT_INVOCATION)
+    append_events = Lean(APPEND_EVENTS)
+    pg_first_checkpoint = Lean(PG_FIRST_CHECKPOINT)
+    pg_resolve_one = Lean(PG_RESOLVE_ONE)

@@ -129,10 +129,24 @@ def decode_context(task: Any) -> dict[str, Any]:
     return doc
 
 
+def join_events(task_id: str, event_rows: Iterable[Any]) -> list[Any]:
+    """The conversation from its rows (``seq`` order): each holds the JSON array of
+    the events one checkpoint appended, starting at event index ``seq``."""
+    events: list[Any] = []
+    for row in event_rows:
+        if type(row.data) is not list or row.seq != len(events):
+            raise CorruptCheckpointError(
+                f"task {task_id!r} has a conversation row at event {row.seq} that does not "
+                f"continue the {len(events)} events before it (or is not a JSON array)",
+                task_id=task_id)
+        events.extend(row.data)
+    return events
+
+
 def rebuild(task: Any, event_rows: Iterable[Any], invocations: Iterable[Any],
              subs: list[PeerSubTask]) -> RestoredTask:
     doc = decode_context(task)
-    events = [row.data for row in event_rows]
+    events = join_events(task.logical_task_id, event_rows)
     if len(events) != task.session_event_count:
         raise CorruptCheckpointError(
             f"task {task.logical_task_id!r} should have {task.session_event_count} "

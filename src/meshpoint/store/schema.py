@@ -67,7 +67,7 @@ paused_tasks = Table(
     Column("context", LargeBinary, nullable=False),
     Column("context_encoding", String(16), nullable=False),
     Column("context_sha256", String(64), nullable=False),
-    # Rows of agent_session_events this task has; restore checks it to detect loss.
+    # Events in agent_session_events this task has; restore checks it to detect loss.
     Column("session_event_count", Integer, nullable=False),
     # The resume lease: who may run the task now, and until when.
     Column("owner", ID),
@@ -127,12 +127,17 @@ parallel_invocations = Table(
     Column("created_at", Float, nullable=False),
 )
 
+#: The conversation, append-only: one row per checkpoint that appended events.
 session_events = Table(
     "agent_session_events",
     metadata,
     Column("tenant_id", TENANT, primary_key=True),
     Column("logical_task_id", ID, primary_key=True),
+    # The index of the row's first event in the conversation: rows are contiguous
+    # runs, so a row's seq is the previous row's seq plus its number of events.
     Column("seq", Integer, primary_key=True),
+    # The JSON array of the events this checkpoint appended (migration 0002: before
+    # it, each row held one event).
     Column("data", JSONDoc, nullable=False),
     Column("created_at", Float, nullable=False),
 )

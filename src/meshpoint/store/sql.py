@@ -9,6 +9,7 @@ Nothing is committed when an operation raises.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import random
@@ -17,7 +18,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
-from sqlalchemy import Connection, exc, func, insert, select
+from sqlalchemy import Connection, exc, func, select
 
 from meshpoint import _json
 from meshpoint.context import ParallelCalls, TaskExecutionContext
@@ -51,7 +52,6 @@ from meshpoint.store.rows import (
 from meshpoint.store.schema import (
     CHECKPOINT_STATUSES,
     TASK_STATUSES,
-    parallel_invocations,
     paused_tasks,
     peer_sub_tasks,
 )
@@ -122,11 +122,15 @@ class SqlStore:
 
     # -- transactions -----------------------------------------------------------------
 
-    async def _write(self, doing: str, body: Callable[[Connection], R]) -> R:
+    async def _write(self, doing: str, body: Callable[[Connection], R], *,
+                     one_statement: bool = False, short: bool = True) -> R:
+        """Run a write transaction, retried whole if PostgreSQL picks it as a deadlock
+        victim. ``short`` (few rows by key) and ``one_statement``: see Database.run."""
         for attempt in range(_RETRIES):
             with translate(doing):
                 try:
-                    return await self._db.run(body, write=True)
+                    return await self._db.run(body, write=True, one_statement=one_statement,
+                                              short=short)
                 except exc.DBAPIError as error:
                     if not is_retryable(error) or attempt == _RETRIES - 1:
                         raise
@@ -134,9 +138,10 @@ class SqlStore:
             await asyncio.sleep(random.uniform(0, 0.002 * (attempt + 1)))
         raise AssertionError("unreachable")
 
-    async def _read(self, doing: str, body: Callable[[Connection], R]) -> R:
+    async def _read(self, doing: str, body: Callable[[Connection], R], *,
+                    short: bool = True) -> R:
         with translate(doing):
-            return await self._db.run(body, write=False)
+            return await self._db.run(body, write=False, short=short)
 
     def _keys(self, **extra: Any) -> dict[str, Any]:
         return {"p_tenant": self.tenant_id, **extra}
@@ -187,6 +192,7 @@ class SqlStore:
             p_encoding="zlib" if compressed else "json",
             p_sha256=hashlib.sha256(raw).hexdigest(), p_event_count=len(events), p_now=now,
             p_expires_at=expires_at, p_events=events[first_new:], p_first=first_new,
+            p_has_events=len(events) > first_new,
             p_subs=[{"sub_task_id": sub_task_id, "invocation_id": corr["invocation_id"],
                      "function_call_id": corr["function_call_id"],
                      "peer_agent_name": corr.get("peer_agent_name"),
@@ -201,9 +207,9 @@ class SqlStore:
             try:
                 if lease_owner is None:
                     if self.dialect == "postgresql":
-                        conn.execute(q.PG_FIRST_CHECKPOINT, params)  # one round trip
+                        q.Hot.pg_first_checkpoint.rows(conn, params)  # one round trip
                         return 1
-                    conn.execute(q.INSERT_TASK, params)
+                    q.Hot.insert_task.rows(conn, params)
                     version = 1
                 else:
                     row = conn.execute(q.RECHECKPOINT_TASK, params).first()
@@ -224,7 +230,8 @@ class SqlStore:
                 raise _Collision(str(error.orig)) from None
 
         try:
-            version = await self._write(f"checkpointing task {ctx.task_id!r}", body)
+            version = await self._write(f"checkpointing task {ctx.task_id!r}", body,
+                                        one_statement=lease_owner is None)
         except _Collision as collision:
             # Which key collided? PostgreSQL's one-statement first checkpoint reports
             # whichever constraint it hit first, so ask the database (error path only).
@@ -253,17 +260,14 @@ class SqlStore:
         if self.dialect == "postgresql":
             conn.execute(q.PG_INSERT_CHILDREN, params)
             return
-        common = {"tenant_id": self.tenant_id, "logical_task_id": params["p_task"],
-                  "created_at": params["p_now"]}
         if params["p_subs"]:
-            conn.execute(insert(peer_sub_tasks), [
-                {**common, **sub, "agent_name": params["p_agent"], "status": "pending"}
-                for sub in params["p_subs"]])
+            q.Hot.insert_sub_task.execute_many(conn, [{**params, **sub}
+                                                      for sub in params["p_subs"]])
         if params["p_invs"]:
-            conn.execute(insert(parallel_invocations),
-                         [{**common, **inv} for inv in params["p_invs"]])
-        if params["p_events"]:
-            conn.execute(q.APPEND_EVENTS["sqlite"], params)
+            q.Hot.insert_invocation.execute_many(conn, [{**params, **inv}
+                                                        for inv in params["p_invs"]])
+        if params["p_has_events"]:
+            q.Hot.append_events.rows(conn, params)
 
     # -- resolving sub-tasks ------------------------------------------------------------------
 
@@ -282,6 +286,16 @@ class SqlStore:
         value = _json.json_copy(result, "result")
         self._check_lease(lease_owner, lease_ttl_s)
 
+        doing = f"resolving sub-task {sub_task_id!r}"
+        if self.dialect == "postgresql":
+            done = await self._write(doing, functools.partial(
+                self._pg_resolve_one, sub_task_id, value, resolved_by, lease_owner,
+                lease_ttl_s), one_statement=True)
+            if done is not None:
+                return done
+            # Unknown, already resolved, or a join whose rows are inconsistent: the
+            # transactional path below tells which.
+
         def body(conn: Connection) -> Resolution | None:
             row = (conn.execute(q.RESOLVE_PENDING, self._keys(
                 p_sub=sub_task_id, p_resolved_by=resolved_by, p_result=value,
@@ -291,7 +305,29 @@ class SqlStore:
                 return None
             return self._advance(conn, [sub_task(row)], lease_owner, lease_ttl_s)[0]
 
-        return await self._write(f"resolving sub-task {sub_task_id!r}", body)
+        return await self._write(doing, body)
+
+    def _pg_resolve_one(self, sub_task_id: str, value: Any, resolved_by: str,
+                        lease_owner: str | None, lease_ttl_s: float,
+                        conn: Connection) -> Resolution | None:
+        now = self._clock()
+        rows = q.Hot.pg_resolve_one.rows(conn, self._keys(
+            p_sub=sub_task_id, p_resolved_by=resolved_by, p_result=value, p_now=now,
+            p_owner=lease_owner,
+            p_lease_until=None if lease_owner is None else now + lease_ttl_s))
+        if not rows:
+            return None
+        row = rows[0]
+        item = sub_task(row)
+        if row.completed is None:
+            raise CorruptCheckpointError(
+                f"task {item.task_id!r} has more pending sub-tasks than its invocation "
+                f"{item.invocation_id!r} expects: sub-task {sub_task_id!r} was resolved "
+                "but not counted", task_id=item.task_id)
+        granted = lease_owner if row.completed == row.total and row.holder == lease_owner \
+            and lease_owner is not None else None
+        return Resolution(sub_task=item, completed=row.completed, total=row.total,
+                          lease_owner=granted)
 
     async def claim_peer_sub_task(self, sub_task_id: str) -> PeerSubTask | None:
         """Exactly-once claim without a result (seed 000's first step).
@@ -310,7 +346,8 @@ class SqlStore:
                 return None
             return sub_task(row)
 
-        return await self._write(f"claiming sub-task {sub_task_id!r}", body)
+        return await self._write(f"claiming sub-task {sub_task_id!r}", body,
+                                 one_statement=True)
 
     async def record_parallel_result(self, task_id: str, invocation_id: str,
                                      function_call_id: str, result: Any, *,
@@ -373,7 +410,7 @@ class SqlStore:
             return self._advance(conn, [sub_task(row) for row in rows], lease_owner,
                                  lease_ttl_s, quarantine=True)
 
-        return await self._write(f"sweeping expired sub-tasks of {agent_name!r}", body)
+        return await self._write(f"sweeping expired sub-tasks of {agent_name!r}", body, short=False)
 
     def _advance(self, conn: Connection, resolved: list[PeerSubTask], lease_owner: str | None,
                  lease_ttl_s: float, *, quarantine: bool = False) -> list[Resolution]:
@@ -445,7 +482,8 @@ class SqlStore:
                 self._raise_if_unknown_sub_task(conn, sub_task_id)
             return None if deadline is None else float(deadline)
 
-        return await self._write(f"resetting the deadline of {sub_task_id!r}", body)
+        return await self._write(f"resetting the deadline of {sub_task_id!r}", body,
+                                 one_statement=True)
 
     # -- leases -------------------------------------------------------------------------------
 
@@ -476,7 +514,8 @@ class SqlStore:
                 return None
             return Lease(task_id=task_id, owner=owner, expires_at=now + ttl_s, version=version)
 
-        return await self._write(f"taking the lease of task {task_id!r}", body)
+        return await self._write(f"taking the lease of task {task_id!r}", body,
+                                 one_statement=True)
 
     async def renew_resume_lease(self, task_id: str, owner: str, ttl_s: float) -> Lease | None:
         """Extend ``owner``'s lease to now + ``ttl_s``; ``None`` if it no longer holds it."""
@@ -493,7 +532,8 @@ class SqlStore:
                 return None
             return Lease(task_id=task_id, owner=owner, expires_at=now + ttl_s, version=version)
 
-        return await self._write(f"renewing the lease of task {task_id!r}", body)
+        return await self._write(f"renewing the lease of task {task_id!r}", body,
+                                 one_statement=True)
 
     async def release_resume_lease(self, task_id: str, owner: str) -> bool:
         """Give the lease up so any instance may take it now; ``False`` if not held."""
@@ -508,7 +548,8 @@ class SqlStore:
                 return False
             return True
 
-        return await self._write(f"releasing the lease of task {task_id!r}", body)
+        return await self._write(f"releasing the lease of task {task_id!r}", body,
+                                 one_statement=True)
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -624,7 +665,7 @@ class SqlStore:
                 version=r[5], checkpointed_at=r[6], pending_sub_tasks=r[7] or 0,
                 next_deadline=r[8]) for r in (conn.execute(stmt)).all()]
 
-        return await self._read("listing paused tasks", body)
+        return await self._read("listing paused tasks", body, short=False)
 
     async def resumable_tasks(self, agent_name: str, *, limit: int = 100) -> list[str]:
         """Ids of ``agent_name``'s tasks whose join completed but that nobody is
@@ -641,7 +682,7 @@ class SqlStore:
         def body(conn: Connection) -> list[str]:
             return [row[0] for row in conn.execute(stmt).all()]
 
-        return await self._read(f"listing resumable tasks of {agent_name!r}", body)
+        return await self._read(f"listing resumable tasks of {agent_name!r}", body, short=False)
 
     async def next_deadlines(self, *, agent_name: str | None = None,
                              limit: int = 10) -> list[PeerSubTask]:
@@ -655,7 +696,7 @@ class SqlStore:
         def body(conn: Connection) -> list[PeerSubTask]:
             return [sub_task(row) for row in (conn.execute(stmt)).all()]
 
-        return await self._read("listing deadlines", body)
+        return await self._read("listing deadlines", body, short=False)
 
     async def live_row_counts(self) -> dict[str, int]:
         """Rows of every live table (paused tasks, their sub-tasks, joins and session
@@ -667,7 +708,7 @@ class SqlStore:
             return {t.name: int(conn.exec_driver_sql(f"SELECT count(*) FROM {t.name}")
                                 .scalar() or 0) for t in LIVE_TABLES}
 
-        return await self._read("counting live rows", body)
+        return await self._read("counting live rows", body, short=False)
 
     async def stats(self) -> StoreStats:
         """Counts of paused tasks by ``(agent_name, status)``, pending and expired
@@ -684,7 +725,7 @@ class SqlStore:
                 oldest_checkpointed_at=(conn.execute(q.OLDEST_CHECKPOINT, keys)).scalar(),
                 next_deadline=next_deadline)
 
-        return await self._read("computing store stats", body)
+        return await self._read("computing store stats", body, short=False)
 
     # -- helpers -------------------------------------------------------------------------------
 
