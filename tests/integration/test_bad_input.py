@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -173,7 +174,8 @@ TASK_ROW = (paused_tasks.c.tenant_id == "default") & (paused_tasks.c.logical_tas
     (delete(events_table), "2 conversation events but 0"),
     (update(events_table).values(data=[{"role": "user"}]), "2 conversation events but 1"),
     (update(events_table).values(seq=1), "row at event 1 that does not continue the 0"),
-    (update(events_table).values(data={"role": "user"}), "not a JSON array"),
+    (update(events_table).values(data={"role": "user"}), "2 conversation events but 1"),
+    (update(events_table).values(data="text"), "not a JSON array"),
 ])
 async def test_a_corrupted_task_row_is_never_restored(store: SqlStore, damage: Any,
                                                       match: str) -> None:
@@ -206,3 +208,21 @@ async def test_a_missing_invocation_row_resolves_nothing(store: SqlStore) -> Non
     await expect_unchanged(store, lambda s: s.resolve_peer_sub_task("t1/sub-0", "x"),
                            CorruptCheckpointError, "no row for invocation")
     assert (await store.get_peer_sub_task("t1/sub-0")).status == "pending"
+
+
+async def test_more_pending_sub_tasks_than_the_join_expects_resolve_only_what_fits(
+        store: SqlStore) -> None:
+    """Two resolutions racing for the last slot of a join that has one sub-task too
+    many: one is counted, the other raises and leaves its sub-task pending (on
+    PostgreSQL the one-statement resolution must roll back, not commit half)."""
+    await store.checkpoint_task(fan_out("t1", local=False), AGENT)  # 3 calls, 3 subs
+    await _corrupt(store, update(parallel_invocations).values(total_expected=2,
+                                                              completed_count=1))
+    outcomes = await asyncio.gather(
+        *(store.resolve_peer_sub_task(f"t1/sub-{n}", "x") for n in (0, 1)),
+        return_exceptions=True)
+    assert sorted(type(o).__name__ for o in outcomes) == ["CorruptCheckpointError",
+                                                          "Resolution"]
+    statuses = sorted([(await store.get_peer_sub_task(f"t1/sub-{n}")).status
+                       for n in (0, 1, 2)])
+    assert statuses == ["pending", "pending", "resolved"]

@@ -10,7 +10,9 @@ one transaction without blocking the event loop:
 * **SQLite** (the standard library's sqlite3) runs the whole transaction on a
   worker thread: one thread hop per operation. (aiosqlite hops threads for every
   cursor call, several per statement; measured here, a one-statement transaction
-  cost 1.15 ms through it, most of the SQLite budget.)
+  cost 1.15 ms through it, most of the SQLite budget.) A short transaction runs
+  on the caller's thread instead when the lock it needs is free (see
+  :class:`ThreadedDatabase`).
 
 SQLite must also be correct across processes on one host. Each connection uses
 WAL (readers never block the writer), a busy timeout (a writer waits for the
@@ -167,7 +169,9 @@ class ThreadedDatabase(Database):
     if the write lock (or that connection) is taken, SQLite says so at once and the
     transaction runs on a worker thread instead, where it waits for the lock as
     usual. The event loop is thus never blocked waiting for another process; it is
-    busy for the transaction's own work only, as with any short computation.
+    busy for the transaction's own work (reading a page not yet in the OS cache
+    included), as with any short computation. The inline connection never runs a
+    WAL checkpoint inside a commit.
 
     Cancelling the awaiting task does not interrupt a transaction already on its
     thread: it commits or rolls back as if nobody had cancelled.
@@ -288,7 +292,9 @@ def open_database(url: URL, *, busy_timeout_s: float, schema: str | None,
         inline = create_sync_engine(
             url, poolclass=QueuePool, pool_size=1, max_overflow=0, pool_timeout=0,
             connect_args={"timeout": 0, "check_same_thread": False}, **json_codec)
-        _install_sqlite_hooks(inline, memory=False, busy_timeout_s=0)
+        # It never copies the WAL into the database inside a commit either: that is
+        # the checkpointer thread's job (and the worker connections' safety net).
+        _install_sqlite_hooks(inline, memory=False, busy_timeout_s=0, autocheckpoint_pages=0)
         return ThreadedDatabase(engine, workers=pool_size, inline=inline,
                                 wal_checkpointer=WalCheckpointer(str(url.database)))
     connect_args: dict[str, Any] = {"timeout": busy_timeout_s}
@@ -299,7 +305,8 @@ def open_database(url: URL, *, busy_timeout_s: float, schema: str | None,
         **json_codec))
 
 
-def _install_sqlite_hooks(engine: Engine, *, memory: bool, busy_timeout_s: float) -> None:
+def _install_sqlite_hooks(engine: Engine, *, memory: bool, busy_timeout_s: float,
+                          autocheckpoint_pages: int = WAL_AUTOCHECKPOINT_PAGES) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Take BEGIN away from pysqlite's legacy transaction control: we emit our own.
@@ -310,7 +317,7 @@ def _install_sqlite_hooks(engine: Engine, *, memory: bool, busy_timeout_s: float
             # NORMAL in WAL mode: a commit survives a crash of any process; only a
             # power loss may drop the last transactions (never corrupts the file).
             cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+            cursor.execute(f"PRAGMA wal_autocheckpoint={autocheckpoint_pages}")
             # Reads through the OS page cache, shared by every connection and process,
             # instead of each connection's own 2 MB cache: with 100,000 paused tasks the
             # default cache turned a restore into page-sized read() calls.

@@ -16,8 +16,10 @@ few statements on that path are run by :class:`Lean`:
 * it is executed on the PEP 249 connection under the SQLAlchemy connection:
   sqlite3's, or SQLAlchemy's adapter of asyncpg, which keeps asyncpg's prepared
   statement cache and the transaction SQLAlchemy began;
-* driver errors are raised as SQLAlchemy's (``IntegrityError`` and the rest), and
-  a connection the driver reports as lost is invalidated, as SQLAlchemy does.
+* driver errors are raised as SQLAlchemy's (``IntegrityError`` and the rest); a
+  connection the driver reports as lost, or whose statement was interrupted by a
+  cancellation, is invalidated, as SQLAlchemy does. (Unlike SQLAlchemy, an error
+  of a bind processor is not wrapped: the store passes checked JSON only.)
 """
 
 from __future__ import annotations
@@ -111,6 +113,11 @@ class Lean:
             raise exc.DBAPIError.instance(compiled.sql, args, error, dbapi.Error,
                                           connection_invalidated=lost,
                                           dialect=conn.dialect) from error
+        except BaseException:
+            # Cancelled mid-statement: the driver may still be busy with it, so the
+            # connection must not go back to the pool (SQLAlchemy does the same).
+            conn.invalidate()
+            raise
         finally:
             cursor.close()
         make = compiled.row

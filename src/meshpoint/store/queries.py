@@ -24,6 +24,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    cast,
     column,
     delete,
     exists,
@@ -232,9 +233,10 @@ def _pg_resolve_one() -> Any:
     can be rolled back once it returns: so it leaves alone every row the store would
     refuse after reading it (correlation data that is not an object, an invocation
     row missing or already full). It then returns no row, and the store takes the
-    transactional path, which explains the refusal. ``completed`` is NULL only if
-    the invocation filled up between the guard and the count, which consistent rows
-    never do.
+    transactional path, which explains the refusal. If the invocation filled up
+    between the guard and the count (which consistent rows never do), the statement
+    fails by a division by zero and is rolled back; the store then also takes the
+    transactional path.
     """
     inv_key = and_(I.c.tenant_id == S.c.tenant_id, I.c.logical_task_id == S.c.logical_task_id,
                    I.c.invocation_id == S.c.invocation_id)
@@ -261,8 +263,12 @@ def _pg_resolve_one() -> Any:
         .values(MARK_RESUMING_VALUES)
         .returning(T.c.owner)
         .cte("resumed"))
+    # Division by zero if the sub-task was resolved but not counted: the statement
+    # fails and rolls back whole (an expression of a column, so never folded early).
+    counted_or_fail = literal(1) / cast(counted.c.completed_count.is_not(None), Integer)
     return (select(*resolved.c, counted.c.completed_count.label("completed"),
-                   counted.c.total_expected.label("total"), resumed.c.owner.label("holder"))
+                   counted.c.total_expected.label("total"), resumed.c.owner.label("holder"),
+                   counted_or_fail.label("counted_or_fail"))
             .select_from(resolved.outerjoin(counted, true()).outerjoin(resumed, true())))
 
 

@@ -134,12 +134,15 @@ def join_events(task_id: str, event_rows: Iterable[Any]) -> list[Any]:
     the events one checkpoint appended, starting at event index ``seq``."""
     events: list[Any] = []
     for row in event_rows:
-        if type(row.data) is not list or row.seq != len(events):
+        # An object is one event, as rows were before migration 0002 (an instance of
+        # the older version may still write them while a fleet is upgraded).
+        batch = [row.data] if type(row.data) is dict else row.data
+        if type(batch) is not list or row.seq != len(events):
             raise CorruptCheckpointError(
                 f"task {task_id!r} has a conversation row at event {row.seq} that does not "
                 f"continue the {len(events)} events before it (or is not a JSON array)",
                 task_id=task_id)
-        events.extend(row.data)
+        events.extend(batch)
     return events
 
 

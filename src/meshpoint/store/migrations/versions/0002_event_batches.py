@@ -48,5 +48,5 @@ def downgrade() -> None:
             "SELECT e.tenant_id, e.logical_task_id, e.seq + x.key, json(x.value), e.created_at "
             "FROM agent_session_events e, json_each(e.data) AS x "
             "WHERE json_type(e.data) = 'array' AND x.key > 0")
-        op.execute("UPDATE agent_session_events SET data = json(data -> 0) "
-                   "WHERE json_type(data) = 'array'")
+        op.execute("UPDATE agent_session_events SET data = json(json_extract(data, '$[0]')) "
+                   "WHERE json_type(data) = 'array'")  # not ->: that needs SQLite 3.38
