@@ -63,6 +63,14 @@ logger = logging.getLogger("meshpoint.store")
 class _Collision(Exception):
     """A checkpoint hit a unique key; its transaction is rolled back (internal)."""
 
+
+class _NeedsTransaction:
+    """The one-statement resolution left a pending sub-task alone: the transactional
+    path must tell why (internal)."""
+
+
+_NEEDS_TRANSACTION = _NeedsTransaction()
+
 #: The result a sub-task resolved by its deadline carries.
 TIMEOUT_RESULT: dict[str, Any] = {"status": "timeout",
                                   "error": "the peer did not answer before the deadline"}
@@ -291,10 +299,10 @@ class SqlStore:
             done = await self._write(doing, functools.partial(
                 self._pg_resolve_one, sub_task_id, value, resolved_by, lease_owner,
                 lease_ttl_s), one_statement=True)
-            if done is not None:
+            if not isinstance(done, _NeedsTransaction):
                 return done
-            # Unknown, already resolved, or a join whose rows are inconsistent: the
-            # transactional path below tells which.
+            # Still pending: a join whose rows are inconsistent, which the
+            # transactional path below explains.
 
         def body(conn: Connection) -> Resolution | None:
             row = (conn.execute(q.RESOLVE_PENDING, self._keys(
@@ -309,7 +317,7 @@ class SqlStore:
 
     def _pg_resolve_one(self, sub_task_id: str, value: Any, resolved_by: str,
                         lease_owner: str | None, lease_ttl_s: float,
-                        conn: Connection) -> Resolution | None:
+                        conn: Connection) -> Resolution | _NeedsTransaction | None:
         now = self._clock()
         try:
             rows = q.Hot.pg_resolve_one.rows(conn, self._keys(
@@ -318,15 +326,19 @@ class SqlStore:
                 p_lease_until=None if lease_owner is None else now + lease_ttl_s))
         except exc.DBAPIError as error:
             if getattr(error.orig, "sqlstate", None) == "22012":  # resolved, not counted
-                return None  # rolled back; the transactional path explains it
+                return _NEEDS_TRANSACTION  # rolled back
             raise
         if not rows:
-            return None
+            # A late or duplicate answer is told here, without a second transaction.
+            status = conn.execute(q.SUB_TASK_STATUS, self._keys(p_sub=sub_task_id)).scalar()
+            if status is None:
+                raise UnknownSubTaskError(sub_task_id)
+            return _NEEDS_TRANSACTION if status == "pending" else None
         row = rows[0]
-        item = sub_task(row)
-        granted = lease_owner if row.completed == row.total and row.holder == lease_owner \
-            and lease_owner is not None else None
-        return Resolution(sub_task=item, completed=row.completed, total=row.total,
+        # holder is set only when this resolution completed the join.
+        granted = lease_owner if lease_owner is not None and row.holder == lease_owner \
+            else None
+        return Resolution(sub_task=sub_task(row), completed=row.completed, total=row.total,
                           lease_owner=granted)
 
     async def claim_peer_sub_task(self, sub_task_id: str) -> PeerSubTask | None:
