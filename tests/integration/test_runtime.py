@@ -209,6 +209,34 @@ async def test_failed_checkpoint_keeps_the_task_in_memory_and_its_message_unacke
     await no_rows_left(mesh.store)
 
 
+async def test_a_checkpoint_committed_but_reported_failed_leaves_no_rows(mesh: Mesh) -> None:
+    """The connection drops after the database committed the first checkpoint: the
+    instance sees StoreUnavailableError, the task goes the in-memory way, and its
+    end removes the rows the checkpoint did write."""
+    from meshpoint.errors import StoreUnavailableError
+
+    checkpoint = mesh.store.checkpoint_task
+
+    async def committed_then_lost(ctx: Any, agent_name: str, **kwargs: Any) -> Any:
+        await checkpoint(ctx, agent_name, **kwargs)
+        raise StoreUnavailableError("the connection dropped after COMMIT (injected)")
+
+    mesh.store.checkpoint_task = committed_then_lost  # type: ignore[method-assign]
+    (instance,) = await mesh.run(coordinator("flights"))
+    peer = await ManualPeer(mesh, "flights").start()
+    rid = await mesh.client.submit("coordinator", "Trip: flights to Lisbon")
+    await eventually(lambda: len(peer.requests) == 1, what="the peer request")
+    task_id = mesh.client.task_id("coordinator", rid)
+    assert instance.active[task_id].waiting  # the in-memory path
+    assert (await mesh.store.stats()).paused_tasks == {("coordinator", "waiting_peers"): 1}
+    ((sub_task_id, _),) = peer.requests.items()
+    await peer.answer(sub_task_id, "direct flight")
+    task = await mesh.client.wait(rid, 10)
+    assert task.status.state is a2a.TaskState.COMPLETED
+    await eventually(lambda: not instance.active, what="the task's end")
+    await no_rows_left(mesh.store)
+
+
 # -- duplicates, late answers, status updates -------------------------------------------------
 
 async def test_duplicate_and_late_answers_are_acked_and_ignored(mesh: Mesh) -> None:

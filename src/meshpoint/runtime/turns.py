@@ -33,6 +33,7 @@ from meshpoint.errors import (
     LeaseNotHeldError,
     MeshpointError,
     StoreError,
+    StoreUnavailableError,
     UnknownTaskError,
 )
 from meshpoint.llm.base import ModelResponse
@@ -60,6 +61,10 @@ class TaskRun:
     waiting: bool = False
     #: Set when another instance took the lease over: this run must stop quietly.
     lost: bool = False
+    #: A first checkpoint failed with the database unreachable: it may have been
+    #: committed all the same (the connection dropped after the commit), so the
+    #: in-memory path removes whatever rows it left when the task ends.
+    maybe_stored: bool = False
     timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
 
     def cancel_timers(self) -> None:
@@ -231,6 +236,8 @@ class TurnRunner:
             except StoreError as error:
                 logger.warning("%s: checkpoint of %s failed (%s); it waits in memory",
                                self.instance_id, ctx.task_id, error)
+                run.maybe_stored = run.lease_owner is None and isinstance(
+                    error, StoreUnavailableError)
             else:
                 self.stats.checkpoint_ms.append((time.perf_counter() - started) * 1000)
                 self.stats.note("paused", ctx.task_id)
@@ -383,6 +390,8 @@ class TurnRunner:
         try:
             if run.lease_owner is not None:
                 await self.store.cleanup_task(ctx.task_id, lease_owner=run.lease_owner)
+            elif run.maybe_stored:
+                await self.store.cleanup_task(ctx.task_id)
         except (LeaseNotHeldError, UnknownTaskError):
             pass
         except StoreError as error:
