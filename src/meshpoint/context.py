@@ -306,7 +306,12 @@ class TaskExecutionContext:
                 f"checkpoint format {data.get('format')!r} is not supported "
                 f"(this meshpoint reads format {CHECKPOINT_FORMAT})"
             )
-        data = json_copy(data, "checkpoint")
+        return cls._from_owned_dict(json_copy(data, "checkpoint"))
+
+    @classmethod
+    def _from_owned_dict(cls, data: dict[str, Any]) -> TaskExecutionContext:
+        """:meth:`from_checkpoint_dict` for a dict of JSON types that nobody else holds
+        (the store's, just decoded from its rows): adopted as it is, not copied."""
         ctx = cls(_expect(data.get("task_id"), str, "task_id"),
                   _expect(data.get("a2a_context", {}), dict, "a2a_context"))
         invocation = data.get("current_invocation_id")

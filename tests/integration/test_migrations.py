@@ -122,3 +122,53 @@ async def test_0002_turns_event_rows_into_batches_and_back(
         assert (await store.restore_task("t1")).context.to_checkpoint_dict() == expected
     finally:
         await store.close()
+
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("backend", ["postgres"])  # SQLite does not compress values
+async def test_0003_compresses_large_columns_with_lz4_on_postgresql(
+        empty_database: tuple[str, dict[str, Any]]) -> None:
+    """New values of the large columns are lz4-compressed (where the server can);
+    values written before and after the switch restore alike; the downgrade puts
+    the server's default back."""
+    url, options = empty_database
+    db = open_database(parse_url(url), busy_timeout_s=5, schema=options.get("schema"),
+                       pool_size=1)
+    store = SqlStore(db, tenant_id="default")
+
+    def compression(conn: Connection) -> dict[str, str]:
+        return {row.name: row.method for row in conn.exec_driver_sql(
+            "SELECT attrelid::regclass::text || '.' || attname AS name, "
+            "attcompression::text AS method FROM pg_attribute "
+            "WHERE attrelid = 'agent_session_events'::regclass AND attname = 'data'")}
+
+    def lz4_available(conn: Connection) -> bool:
+        try:
+            with conn.begin_nested():
+                conn.exec_driver_sql("CREATE TEMP TABLE lz4_probe (x text COMPRESSION lz4)")
+            return True
+        except Exception:
+            return False
+
+    def big(task_id: str) -> Any:
+        ctx = fan_out(task_id, peers=1)
+        for n in range(20):  # ~10 KB of conversation: compressed, not stored inline
+            ctx.append_session_event({"role": "user", "n": n, "text": f"words {n} " * 60})
+        return ctx
+
+    try:
+        await migrate(db, "0002")
+        await store.checkpoint_task(big("before"), "agent")
+        await migrate(db)
+        expected = "l" if await store.run(lz4_available, write=True) else ""
+        assert await store.run(compression) == {"agent_session_events.data": expected}
+        await store.checkpoint_task(big("after"), "agent")
+        for task_id in ("before", "after"):
+            restored = (await store.restore_task(task_id)).context
+            assert restored.session_events[-1]["text"] == "words 19 " * 60
+        await downgrade(db, "0002")
+        assert await store.run(compression) == {"agent_session_events.data": ""}
+        assert len((await store.restore_task("after")).context.session_events) == 22
+    finally:
+        await store.close()

@@ -11,10 +11,11 @@ from meshpoint.errors import (
     InvalidArgumentError,
     LeaseNotHeldError,
     StoreError,
+    StoreUnavailableError,
 )
 from meshpoint.store import TIMEOUT_RESULT, SqlStore, open_store
 from meshpoint.store.schema import parallel_invocations
-from tests.conftest import FakeClock, row_counts, snapshot
+from tests.conftest import FakeClock, pg_execute_async, row_counts, snapshot
 
 AGENT = "coordinator"
 
@@ -401,3 +402,31 @@ async def test_a_closed_store_says_so(store_url: str, store_options: dict[str, o
     await store.close()
     with pytest.raises(StoreError, match="closed"):
         await store.stats()
+
+
+@pytest.mark.postgres
+async def test_a_connection_the_server_dropped_fails_one_call_and_loses_nothing(
+        postgres_url: str, pg_schema: str) -> None:
+    """The pause-boundary statements await asyncpg directly (not through SQLAlchemy's
+    pool machinery): a connection the server terminated must still be reported as
+    the database being unavailable, be thrown away, and cost nothing but that call."""
+    store = await open_store(postgres_url, schema=pg_schema, pool_size=1)
+    try:
+        await store.checkpoint_task(fan_out("dropped", local=False), AGENT)
+        for attempt in ("first checkpoint", "resolution"):
+            # With one pooled connection, this is the one the next call will use.
+            pid = await store.run(
+                lambda conn: conn.exec_driver_sql("SELECT pg_backend_pid()").scalar())
+            await pg_execute_async(f"SELECT pg_terminate_backend({pid})")
+            with pytest.raises(StoreUnavailableError):
+                if attempt == "first checkpoint":
+                    await store.checkpoint_task(fan_out("dropped-2", local=False), AGENT)
+                else:
+                    await store.resolve_peer_sub_task("dropped/sub-0", {"ok": True})
+        # Nothing was written by the failed calls; the pool reconnects.
+        await store.checkpoint_task(fan_out("dropped-2", local=False), AGENT)
+        resolution = await store.resolve_peer_sub_task("dropped/sub-0", {"ok": True})
+        assert resolution is not None and resolution.completed == 1
+        assert await store.resolve_peer_sub_task("dropped/sub-0", {"ok": True}) is None
+    finally:
+        await store.close()

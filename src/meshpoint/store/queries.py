@@ -369,8 +369,8 @@ EXPIRED_COUNT = select(func.count()).where(PENDING, S.c.timeout_deadline <= now)
 
 
 class Hot:
-    """The statements of the pause-boundary path (a first checkpoint, a resolution),
-    run lean: see :mod:`meshpoint.store.lean` for why and how."""
+    """The statements of the pause-boundary path (a first checkpoint, a resolution,
+    a restore), run lean: see :mod:`meshpoint.store.lean` for why and how."""
 
     insert_task = Lean(INSERT_TASK)
     insert_sub_task = Lean(INSERT_SUB_TASK)
@@ -378,3 +378,8 @@ class Hot:
     append_events = Lean(APPEND_EVENTS)
     pg_first_checkpoint = Lean(PG_FIRST_CHECKPOINT)
     pg_resolve_one = Lean(PG_RESOLVE_ONE)
+    sub_task_status = Lean(SUB_TASK_STATUS)
+    get_task = Lean(GET_TASK)
+    get_events = Lean(GET_EVENTS)
+    get_invocations = Lean(GET_INVOCATIONS)
+    get_task_sub_tasks = Lean(GET_TASK_SUB_TASKS)

@@ -166,7 +166,8 @@ def rebuild(task: Any, event_rows: Iterable[Any], invocations: Iterable[Any],
     doc.update(active_peer_sub_tasks=active, parallel_tool_calls=parallel,
                session_events=events, session_events_persisted=len(events))
     try:
-        context = TaskExecutionContext.from_checkpoint_dict(doc)
+        # Every object in doc was decoded from the rows just now: adopted, not copied.
+        context = TaskExecutionContext._from_owned_dict(doc)
     except InvalidArgumentError as error:
         raise CorruptCheckpointError(
             f"the stored context of task {task.logical_task_id!r} is malformed: {error}",

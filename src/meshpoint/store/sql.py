@@ -15,10 +15,12 @@ import logging
 import random
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy import Connection, exc, func, select
+from sqlalchemy.engine import Dialect
+from sqlalchemy.pool import PoolProxiedConnection
 
 from meshpoint import _json
 from meshpoint.context import ParallelCalls, TaskExecutionContext
@@ -31,7 +33,7 @@ from meshpoint.errors import (
     UnknownTaskError,
 )
 from meshpoint.store import queries as q
-from meshpoint.store.engine import Database, is_retryable, translate
+from meshpoint.store.engine import AsyncDatabase, Database, is_retryable, translate
 from meshpoint.store.records import (
     CheckpointReceipt,
     Lease,
@@ -103,6 +105,12 @@ class SqlStore:
         """``"sqlite"`` or ``"postgresql"``."""
         return self._db.dialect
 
+    @property
+    def _pg_dialect(self) -> Dialect:
+        db = self._db
+        assert isinstance(db, AsyncDatabase), "native statements are PostgreSQL's"
+        return db.engine.dialect
+
     def for_tenant(self, tenant_id: str) -> SqlStore:
         """A view of the same database for another tenant, sharing this store's pool."""
         return SqlStore(self._db, tenant_id=tenant_id, clock=self._clock,
@@ -134,16 +142,32 @@ class SqlStore:
                      one_statement: bool = False, short: bool = True) -> R:
         """Run a write transaction, retried whole if PostgreSQL picks it as a deadlock
         victim. ``short`` (few rows by key) and ``one_statement``: see Database.run."""
-        for attempt in range(_RETRIES):
+        return await self._retried(doing, lambda: self._db.run(
+            body, write=True, one_statement=one_statement, short=short))
+
+    async def _write_native(self, doing: str,
+                            body: Callable[[PoolProxiedConnection], Awaitable[R]]) -> R:
+        """Run ``body`` on a PostgreSQL connection it awaits directly (see
+        AsyncDatabase.native): a one-statement write, retried like :meth:`_write`."""
+        db = self._db
+        assert isinstance(db, AsyncDatabase), "native statements are PostgreSQL's"
+
+        async def attempt() -> R:
+            async with db.native() as conn:
+                return await body(conn)
+
+        return await self._retried(doing, attempt)
+
+    async def _retried(self, doing: str, attempt: Callable[[], Awaitable[R]]) -> R:
+        for number in range(_RETRIES):
             with translate(doing):
                 try:
-                    return await self._db.run(body, write=True, one_statement=one_statement,
-                                              short=short)
+                    return await attempt()
                 except exc.DBAPIError as error:
-                    if not is_retryable(error) or attempt == _RETRIES - 1:
+                    if not is_retryable(error) or number == _RETRIES - 1:
                         raise
             # A PostgreSQL deadlock victim: nothing was committed, run it again.
-            await asyncio.sleep(random.uniform(0, 0.002 * (attempt + 1)))
+            await asyncio.sleep(random.uniform(0, 0.002 * (number + 1)))
         raise AssertionError("unreachable")
 
     async def _read(self, doing: str, body: Callable[[Connection], R], *,
@@ -211,12 +235,16 @@ class SqlStore:
                      "completed_count": calls.completed, "call_order": calls.call_order,
                      "results": calls.results} for inv, calls in invocations.items()])
 
+        async def first_on_postgresql(conn: PoolProxiedConnection) -> int:
+            try:
+                await q.Hot.pg_first_checkpoint.fetch(conn, self._pg_dialect, params)
+            except exc.IntegrityError as error:
+                raise _Collision(str(error.orig)) from None
+            return 1
+
         def body(conn: Connection) -> int:
             try:
                 if lease_owner is None:
-                    if self.dialect == "postgresql":
-                        q.Hot.pg_first_checkpoint.rows(conn, params)  # one round trip
-                        return 1
                     q.Hot.insert_task.rows(conn, params)
                     version = 1
                 else:
@@ -237,9 +265,12 @@ class SqlStore:
             except exc.IntegrityError as error:
                 raise _Collision(str(error.orig)) from None
 
+        doing = f"checkpointing task {ctx.task_id!r}"
         try:
-            version = await self._write(f"checkpointing task {ctx.task_id!r}", body,
-                                        one_statement=lease_owner is None)
+            if lease_owner is None and self.dialect == "postgresql":
+                version = await self._write_native(doing, first_on_postgresql)  # 1 round trip
+            else:
+                version = await self._write(doing, body)
         except _Collision as collision:
             # Which key collided? PostgreSQL's one-statement first checkpoint reports
             # whichever constraint it hit first, so ask the database (error path only).
@@ -296,9 +327,9 @@ class SqlStore:
 
         doing = f"resolving sub-task {sub_task_id!r}"
         if self.dialect == "postgresql":
-            done = await self._write(doing, functools.partial(
+            done = await self._write_native(doing, functools.partial(
                 self._pg_resolve_one, sub_task_id, value, resolved_by, lease_owner,
-                lease_ttl_s), one_statement=True)
+                lease_ttl_s))
             if not isinstance(done, _NeedsTransaction):
                 return done
             # Still pending: a join whose rows are inconsistent, which the
@@ -315,12 +346,13 @@ class SqlStore:
 
         return await self._write(doing, body)
 
-    def _pg_resolve_one(self, sub_task_id: str, value: Any, resolved_by: str,
-                        lease_owner: str | None, lease_ttl_s: float,
-                        conn: Connection) -> Resolution | _NeedsTransaction | None:
+    async def _pg_resolve_one(self, sub_task_id: str, value: Any, resolved_by: str,
+                              lease_owner: str | None, lease_ttl_s: float,
+                              conn: PoolProxiedConnection
+                              ) -> Resolution | _NeedsTransaction | None:
         now = self._clock()
         try:
-            rows = q.Hot.pg_resolve_one.rows(conn, self._keys(
+            rows = await q.Hot.pg_resolve_one.fetch(conn, self._pg_dialect, self._keys(
                 p_sub=sub_task_id, p_resolved_by=resolved_by, p_result=value, p_now=now,
                 p_owner=lease_owner,
                 p_lease_until=None if lease_owner is None else now + lease_ttl_s))
@@ -330,10 +362,11 @@ class SqlStore:
             raise
         if not rows:
             # A late or duplicate answer is told here, without a second transaction.
-            status = conn.execute(q.SUB_TASK_STATUS, self._keys(p_sub=sub_task_id)).scalar()
-            if status is None:
+            status = await q.Hot.sub_task_status.fetch(conn, self._pg_dialect,
+                                                       self._keys(p_sub=sub_task_id))
+            if not status:
                 raise UnknownSubTaskError(sub_task_id)
-            return _NEEDS_TRANSACTION if status == "pending" else None
+            return _NEEDS_TRANSACTION if status[0].status == "pending" else None
         row = rows[0]
         # holder is set only when this resolution completed the join.
         granted = lease_owner if lease_owner is not None and row.holder == lease_owner \
@@ -574,15 +607,15 @@ class SqlStore:
         keys = self._keys(p_task=task_id)
 
         def body(conn: Connection) -> RestoredTask:
-            task = (conn.execute(q.GET_TASK, keys)).first()
-            if task is None:
+            tasks = q.Hot.get_task.rows(conn, keys)
+            if not tasks:
                 raise UnknownTaskError(task_id)
+            task = tasks[0]
             if lease_owner is not None and task.owner != lease_owner:
                 raise LeaseNotHeldError(task_id, lease_owner)
-            event_rows = (conn.execute(q.GET_EVENTS, keys)).all()
-            invocations = (conn.execute(q.GET_INVOCATIONS, keys)).all()
-            subs = [sub_task(row) for row in
-                    (conn.execute(q.GET_TASK_SUB_TASKS, keys)).all()]
+            event_rows = q.Hot.get_events.rows(conn, keys)
+            invocations = q.Hot.get_invocations.rows(conn, keys)
+            subs = [sub_task(row) for row in q.Hot.get_task_sub_tasks.rows(conn, keys)]
             return rebuild(task, event_rows, invocations, subs)
 
         return await self._read(f"restoring task {task_id!r}", body)
