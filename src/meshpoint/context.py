@@ -272,7 +272,30 @@ class TaskExecutionContext:
         it or wholly out. Raises :class:`~meshpoint.errors.ContextSerializationError`
         naming the first value that is not JSON.
         """
+        return self._snapshot(new_events_only=False)
+
+    def checkpoint_delta(self) -> dict[str, Any]:
+        """What a checkpoint writes: :meth:`to_checkpoint_dict`, except that
+        ``session_events`` holds only the events past ``session_events_persisted``.
+
+        The events already stored are neither copied nor checked again, so a pause
+        of a long conversation costs what its new events cost, not what the whole
+        conversation does. Raises :class:`~meshpoint.errors.InvalidArgumentError` if
+        ``session_events_persisted`` is not an index into the conversation.
+        """
+        return self._snapshot(new_events_only=True)
+
+    def _snapshot(self, *, new_events_only: bool) -> dict[str, Any]:
         with self.lock:
+            events = self.session_events
+            persisted = self.session_events_persisted
+            if new_events_only:
+                if type(persisted) is not int or not 0 <= persisted <= len(events):
+                    raise InvalidArgumentError(
+                        f"session_events_persisted is {persisted!r} but the context holds "
+                        f"{len(events)} events: the conversation may only grow between "
+                        "checkpoints")
+                events = events[persisted:]
             raw = {
                 "format": CHECKPOINT_FORMAT,
                 "task_id": self.task_id,
@@ -287,8 +310,8 @@ class TaskExecutionContext:
                 "active_peer_sub_tasks": self.active_peer_sub_tasks,
                 "parallel_tool_calls": {inv: calls.to_dict()
                                         for inv, calls in self.parallel_tool_calls.items()},
-                "session_events": self.session_events,
-                "session_events_persisted": self.session_events_persisted,
+                "session_events": events,
+                "session_events_persisted": persisted,
             }
             return json_copy(raw, "context")  # type: ignore[no-any-return]
 

@@ -91,6 +91,13 @@ async def test_a_result_that_cannot_be_serialised_resolves_nothing(store: SqlSto
                            ContextSerializationError, "set")
 
 
+def _with_sub(correlation_data: dict[str, object]) -> TaskExecutionContext:
+    """A paused task with one more peer call whose correlation data is ``correlation_data``."""
+    ctx = fan_out("t")
+    ctx.register_peer_sub_task("t/odd", {"peer_agent_name": "p", **correlation_data})
+    return ctx
+
+
 @pytest.mark.parametrize(("op", "match"), [
     (lambda s: s.checkpoint_task(fan_out("t"), ""), "agent_name"),
     (lambda s: s.checkpoint_task(fan_out("t"), AGENT, status="sleeping"), "status"),
@@ -104,6 +111,16 @@ async def test_a_result_that_cannot_be_serialised_resolves_nothing(store: SqlSto
     (lambda s: s.take_resume_lease("t1", "o", ttl_s=-5), "ttl_s"),
     (lambda s: s.take_resume_lease("t1", "o", 5, statuses=["asleep"]), "statuses"),
     (lambda s: s.reset_timeout_deadline("t1/sub-0", timeout_s=float("nan")), "timeout_s"),
+    (lambda s: s.checkpoint_task(_with_sub({"peer_agent_name": ""}), AGENT),
+     "peer_agent_name of sub-task 't/odd'"),
+    (lambda s: s.checkpoint_task(_with_sub({"peer_task_id": "x" * 300}), AGENT),
+     "peer_task_id of sub-task 't/odd'"),
+    (lambda s: s.checkpoint_task(_with_sub({"function_call_id": ""}), AGENT),
+     "function_call_id of sub-task 't/odd'"),
+    (lambda s: s.checkpoint_task(_with_sub({"timeout_s": "soon"}), AGENT),
+     "timeout_s of sub-task 't/odd'"),
+    (lambda s: s.checkpoint_task(_with_sub({"timeout_s": -1}), AGENT),
+     "timeout_s of sub-task 't/odd'"),
 ])
 async def test_malformed_arguments_are_named(store: SqlStore, op: Op, match: str) -> None:
     await store.checkpoint_task(fan_out("t1"), AGENT)

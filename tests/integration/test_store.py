@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from sqlalchemy import delete
 
@@ -428,5 +430,30 @@ async def test_a_connection_the_server_dropped_fails_one_call_and_loses_nothing(
         resolution = await store.resolve_peer_sub_task("dropped/sub-0", {"ok": True})
         assert resolution is not None and resolution.completed == 1
         assert await store.resolve_peer_sub_task("dropped/sub-0", {"ok": True}) is None
+    finally:
+        await store.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("pool_size", [1, 2])
+async def test_concurrent_calls_on_a_small_pool_all_finish(
+        postgres_url: str, pg_schema: str, pool_size: int) -> None:
+    """A PostgreSQL store keeps one connection out of its pool between one-statement
+    calls; a call waiting for the pool must get it back, whatever the mix."""
+    store = await open_store(postgres_url, schema=pg_schema, pool_size=pool_size)
+
+    async def life(n: int) -> None:
+        task = f"small-pool-{n}"
+        await store.checkpoint_task(fan_out(task, peers=2, local=False), AGENT)  # native
+        for k in range(2):
+            await store.resolve_peer_sub_task(f"{task}/sub-{k}", {"n": n})  # native
+        await store.take_resume_lease(task, f"owner-{n}", 30)  # a transaction
+        assert len((await store.restore_task(task)).context.session_events) == 2  # native
+        await store.cleanup_task(task)  # a transaction
+
+    try:
+        before = await store.live_row_counts()  # the schema may hold other tests' rows
+        await asyncio.wait_for(asyncio.gather(*(life(n) for n in range(40))), timeout=60)
+        assert await store.live_row_counts() == before
     finally:
         await store.close()

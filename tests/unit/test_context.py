@@ -171,6 +171,8 @@ def test_restored_context_has_fresh_transient_state() -> None:
     ({1: "int key"}, "context['flags']['bad']"),
     (float("nan"), "context['flags']['bad']"),
     ([1, {2, 3}], "context['flags']['bad'][1]"),
+    ({"n": 2**64}, "context['flags']['bad']['n']"),
+    ([-(2**63) - 1], "context['flags']['bad'][0]"),
 ])
 def test_a_context_that_cannot_be_serialised_names_the_value(value: object, path: str) -> None:
     ctx = paused_context()
@@ -179,6 +181,35 @@ def test_a_context_that_cannot_be_serialised_names_the_value(value: object, path
         ctx.to_checkpoint_dict()
     assert caught.value.path == path
     assert path in str(caught.value)
+
+
+def test_integers_of_64_bits_are_stored_as_they_are() -> None:
+    ctx = TaskExecutionContext("t")
+    ctx.flags["edges"] = [-(2**63), 2**63 - 1, 2**64 - 1]
+    assert ctx.to_checkpoint_dict()["flags"]["edges"] == [-(2**63), 2**63 - 1, 2**64 - 1]
+
+
+def test_a_too_big_integer_is_refused_with_what_to_do() -> None:
+    ctx = TaskExecutionContext("t")
+    with pytest.raises(ContextSerializationError, match=r"event\['digits'\] is 1000.*past "
+                       "64 bits.*string"):
+        ctx.append_session_event({"role": "tool", "digits": 10**30})
+    assert ctx.session_events == []
+
+
+def test_checkpoint_delta_holds_only_the_events_not_yet_stored() -> None:
+    ctx = paused_context()
+    for n in range(3):
+        ctx.append_session_event({"role": "model", "n": n})
+    ctx.session_events_persisted = len(ctx.session_events) - 2
+    delta = ctx.checkpoint_delta()
+    full = ctx.to_checkpoint_dict()
+    assert delta["session_events"] == full["session_events"][-2:]
+    assert {k: v for k, v in delta.items() if k != "session_events"} == \
+        {k: v for k, v in full.items() if k != "session_events"}
+    ctx.session_events_persisted = len(ctx.session_events) + 1  # claims more than it holds
+    with pytest.raises(InvalidArgumentError, match="may only grow"):
+        ctx.checkpoint_delta()
 
 
 def test_json_subclasses_are_stored_as_their_base_types() -> None:

@@ -34,6 +34,7 @@ become the same SQLAlchemy exceptions, with asyncpg's exception as ``orig``
 
 from __future__ import annotations
 
+import operator
 from collections import namedtuple
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,7 +54,9 @@ class _Compiled:
     sql: str
     names: tuple[str, ...]  # the bind parameter of each placeholder, in order
     defaults: dict[str, Any]  # values bound in the statement itself (literals)
-    processors: tuple[Processor, ...]
+    # The placeholders' values from a dict by bind name, in one call (always a tuple).
+    getter: Callable[[dict[str, Any]], tuple[Any, ...]]
+    processors: tuple[tuple[int, Callable[[Any], Any]], ...]  # (placeholder, processor)
     row: Any  # a namedtuple class, or None for a statement without result columns
     columns: tuple[Any, ...]  # the result columns, whose types decode the values
 
@@ -74,22 +77,29 @@ class Lean:
         sql = self.statement.compile(dialect=dialect)
         assert isinstance(sql, SQLCompiler), "Lean runs SQL statements, not DDL"
         names = tuple(sql.positiontup or ())
-        processors = tuple(sql.binds[name].type.dialect_impl(dialect).bind_processor(dialect)
-                           for name in names)
+        processors = tuple(
+            (index, process) for index, name in enumerate(names)
+            if (process := sql.binds[name].type.dialect_impl(dialect).bind_processor(dialect))
+            is not None)
         defaults = {name: bind.value for name, bind in sql.binds.items()
                     if not bind.required and bind.callable is None}
         columns = tuple(getattr(self.statement, "exported_columns", ()))
         row = namedtuple("Row", [str(c.key) for c in columns], rename=True) if columns else None
-        compiled = _Compiled(sql.string, names, defaults, processors, row, columns)
+        compiled = _Compiled(sql.string, names, defaults, _tuple_getter(names), processors,
+                             row, columns)
         self._compiled[dialect.name] = compiled
         return compiled
 
     def _args(self, compiled: _Compiled, params: dict[str, Any]) -> tuple[Any, ...]:
-        values = []
-        for name, process in zip(compiled.names, compiled.processors, strict=True):
-            value = params[name] if name in params else compiled.defaults[name]
-            values.append(value if process is None or value is None else process(value))
-        return tuple(values)
+        values = compiled.getter({**compiled.defaults, **params} if compiled.defaults
+                                 else params)
+        if not compiled.processors:
+            return values
+        processed = list(values)
+        for index, process in compiled.processors:
+            if processed[index] is not None:
+                processed[index] = process(processed[index])
+        return tuple(processed)
 
     def rows(self, conn: Connection, params: dict[str, Any]) -> list[Any]:
         """Execute with ``params`` (a dict by bind name) and return every row."""
@@ -169,6 +179,17 @@ class Lean:
         return [make(*(value if process is None else process(value)
                        for value, process in zip(raw, results, strict=True)))
                 for raw in fetched]
+
+
+def _tuple_getter(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """``operator.itemgetter(*names)``, which returns a tuple for any number of names
+    (itemgetter returns the bare value for one name)."""
+    if not names:
+        return lambda _params: ()
+    if len(names) == 1:
+        name = names[0]
+        return lambda params: (params[name],)
+    return operator.itemgetter(*names)
 
 
 def _asyncpg_error(sql: str, args: Any, error: Exception, driver: Any) -> Exception:

@@ -14,30 +14,34 @@ any deadlock PostgreSQL still detects is retried whole by the store.
 
 from __future__ import annotations
 
+from collections import namedtuple
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     Boolean,
     Float,
     Integer,
     String,
     and_,
+    any_,
     bindparam,
     case,
     cast,
     column,
     delete,
-    exists,
     func,
     insert,
     literal,
+    literal_column,
     or_,
     select,
     text,
     true,
+    type_coerce,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 
 from meshpoint.store.lean import Lean
 from meshpoint.store.schema import (
@@ -238,28 +242,37 @@ def _pg_resolve_one() -> Any:
     fails by a division by zero and is rolled back; the store then also takes the
     transactional path.
     """
-    inv_key = and_(I.c.tenant_id == S.c.tenant_id, I.c.logical_task_id == S.c.logical_task_id,
-                   I.c.invocation_id == S.c.invocation_id)
+    # Every row is found by its primary key through a scalar subquery, never by a
+    # join: PostgreSQL evaluates those as lookups whatever its estimates, whereas
+    # without statistics (a table never analyzed) it joined the one returned row to a
+    # scan of the whole tenant, 1,500 rows for one resolution.
+    open_slot = (select(I.c.completed_count < I.c.total_expected)
+                 .where(I.c.tenant_id == S.c.tenant_id,
+                        I.c.logical_task_id == S.c.logical_task_id,
+                        I.c.invocation_id == S.c.invocation_id)
+                 .scalar_subquery())
     resolved = (
         update(S)
         .where(SUB_KEY, S.c.status == "pending",
-               func.jsonb_typeof(S.c.correlation_data) == "object",
-               exists().where(inv_key, I.c.completed_count < I.c.total_expected))
+               func.jsonb_typeof(S.c.correlation_data) == "object", open_slot)
         .values(status="resolved", resolved_by=resolved_by, result=result, resolved_at=now)
         .returning(*SUB_COLUMNS)
         .cte("resolved"))
     counted = (
         update(I)
-        .where(I.c.tenant_id == tenant, I.c.logical_task_id == resolved.c.logical_task_id,
-               I.c.invocation_id == resolved.c.invocation_id,
+        .where(I.c.tenant_id == tenant,
+               I.c.logical_task_id == select(resolved.c.logical_task_id).scalar_subquery(),
+               I.c.invocation_id == select(resolved.c.invocation_id).scalar_subquery(),
                I.c.completed_count < I.c.total_expected)
         .values(completed_count=I.c.completed_count + 1)
         .returning(I.c.logical_task_id, I.c.completed_count, I.c.total_expected)
         .cte("counted"))
     resumed = (
         update(T)
-        .where(T.c.tenant_id == tenant, T.c.logical_task_id == counted.c.logical_task_id,
-               counted.c.completed_count == counted.c.total_expected)
+        .where(T.c.tenant_id == tenant, T.c.logical_task_id == (
+            select(counted.c.logical_task_id)
+            .where(counted.c.completed_count == counted.c.total_expected)
+            .scalar_subquery()))
         .values(MARK_RESUMING_VALUES)
         .returning(T.c.owner)
         .cte("resumed"))
@@ -303,9 +316,31 @@ _PICK_EXPIRED = (
     .cte("expired")
     .prefix_with("MATERIALIZED")
 )
+#: The rows picked are locked by this statement (PostgreSQL) or its transaction holds
+#: the write lock (SQLite), so they are still open: the UPDATE finds them by primary
+#: key alone. (Repeating the open predicate here let PostgreSQL, on a table never
+#: analyzed, scan the whole deadline index once per picked row instead.)
 SWEEP_EXPIRED = (
     update(S)
-    .where(S.c.tenant_id == tenant, OPEN, S.c.sub_task_id == _PICK_EXPIRED.c.sub_task_id)
+    .where(S.c.tenant_id == tenant, S.c.sub_task_id == _PICK_EXPIRED.c.sub_task_id)
+    .values(status="resolved", resolved_by="timeout", result=result, resolved_at=now)
+    .returning(*SUB_COLUMNS)
+)
+#: The same on PostgreSQL, as a queue takes its rows: the picked rows' physical
+#: addresses (``ctid``, stable while this statement holds their locks) in one array
+#: computed once, which PostgreSQL reads with a TID scan whatever its estimates. As
+#: a join, PostgreSQL without statistics scanned all the tenant's sub-tasks and
+#: compared each with every picked row.
+PG_SWEEP_EXPIRED = (
+    update(S)
+    .where(literal_column("ctid") == any_(func.array(
+        select(literal_column("ctid"))
+        .where(S.c.tenant_id == tenant, S.c.agent_name == bindparam("p_agent"), OPEN,
+               S.c.timeout_deadline <= now)
+        .order_by(S.c.timeout_deadline, S.c.sub_task_id)
+        .limit(bindparam("p_limit"))
+        .with_for_update(skip_locked=True)
+        .scalar_subquery())))
     .values(status="resolved", resolved_by="timeout", result=result, resolved_at=now)
     .returning(*SUB_COLUMNS)
 )
@@ -355,6 +390,44 @@ GET_INVOCATION = select(I).where(I.c.tenant_id == tenant, I.c.logical_task_id ==
 GET_TASK_SUB_TASKS = (select(*SUB_COLUMNS)
                       .where(S.c.tenant_id == tenant, S.c.logical_task_id == task)
                       .order_by(S.c.created_at, S.c.sub_task_id))
+
+
+def _pg_restore() -> Any:
+    """PostgreSQL: a paused task and all its children in *one* statement.
+
+    Its children come back as JSON arrays of arrays (``[seq, data]`` per event row,
+    ``[invocation_id, call_order, results]`` per invocation, a sub-task's
+    :data:`SUB_COLUMNS` in order), each read by key in a subquery. One statement
+    sees one snapshot by itself, so it needs no REPEATABLE READ transaction: one
+    round trip instead of six (BEGIN, four SELECTs, COMMIT), and a restore on this
+    2-core machine went from p50 1.5 to 0.5 ms.
+    """
+    def rows_of(table: Any, columns: Any, *where: Any, order_by: Any = ()) -> Any:
+        return (select(func.coalesce(
+                    func.json_agg(aggregate_order_by(func.json_build_array(*columns),
+                                                     *order_by)) if order_by
+                    else func.json_agg(func.json_build_array(*columns)),
+                    literal_column("'[]'::json")))
+                .where(table.c.tenant_id == tenant, table.c.logical_task_id == task, *where)
+                .scalar_subquery())
+
+    return select(
+        *T.c,
+        type_coerce(rows_of(E, (E.c.seq, E.c.data), order_by=(E.c.seq,)),
+                    JSON).label("event_rows"),
+        type_coerce(rows_of(I, (I.c.invocation_id, I.c.call_order, I.c.results)),
+                    JSON).label("invocation_rows"),
+        type_coerce(rows_of(S, SUB_COLUMNS, order_by=(S.c.created_at, S.c.sub_task_id)),
+                    JSON).label("sub_task_rows"),
+    ).where(TASK_KEY)
+
+
+#: A restore in one round trip (PostgreSQL); see :func:`_pg_restore`.
+PG_RESTORE = _pg_restore()
+#: The rows PG_RESTORE returns as JSON arrays, by the names the row decoders read.
+EventRow = namedtuple("EventRow", ["seq", "data"])
+InvocationRow = namedtuple("InvocationRow", ["invocation_id", "call_order", "results"])
+SubTaskRow = namedtuple("SubTaskRow", [str(c.key) for c in SUB_COLUMNS])  # type: ignore[misc]
 GET_INVOCATION_RESULTS = select(S.c.function_call_id, S.c.result).where(
     S.c.tenant_id == tenant, S.c.logical_task_id == task,
     S.c.invocation_id == bindparam("p_invocation"), S.c.status == "resolved")
@@ -380,6 +453,7 @@ class Hot:
     pg_resolve_one = Lean(PG_RESOLVE_ONE)
     sub_task_status = Lean(SUB_TASK_STATUS)
     get_task = Lean(GET_TASK)
+    pg_restore = Lean(PG_RESTORE)
     get_events = Lean(GET_EVENTS)
     get_invocations = Lean(GET_INVOCATIONS)
     get_task_sub_tasks = Lean(GET_TASK_SUB_TASKS)

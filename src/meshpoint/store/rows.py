@@ -22,6 +22,14 @@ def check_id(name: str, value: Any, *, max_len: int = MAX_ID) -> None:
             f"{name} must be a str of 1 to {max_len} characters, got {value!r:.80}")
 
 
+#: Keys of a sub-task's correlation data that must hold an id (the others may be None).
+_REQUIRED_IDS = ("invocation_id", "function_call_id")
+
+
+def _is_id(value: Any) -> bool:
+    return type(value) is str and 0 < len(value) <= MAX_ID
+
+
 def check_timeout(name: str, value: Any) -> None:
     if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
         raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -52,18 +60,20 @@ def plan_join(doc: dict[str, Any], status: str, default_timeout_s: float
         corr.setdefault("invocation_id", current)
         corr.setdefault("function_call_id", sub_task_id)
         inv, call = corr["invocation_id"], corr["function_call_id"]
-        check_id(f"invocation_id of sub-task {sub_task_id!r}", inv)
-        check_id(f"function_call_id of sub-task {sub_task_id!r}", call)
+        # The names of the checks are formatted only when one fails.
+        for key, value in (("invocation_id", inv), ("function_call_id", call),
+                           ("peer_agent_name", corr.get("peer_agent_name")),
+                           ("peer_task_id", corr.get("peer_task_id"))):
+            if not _is_id(value) and (value is not None or key in _REQUIRED_IDS):
+                check_id(f"{key} of sub-task {sub_task_id!r}", value)
         if inv != current:
             raise InvalidArgumentError(
                 f"sub-task {sub_task_id!r} belongs to invocation {inv!r}, but the task is "
                 f"paused in invocation {current!r}: a paused task waits on one join, the "
                 "calls of its current invocation")
-        for key in ("peer_agent_name", "peer_task_id"):
-            if corr.get(key) is not None:
-                check_id(f"{key} of sub-task {sub_task_id!r}", corr[key])
         timeout_s = corr.get("timeout_s", default_timeout_s)
-        check_timeout(f"timeout_s of sub-task {sub_task_id!r}", timeout_s)
+        if type(timeout_s) not in (int, float) or not 0 <= timeout_s < math.inf:
+            check_timeout(f"timeout_s of sub-task {sub_task_id!r}", timeout_s)
         calls = invocations.setdefault(inv, ParallelCalls())
         if call not in calls.call_order:
             calls.call_order.append(call)
@@ -84,11 +94,6 @@ def plan_join(doc: dict[str, Any], status: str, default_timeout_s: float
         raise InvalidArgumentError(
             "a task checkpointed as waiting_peers must have at least one pending peer "
             "sub-task (register_peer_sub_task); use another status for other pauses")
-    persisted, events = doc["session_events_persisted"], doc["session_events"]
-    if type(persisted) is not int or not 0 <= persisted <= len(events):
-        raise InvalidArgumentError(
-            f"session_events_persisted is {persisted!r} but the context holds {len(events)} "
-            "events: the conversation may only grow between checkpoints")
     return subs, invocations
 
 

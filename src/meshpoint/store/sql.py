@@ -18,7 +18,7 @@ import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
-from sqlalchemy import Connection, exc, func, select
+from sqlalchemy import Connection, exc, func, select, text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.pool import PoolProxiedConnection
 
@@ -53,6 +53,7 @@ from meshpoint.store.rows import (
 )
 from meshpoint.store.schema import (
     CHECKPOINT_STATUSES,
+    RESUMING_PREDICATE,
     TASK_STATUSES,
     paused_tasks,
     peer_sub_tasks,
@@ -170,6 +171,16 @@ class SqlStore:
             await asyncio.sleep(random.uniform(0, 0.002 * (number + 1)))
         raise AssertionError("unreachable")
 
+    async def _read_native(self, doing: str,
+                           body: Callable[[PoolProxiedConnection], Awaitable[R]]) -> R:
+        """Run ``body``, one read statement, on a PostgreSQL connection it awaits
+        directly (see AsyncDatabase.native)."""
+        db = self._db
+        assert isinstance(db, AsyncDatabase), "native statements are PostgreSQL's"
+        with translate(doing):
+            async with db.native() as conn:
+                return await body(conn)
+
     async def _read(self, doing: str, body: Callable[[Connection], R], *,
                     short: bool = True) -> R:
         with translate(doing):
@@ -202,18 +213,19 @@ class SqlStore:
         check_timeout("default_timeout_s", default_timeout_s)
         if lease_owner is not None:
             check_id("lease_owner", lease_owner)
-        doc = ctx.to_checkpoint_dict()  # validates and copies before any I/O
+        doc = ctx.checkpoint_delta()  # validates and copies before any I/O
         now = self._clock()
         subs, invocations = plan_join(doc, status, default_timeout_s)
-        events = doc["session_events"]
+        new_events = doc["session_events"]
         first_new = doc["session_events_persisted"]
+        event_count = first_new + len(new_events)
         if lease_owner is None and first_new != 0:
             raise InvalidArgumentError(
                 f"task {ctx.task_id!r} is checkpointed for the first time but its context "
                 f"says {first_new} events are already stored: a resumed task is checkpointed "
                 "again with lease_owner=, by the holder of its resume lease")
         context_doc = {k: v for k, v in doc.items() if k not in _SPLIT_KEYS}
-        raw = _json.dumps(context_doc).encode()
+        raw = _json.dump_bytes(context_doc)
         compressed = len(raw) > self._compress_threshold
         blob = zlib.compress(raw, 1) if compressed else raw
         # One set of parameters for every statement of either path; the sub-tasks,
@@ -222,9 +234,9 @@ class SqlStore:
             p_task=ctx.task_id, p_agent=agent_name, p_status=status, p_owner=lease_owner,
             p_invocation=doc["current_invocation_id"], p_context=blob,
             p_encoding="zlib" if compressed else "json",
-            p_sha256=hashlib.sha256(raw).hexdigest(), p_event_count=len(events), p_now=now,
-            p_expires_at=expires_at, p_events=events[first_new:], p_first=first_new,
-            p_has_events=len(events) > first_new,
+            p_sha256=hashlib.sha256(raw).hexdigest(), p_event_count=event_count, p_now=now,
+            p_expires_at=expires_at, p_events=new_events, p_first=first_new,
+            p_has_events=bool(new_events),
             p_subs=[{"sub_task_id": sub_task_id, "invocation_id": corr["invocation_id"],
                      "function_call_id": corr["function_call_id"],
                      "peer_agent_name": corr.get("peer_agent_name"),
@@ -286,7 +298,7 @@ class SqlStore:
                 f"checkpoint of task {ctx.task_id!r} collides with stored rows (a sub-task "
                 f"id already in use, or conversation events already stored): {collision}"
             ) from None
-        ctx.session_events_persisted = len(events)
+        ctx.session_events_persisted = event_count
         return CheckpointReceipt(
             task_id=ctx.task_id, version=version,
             sub_task_deadlines={sub["sub_task_id"]: sub["timeout_deadline"]
@@ -450,7 +462,8 @@ class SqlStore:
         self._check_lease(lease_owner, lease_ttl_s)
 
         def body(conn: Connection) -> list[Resolution]:
-            rows = (conn.execute(q.SWEEP_EXPIRED, self._keys(
+            sweep = q.PG_SWEEP_EXPIRED if self.dialect == "postgresql" else q.SWEEP_EXPIRED
+            rows = (conn.execute(sweep, self._keys(
                 p_agent=agent_name, p_now=self._clock(), p_limit=limit,
                 p_result=TIMEOUT_RESULT))).all()
             return self._advance(conn, [sub_task(row) for row in rows], lease_owner,
@@ -605,20 +618,33 @@ class SqlStore:
         :class:`LeaseNotHeldError` unless that owner holds the resume lease."""
         check_id("task_id", task_id)
         keys = self._keys(p_task=task_id)
+        doing = f"restoring task {task_id!r}"
 
-        def body(conn: Connection) -> RestoredTask:
-            tasks = q.Hot.get_task.rows(conn, keys)
+        def check(tasks: list[Any]) -> Any:
             if not tasks:
                 raise UnknownTaskError(task_id)
-            task = tasks[0]
-            if lease_owner is not None and task.owner != lease_owner:
+            if lease_owner is not None and tasks[0].owner != lease_owner:
                 raise LeaseNotHeldError(task_id, lease_owner)
+            return tasks[0]
+
+        if self.dialect == "postgresql":  # one statement, one snapshot, one round trip
+            async def read(conn: PoolProxiedConnection) -> RestoredTask:
+                task = check(await q.Hot.pg_restore.fetch(conn, self._pg_dialect, keys))
+                return rebuild(
+                    task, [q.EventRow(*row) for row in task.event_rows],
+                    [q.InvocationRow(*row) for row in task.invocation_rows],
+                    [sub_task(q.SubTaskRow(*row)) for row in task.sub_task_rows])
+
+            return await self._read_native(doing, read)
+
+        def body(conn: Connection) -> RestoredTask:
+            task = check(q.Hot.get_task.rows(conn, keys))
             event_rows = q.Hot.get_events.rows(conn, keys)
             invocations = q.Hot.get_invocations.rows(conn, keys)
             subs = [sub_task(row) for row in q.Hot.get_task_sub_tasks.rows(conn, keys)]
             return rebuild(task, event_rows, invocations, subs)
 
-        return await self._read(f"restoring task {task_id!r}", body)
+        return await self._read(doing, body)
 
     async def get_peer_sub_task(self, sub_task_id: str) -> PeerSubTask:
         """Read one sub-task without claiming it (for status updates and operators)."""
@@ -720,8 +746,8 @@ class SqlStore:
         check_id("agent_name", agent_name)
         t = paused_tasks
         stmt = (select(t.c.logical_task_id)
-                .where(t.c.tenant_id == self.tenant_id, t.c.agent_name == agent_name,
-                       t.c.status == "resuming",
+                .where(t.c.agent_name == agent_name, t.c.tenant_id == self.tenant_id,
+                       text(RESUMING_PREDICATE),  # word for word: the partial index's
                        (t.c.owner.is_(None)) | (t.c.lease_expires_at <= self._clock()))
                 .order_by(t.c.lease_expires_at).limit(limit))
 

@@ -1,0 +1,179 @@
+"""Statements use the indexes meant for them: by key the primary key, even on a
+PostgreSQL table never analyzed; the sweep and recovery their partial indexes.
+
+Without statistics (a fresh database, or a server with autovacuum off) PostgreSQL
+guesses that ``tenant_id = $1`` keeps 0.5 % of the rows, so a secondary index led by
+``tenant_id`` looked as cheap as the primary key: one resolution read 1,398 pages
+(59 ms) through the deadline index. Migration 0004 leads every secondary index with a
+column that statements by key never test, and the one-statement resolution finds
+each row through a scalar subquery rather than a join (which PostgreSQL, estimating
+one row on each side, ran inside out: a scan of the whole tenant per resolution).
+This test runs each kind of store call on such a table, then asks PostgreSQL how it
+would run every statement it saw; again once many tasks are resuming, when the
+partial index of resuming tasks (0004) is no longer small.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Connection, event
+
+from meshpoint import TaskExecutionContext
+from meshpoint.store import SqlStore, open_store
+from meshpoint.store import lean as lean_module
+from tests.conftest import fresh_pg_schema, pg_execute_async
+
+#: The indexes that only the sweep and the recovery listing may use.
+_SCAN_INDEXES = {"ix_agent_peer_sub_tasks_deadline": "FOR UPDATE SKIP LOCKED",
+                 "ix_agent_paused_tasks_resuming": "agent_paused_tasks.logical_task_id"}
+
+
+@pytest.fixture
+async def unanalyzed_store(postgres_url: str) -> AsyncIterator[SqlStore]:
+    schema = await fresh_pg_schema()
+    store = await open_store(postgres_url, schema=schema)
+    try:
+        yield store
+    finally:
+        await store.close()
+        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
+
+
+def _task(n: int) -> TaskExecutionContext:
+    ctx = TaskExecutionContext(f"t{n}")
+    ctx.current_invocation_id = f"t{n}/inv"
+    ctx.append_session_event({"role": "user", "text": f"question {n}"})
+    for k in range(3):
+        ctx.register_peer_sub_task(f"t{n}/sub-{k}", {"peer_agent_name": f"peer-{k}"})
+    return ctx
+
+
+@pytest.mark.postgres
+async def test_statements_by_key_use_the_primary_key_without_statistics(
+        unanalyzed_store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = unanalyzed_store
+    for n in range(600):  # enough rows that a wrong index costs pages, not a lookup
+        await store.checkpoint_task(_task(n), "agent")
+
+    seen: dict[str, Any] = {}
+    engine = store._db.engine.sync_engine  # type: ignore[attr-defined]
+
+    def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any,
+               executemany: bool) -> None:
+        if not executemany and statement.lstrip()[:6].upper() in (
+                "SELECT", "UPDATE", "DELETE", "WITH R", "WITH E"):
+            seen.setdefault(statement, parameters)
+
+    fetch, rows = lean_module.Lean.fetch, lean_module.Lean.rows
+
+    async def fetch_recorded(self: Any, native: Any, dialect: Any, params: Any) -> Any:
+        compiled = self._compile(dialect)
+        seen.setdefault(compiled.sql, self._args(compiled, params))
+        return await fetch(self, native, dialect, params)
+
+    def rows_recorded(self: Any, conn: Connection, params: Any) -> Any:
+        compiled = self._compile(conn.dialect)
+        seen.setdefault(compiled.sql, self._args(compiled, params))
+        return rows(self, conn, params)
+
+    event.listen(engine, "before_cursor_execute", record)
+    monkeypatch.setattr(lean_module.Lean, "fetch", fetch_recorded)
+    monkeypatch.setattr(lean_module.Lean, "rows", rows_recorded)
+    try:
+        await store.resolve_peer_sub_task("t1/sub-0", {"ok": 1})
+        for k in range(3):
+            await store.resolve_peer_sub_task(f"t2/sub-{k}", {"ok": k}, lease_owner="i-1")
+        ctx = (await store.restore_task("t2", lease_owner="i-1")).context
+        ctx.append_session_event({"role": "model", "text": "more"})
+        ctx.current_invocation_id = "t2/inv-2"
+        ctx.register_peer_sub_task("t2/sub-again", {"peer_agent_name": "peer-0"})
+        await store.checkpoint_task(ctx, "agent", lease_owner="i-1")
+        await store.claim_peer_sub_task("t3/sub-0")
+        await store.reset_timeout_deadline("t4/sub-0", timeout_s=30)
+        await store.take_resume_lease("t5", "i-2", 30)
+        await store.get_peer_sub_task("t6/sub-1")
+        await store.get_peer_sub_tasks_for_task("t6")
+        await store.sweep_expired_timeouts("agent")
+        await store.resumable_tasks("agent")
+        await store.cleanup_task("t7")
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+        monkeypatch.undo()
+    assert len(seen) >= 15, list(seen)
+
+    def explain(conn: Connection) -> dict[str, str]:
+        return {sql: "\n".join(row[0] for row in conn.exec_driver_sql(
+            "EXPLAIN " + sql, tuple(params) if params else ()).all())
+            for sql, params in seen.items()}
+
+    _check(await store.run(explain))
+    # A mass resume (after an outage, say) fills the partial index of resuming
+    # tasks; a statement by key must still not read it.
+    for n in range(100, 600):
+        for k in range(3):
+            await store.resolve_peer_sub_task(f"t{n}/sub-{k}", {"ok": k})
+    plans = await store.run(explain)
+    _check(plans)
+    recovery = [plan for sql, plan in plans.items() if "status = 'resuming'" in sql]
+    assert recovery and all("ix_agent_paused_tasks_resuming" in plan for plan in recovery), \
+        recovery
+
+
+def _check(plans: dict[str, str]) -> None:
+    wrong = []
+    for sql, plan in plans.items():
+        indexes = re.findall(r"(?:Index|Index Only) Scan using (\w+)", plan)
+        for index in indexes:
+            marker = _SCAN_INDEXES.get(index)
+            if marker is not None and marker not in sql:
+                wrong.append(f"{index} for: {' '.join(sql.split())[:120]}\n{plan}")
+        if re.search(r"Seq Scan on agent_", plan):
+            wrong.append(f"sequential scan for: {' '.join(sql.split())[:120]}\n{plan}")
+        # An index scanned on the tenant alone reads every row of the tenant: the
+        # shape of a join to a returned row that PostgreSQL turned inside out.
+        for cond in re.findall(r"Index Cond: \((.*)\)$", plan, flags=re.MULTILINE):
+            bare = cond.replace("(", "").replace(")", "")
+            if re.fullmatch(r"tenant_id::text = '[^']*'::text", bare):
+                wrong.append(f"scan of a whole tenant for: {' '.join(sql.split())[:120]}"
+                             f"\n{plan}")
+    assert not wrong, "\n\n".join(wrong)
+
+
+async def test_sqlite_sweep_and_recovery_use_their_partial_indexes(tmp_path: Any) -> None:
+    async with await open_store(f"sqlite:///{tmp_path}/plans.db") as store:
+        for n in range(50):
+            await store.checkpoint_task(_task(n), "agent")
+        for n in range(10):
+            for k in range(3):
+                await store.resolve_peer_sub_task(f"t{n}/sub-{k}", {"ok": k})
+        seen: dict[str, Any] = {}
+
+        def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any,
+                   _executemany: bool) -> None:
+            seen.setdefault(statement, parameters)
+
+        engine = store._db.engine  # type: ignore[attr-defined]
+        event.listen(engine, "before_cursor_execute", record)
+        try:
+            assert len(await store.resumable_tasks("agent")) == 10
+            await store.sweep_expired_timeouts("agent")
+        finally:
+            event.remove(engine, "before_cursor_execute", record)
+
+        def explain(conn: Connection) -> dict[str, str]:
+            return {sql: "\n".join(str(row[-1]) for row in conn.exec_driver_sql(
+                "EXPLAIN QUERY PLAN " + sql, tuple(params)).all())
+                for sql, params in seen.items() if sql.lstrip().upper().startswith(
+                    ("SELECT", "UPDATE", "WITH"))}
+
+        plans = await store.run(explain)
+        recovery = [plan for sql, plan in plans.items() if "status = 'resuming'" in sql]
+        sweep = [plan for sql, plan in plans.items() if "timeout_deadline <=" in sql]
+        assert recovery and all("USING INDEX ix_agent_paused_tasks_resuming" in plan
+                                for plan in recovery), plans
+        assert sweep and all("ix_agent_peer_sub_tasks_deadline" in plan for plan in sweep), \
+            plans
