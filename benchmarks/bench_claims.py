@@ -9,6 +9,15 @@ Reported: resolutions per second for N = 1, 2, 4, on a SQLite file and on
 PostgreSQL, and for PostgreSQL the ceiling: pgbench running a single-statement
 ``DELETE ... RETURNING`` by primary key on a table shaped like the sub-task table,
 with N clients. Results: a table, and ``benchmarks/results/<date>-<mode>-claims.json``.
+
+Two ways of sharing the sub-tasks out:
+
+* **by task**: each process resolves whole tasks, so no two processes touch one
+  join, as no two pgbench clients touch one row: the comparison with the ceiling;
+* **striped**: sub-task *i* goes to process *i mod N*, so the answers of one join
+  reach different processes at the same moment and queue on its invocation row
+  (each resolution waits for the previous one's commit). That is what a fan-out's
+  answers do to a mesh; pgbench has no such case.
 """
 
 from __future__ import annotations
@@ -72,10 +81,15 @@ def worker(url: str, schema: str | None, subs: list[str], start: Any, done: Any)
     done.put(asyncio.run(run()))
 
 
-def race(url: str, schema: str | None, subs: list[str], processes: int) -> dict[str, Any]:
+def race(url: str, schema: str | None, subs: list[str], processes: int,
+         layout: str) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     start, done = ctx.Event(), ctx.Queue()
-    shares = [subs[i::processes] for i in range(processes)]
+    if layout == "by task":
+        tasks = [subs[k:k + 3] for k in range(0, len(subs), 3)]
+        shares = [[s for t in tasks[i::processes] for s in t] for i in range(processes)]
+    else:
+        shares = [subs[i::processes] for i in range(processes)]
     procs = [ctx.Process(target=worker, args=(url, schema, share, start, done))
              for share in shares]
     for proc in procs:
@@ -87,8 +101,8 @@ def race(url: str, schema: str | None, subs: list[str], processes: int) -> dict[
     seconds = time.perf_counter() - began
     for proc in procs:
         proc.join(60)
-    return {"processes": processes, "resolved": resolved, "seconds": round(seconds, 3),
-            "per_s": round(resolved / seconds, 1)}
+    return {"processes": processes, "layout": layout, "resolved": resolved,
+            "seconds": round(seconds, 3), "per_s": round(resolved / seconds, 1)}
 
 
 def main() -> None:
@@ -107,11 +121,13 @@ def main() -> None:
             backends["postgres"] = (POSTGRES_URL, f"mp_claims_{uuid.uuid4().hex[:6]}")
         for backend, (url, schema) in backends.items():
             runs = []
-            for n in PROCESSES:
+            for n, layout in [(n, "by task") for n in PROCESSES] + [
+                    (n, "striped") for n in PROCESSES if n > 1]:
                 console.print(f"{backend}: pausing {mode['tasks']:,} tasks, then {n} "
-                              f"process(es) resolve their {3 * mode['tasks']:,} sub-tasks")
+                              f"process(es) resolve their {3 * mode['tasks']:,} sub-tasks "
+                              f"({layout})")
                 subs = asyncio.run(prefill(url, schema, uuid.uuid4().hex[:6], mode["tasks"]))
-                runs.append(race(url, schema, subs, n))
+                runs.append(race(url, schema, subs, n, layout))
             results[backend] = {"runs": runs}
             if schema is not None:
                 import psycopg
@@ -126,12 +142,12 @@ def main() -> None:
             run["vs_pgbench"] = round(run["per_s"] / run["pgbench_tps"], 3)
     table = Table(title=f"resolve_peer_sub_task throughput ({args.mode} mode, "
                         f"{os.cpu_count()} cores)")
-    for column in ("backend", "processes", "resolutions/s", "pgbench DELETE tps",
-                   "meshpoint / pgbench"):
+    for column in ("backend", "processes", "sub-tasks shared", "resolutions/s",
+                   "pgbench DELETE tps", "meshpoint / pgbench"):
         table.add_column(column, justify="right")
     for backend, r in results.items():
         for run in r["runs"]:
-            table.add_row(backend, str(run["processes"]), f"{run['per_s']:.0f}",
+            table.add_row(backend, str(run["processes"]), run["layout"], f"{run['per_s']:.0f}",
                           f"{run.get('pgbench_tps', 0):.0f}" if "pgbench_tps" in run else "-",
                           f"{run['vs_pgbench']:.1%}" if "vs_pgbench" in run else "-")
     console.print(table)

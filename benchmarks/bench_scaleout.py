@@ -55,8 +55,10 @@ from meshpoint.runtime.stats import percentile
 from meshpoint.store import open_store
 
 RESULTS = Path(__file__).parent / "results"
-POSTGRES_URL = os.environ.get("MESHPOINT_TEST_POSTGRES_URL",
-                              "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
+# The same server as the other benchmarks (bench_claims takes its pgbench ceiling
+# from here), so MESHPOINT_BENCH_POSTGRES_URL moves them all.
+POSTGRES_URL = os.environ.get("MESHPOINT_BENCH_POSTGRES_URL", os.environ.get(
+    "MESHPOINT_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"))
 NATS_URL = os.environ.get("MESHPOINT_TEST_NATS_URL", "nats://127.0.0.1:4222")
 console = Console(width=150)  # the table has 8 columns
 
