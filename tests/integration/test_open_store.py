@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,38 @@ async def test_a_steady_stream_of_writes_keeps_the_sqlite_log_short(tmp_path: Pa
         # this 2-core machine about 20 MB), with room for a slower or faster one.
         assert size < 6 * WAL_RESTART_FRAMES * 4096, size
         assert (await store.stats()).total_paused == writes  # nothing lost on the way
+
+
+async def test_writes_wait_while_the_checkpointer_holds_the_gate(tmp_path: Path) -> None:
+    """The WAL checkpointer closes the write gate for a RESTART: a write of this
+    process waits (on a worker thread, not the event loop) until it opens, a write
+    under way is waited for, and reads pass."""
+    from meshpoint.store.engine import ThreadedDatabase
+
+    async with open_store(f"sqlite:///{tmp_path / 'gate.db'}") as store:
+        db = store._db
+        assert isinstance(db, ThreadedDatabase) and db._wal_checkpointer is not None
+        gate = db._wal_checkpointer.gate
+
+        def paused(n: int) -> TaskExecutionContext:
+            ctx = TaskExecutionContext(f"gate-{n}")
+            ctx.current_invocation_id = "inv"
+            ctx.register_peer_sub_task(f"gate-{n}/sub", {"peer_agent_name": "peer"})
+            return ctx
+
+        await store.checkpoint_task(paused(0), "agent")
+        with gate.closed(timeout_s=1) as idle:
+            assert idle
+            held = asyncio.ensure_future(store.checkpoint_task(paused(1), "agent"))
+            await asyncio.sleep(0.3)
+            assert not held.done()
+            assert (await store.stats()).total_paused == 1  # a read passes
+        await asyncio.wait_for(held, 5)
+        assert (await store.stats()).total_paused == 2
+        assert gate.try_enter()  # a write under way (as the inline path counts one)
+        with gate.closed(timeout_s=0.05) as idle:
+            assert not idle  # the RESTART is skipped rather than wait longer
+        gate.leave()
 
 
 @pytest.mark.postgres

@@ -257,7 +257,8 @@ class ThreadedDatabase(Database):
     usual. The event loop is thus never blocked waiting for another process; it is
     busy for the transaction's own work (reading a page not yet in the OS cache
     included), as with any short computation. The inline connection never runs a
-    WAL checkpoint inside a commit.
+    WAL checkpoint inside a commit, and while the checkpointer's :class:`WriteGate`
+    is closed for a RESTART, write transactions go to a worker thread and wait there.
 
     Cancelling the awaiting task does not interrupt a transaction already on its
     thread: it commits or rolls back as if nobody had cancelled.
@@ -277,9 +278,15 @@ class ThreadedDatabase(Database):
         # The lock says whether a thread is using it (never waited for).
         self._inline_conn: Connection | None = None
         self._inline_busy = threading.Lock()
+        # Write transactions of this process pass the checkpointer's gate, so that it
+        # can hold them back for a RESTART (see WalCheckpointer).
+        self._gate = WriteGate() if wal_checkpointer is None else wal_checkpointer.gate
 
     def _transaction(self, body: Callable[[Connection], R], write: bool) -> R:
-        with (self._writer if write else self.engine).begin() as conn:
+        if not write:
+            with self.engine.begin() as conn:
+                return body(conn)
+        with self._gate.writer(), self._writer.begin() as conn:
             return body(conn)
 
     def _try_inline(self, body: Callable[[Connection], R], write: bool) -> tuple[bool, R | None]:
@@ -287,6 +294,9 @@ class ThreadedDatabase(Database):
         None)`` with nothing done if the lock or the connection was taken."""
         if not self._inline_busy.acquire(blocking=False):
             return False, None  # another thread is using the inline connection
+        if write and not self._gate.try_enter():
+            self._inline_busy.release()
+            return False, None  # a RESTART is due: the worker thread waits for it
         try:
             conn = self._inline_conn
             if conn is None or conn.closed or conn.invalidated:
@@ -300,6 +310,8 @@ class ThreadedDatabase(Database):
                 return False, None  # rolled back; the worker thread waits for the lock
             raise
         finally:
+            if write:
+                self._gate.leave()
             self._inline_busy.release()
 
     async def _run(self, body: Callable[[Connection], R], write: bool,
@@ -325,6 +337,69 @@ class ThreadedDatabase(Database):
             self._inline.dispose()
 
 
+class WriteGate:
+    """Lets one process's SQLite write transactions and its :class:`WalCheckpointer`'s
+    RESTART take turns.
+
+    A RESTART must find no writer at all. Back-to-back writes of one process leave
+    it gaps of microseconds between a commit and the next BEGIN, which SQLite's busy
+    handler, polling every few milliseconds, rarely hits: on a loaded CI machine
+    3,000 checkpoints in a row let one RESTART in and the log grew to 98 MB. So the
+    checkpointer *closes* the gate: write transactions not yet begun wait for it to
+    open again (the inline path hands them to a worker thread, which waits here),
+    those already running finish, and the RESTART then competes only with other
+    processes' writers. Each of those holds SQLite's lock for one transaction, and
+    once the RESTART has the lock their busy timeouts queue them behind it.
+    Read transactions never pass the gate: a RESTART lets new readers in.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._writers = 0  # write transactions of this process under way
+        self._closed = False
+
+    def try_enter(self) -> bool:
+        """Count a write transaction in if the gate is open; never waits."""
+        with self._cond:
+            if self._closed:
+                return False
+            self._writers += 1
+            return True
+
+    def leave(self) -> None:
+        """Count out a write transaction that :meth:`try_enter` let in."""
+        with self._cond:
+            self._writers -= 1
+            if not self._writers:
+                self._cond.notify_all()
+
+    @contextmanager
+    def writer(self) -> Iterator[None]:
+        """Hold a write transaction while the gate is closed, then count it in."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._closed)
+            self._writers += 1
+        try:
+            yield
+        finally:
+            self.leave()
+
+    @contextmanager
+    def closed(self, timeout_s: float) -> Iterator[bool]:
+        """Keep new write transactions out for the block. It is given True once the
+        ones under way have finished, or False if they took over ``timeout_s`` (a
+        long sweep, say): the block should then not wait for the write lock."""
+        with self._cond:
+            self._closed = True
+            idle = self._cond.wait_for(lambda: not self._writers, timeout_s)
+        try:
+            yield idle
+        finally:
+            with self._cond:
+                self._closed = False
+                self._cond.notify_all()
+
+
 class WalCheckpointer:
     """Copies SQLite's write-ahead log into the database file off the write path,
     and keeps the log short.
@@ -343,11 +418,11 @@ class WalCheckpointer:
     left). Measured: 3,000 checkpoints in a row grew the log to 234 MB, and every
     read and commit slowed as the log's index grew (a commit p50 0.16 → 0.48 ms).
     So when the log holds ``restart_frames`` frames or more after a PASSIVE pass,
-    this thread runs a RESTART checkpoint: it waits for the current writer, copies
-    the few frames written since the PASSIVE pass, and makes the next writer start
-    the log over. Writers wait for it that long (the inline path hands them to a
-    worker thread, see :class:`ThreadedDatabase`). Connections cut a restarted log
-    file back to :data:`WAL_SIZE_LIMIT_BYTES`.
+    this thread runs a RESTART checkpoint behind a closed :class:`WriteGate`: it
+    waits for this process's writers to finish (other processes' for the write
+    lock), copies the few frames written since the PASSIVE pass, and makes the next
+    writer start the log over. Writers wait for it that long. Connections cut a
+    restarted log file back to :data:`WAL_SIZE_LIMIT_BYTES`.
     """
 
     def __init__(self, path: str, *, interval_s: float = 0.25,
@@ -357,13 +432,15 @@ class WalCheckpointer:
         self._restart_frames = restart_frames
         self._stop = threading.Event()
         self.restarts = 0  # RESTART checkpoints that completed (for tests and stats)
+        self.gate = WriteGate()  # passed by the write transactions of this process
         self._thread = threading.Thread(target=self._run, name="meshpoint-wal-checkpoint",
                                         daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        # A short busy timeout: a RESTART that cannot get the write lock soon is
-        # tried again on the next pass rather than queueing writers behind it.
+        # Short waits: a RESTART that cannot start soon (a long write transaction of
+        # this process, another process's writer or reader) is tried again on the
+        # next pass rather than holding writers back behind it.
         conn = sqlite3.connect(self._path, timeout=0.2, isolation_level=None,
                                check_same_thread=False)
         try:
@@ -372,8 +449,11 @@ class WalCheckpointer:
                     _busy, frames, _copied = conn.execute(
                         "PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                     if frames >= self._restart_frames:
-                        busy, _frames, _copied = conn.execute(
-                            "PRAGMA wal_checkpoint(RESTART)").fetchone()
+                        with self.gate.closed(timeout_s=0.1) as idle:
+                            if not idle:
+                                continue
+                            busy, _frames, _copied = conn.execute(
+                                "PRAGMA wal_checkpoint(RESTART)").fetchone()
                         self.restarts += not busy
         finally:
             conn.close()
