@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +18,8 @@ from meshpoint.errors import (
     StoreError,
     StoreUnavailableError,
 )
-from meshpoint.store import open_store
+from meshpoint.store import SqlStore, open_store
+from meshpoint.store.engine import WAL_RESTART_FRAMES, ThreadedDatabase, WalCheckpointer
 
 
 @pytest.mark.parametrize(("url", "match"), [
@@ -54,28 +59,35 @@ async def test_plain_sqlite_urls_and_memory_databases_work(tmp_path: Path) -> No
             assert (await store.stats()).total_paused == 1
 
 
+def _paused(task_id: str, messages: int = 0) -> TaskExecutionContext:
+    """A task paused on one peer call, with ``messages`` new events of ~500 B (a
+    first checkpoint of 20 writes about 70 KB of SQLite log)."""
+    ctx = TaskExecutionContext(task_id)
+    ctx.current_invocation_id = "inv"
+    for _ in range(messages):
+        ctx.append_session_event({"role": "user", "text": "words " * 80})
+    ctx.register_peer_sub_task(f"{task_id}/sub", {"peer_agent_name": "peer"})
+    return ctx
+
+
+def _checkpointer(store: SqlStore) -> WalCheckpointer:
+    db = store._db
+    assert isinstance(db, ThreadedDatabase) and db._wal_checkpointer is not None
+    return db._wal_checkpointer
+
+
 async def test_a_steady_stream_of_writes_keeps_the_sqlite_log_short(tmp_path: Path) -> None:
     """SQLite starts its write-ahead log over only when a writer begins with every
     frame copied, which back-to-back writes never allow: without the checkpointer's
     RESTART the log grew by every write (234 MB after 3,000 checkpoints)."""
-    from meshpoint.store.engine import WAL_RESTART_FRAMES, ThreadedDatabase
-
     path = tmp_path / "steady.db"
     wal = Path(f"{path}-wal")
-    message = {"role": "user", "text": "words " * 80}
     writes = 3000  # ~70 KB of log each: 200 MB if the log is never started over
     async with open_store(f"sqlite:///{path}") as store:
-        db = store._db
-        assert isinstance(db, ThreadedDatabase) and db._wal_checkpointer is not None
         for n in range(writes):
-            ctx = TaskExecutionContext(f"steady-{n}")
-            ctx.current_invocation_id = "inv"
-            for _ in range(20):
-                ctx.append_session_event(message)
-            ctx.register_peer_sub_task(f"steady-{n}/sub", {"peer_agent_name": "peer"})
-            await store.checkpoint_task(ctx, "agent")
+            await store.checkpoint_task(_paused(f"steady-{n}", messages=20), "agent")
         size = wal.stat().st_size
-        assert db._wal_checkpointer.restarts >= 2, size
+        assert _checkpointer(store).restarts >= 2, size
         # At most the threshold plus what is written during one checkpointer pass (on
         # this 2-core machine about 20 MB), with room for a slower or faster one.
         assert size < 6 * WAL_RESTART_FRAMES * 4096, size
@@ -86,32 +98,67 @@ async def test_writes_wait_while_the_checkpointer_holds_the_gate(tmp_path: Path)
     """The WAL checkpointer closes the write gate for a RESTART: a write of this
     process waits (on a worker thread, not the event loop) until it opens, a write
     under way is waited for, and reads pass."""
-    from meshpoint.store.engine import ThreadedDatabase
-
     async with open_store(f"sqlite:///{tmp_path / 'gate.db'}") as store:
-        db = store._db
-        assert isinstance(db, ThreadedDatabase) and db._wal_checkpointer is not None
-        gate = db._wal_checkpointer.gate
-
-        def paused(n: int) -> TaskExecutionContext:
-            ctx = TaskExecutionContext(f"gate-{n}")
-            ctx.current_invocation_id = "inv"
-            ctx.register_peer_sub_task(f"gate-{n}/sub", {"peer_agent_name": "peer"})
-            return ctx
-
-        await store.checkpoint_task(paused(0), "agent")
+        gate = _checkpointer(store).gate
+        await store.checkpoint_task(_paused("gate-0"), "agent")
         with gate.closed(timeout_s=1) as idle:
             assert idle
-            held = asyncio.ensure_future(store.checkpoint_task(paused(1), "agent"))
+            held = asyncio.ensure_future(store.checkpoint_task(_paused("gate-1"), "agent"))
             await asyncio.sleep(0.3)
             assert not held.done()
             assert (await store.stats()).total_paused == 1  # a read passes
         await asyncio.wait_for(held, 5)
         assert (await store.stats()).total_paused == 2
-        assert gate.try_enter()  # a write under way (as the inline path counts one)
+        # A write under way (as the inline path counts one) is waited for ...
+        assert gate.try_enter()
+        leaving = threading.Timer(0.1, gate.leave)
+        leaving.start()
+        with gate.closed(timeout_s=5) as idle:
+            assert idle and not leaving.is_alive()
+        # ... up to the timeout: then the RESTART is skipped rather than wait longer.
+        assert gate.try_enter()
         with gate.closed(timeout_s=0.05) as idle:
-            assert not idle  # the RESTART is skipped rather than wait longer
+            assert not idle
         gate.leave()
+
+
+async def test_a_reader_pinning_the_log_does_not_hold_writes_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A RESTART waits for every reader still using the log. While one pins it (a long
+    read in another process), the checkpointer must leave the write gate open
+    rather than hold this process's writes back at every pass; once the reader is
+    gone, the log is started over again."""
+    path = tmp_path / "pinned.db"
+    async with open_store(f"sqlite:///{path}") as store:
+        checkpointer = _checkpointer(store)
+        closings = 0
+        real_closed = checkpointer.gate.closed
+
+        @contextlib.contextmanager
+        def counted(timeout_s: float) -> Iterator[bool]:
+            nonlocal closings
+            closings += 1
+            with real_closed(timeout_s) as idle:
+                yield idle
+
+        monkeypatch.setattr(checkpointer.gate, "closed", counted)
+        await store.checkpoint_task(_paused("pinned-0"), "agent")
+        reader = sqlite3.connect(path)
+        try:
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM agent_paused_tasks").fetchone()
+            for n in range(1, 400):  # ~28 MB of log, past the 16 MB threshold
+                await store.checkpoint_task(_paused(f"pinned-{n}", messages=20), "agent")
+            await asyncio.sleep(0.8)  # three checkpointer passes, the log past it
+            assert closings == 0 and checkpointer.restarts == 0
+        finally:
+            reader.close()
+        for n in range(400, 2000):
+            await store.checkpoint_task(_paused(f"pinned-{n}", messages=20), "agent")
+            if checkpointer.restarts:
+                break
+            await asyncio.sleep(0.001)
+        assert checkpointer.restarts >= 1 and closings >= 1
 
 
 @pytest.mark.postgres
@@ -122,7 +169,6 @@ async def test_connection_failures_on_the_pause_boundary_are_store_errors(
     """A first checkpoint and a resolution await asyncpg on a pooled connection of
     their own making; failing to connect must still be one of meshpoint's errors
     (unavailable, when nothing listens), never a driver exception."""
-    from meshpoint.store import SqlStore
     from meshpoint.store.engine import open_database, parse_url
 
     target = url.format(port=unused_tcp_port, postgres_url=postgres_url)

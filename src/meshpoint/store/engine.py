@@ -227,15 +227,15 @@ class AsyncDatabase(Database):
                    one_statement: bool, short: bool) -> R:
         engine = self._autocommit if write and one_statement else \
             self.engine if write else self._reader
-        async with self._pool_wait():
-            conn = await engine.connect()
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+            # The connection's own context manager closes it, and finishes closing
+            # even if this task is cancelled meanwhile; the wait counts the checkout.
+            async with self._pool_wait():
+                conn = await stack.enter_async_context(engine.connect())
             if write and one_statement:
                 return await conn.run_sync(body)
             async with conn.begin():
                 return await conn.run_sync(body)
-        finally:
-            await conn.close()
 
     async def dispose(self) -> None:
         await super().dispose()
@@ -389,10 +389,10 @@ class WriteGate:
         """Keep new write transactions out for the block. It is given True once the
         ones under way have finished, or False if they took over ``timeout_s`` (a
         long sweep, say): the block should then not wait for the write lock."""
-        with self._cond:
-            self._closed = True
-            idle = self._cond.wait_for(lambda: not self._writers, timeout_s)
         try:
+            with self._cond:
+                self._closed = True
+                idle = self._cond.wait_for(lambda: not self._writers, timeout_s)
             yield idle
         finally:
             with self._cond:
@@ -417,8 +417,9 @@ class WalCheckpointer:
     steady stream of writes never allows (the writes made during the copy are always
     left). Measured: 3,000 checkpoints in a row grew the log to 234 MB, and every
     read and commit slowed as the log's index grew (a commit p50 0.16 → 0.48 ms).
-    So when the log holds ``restart_frames`` frames or more after a PASSIVE pass,
-    this thread runs a RESTART checkpoint behind a closed :class:`WriteGate`: it
+    So when the log holds ``restart_frames`` frames or more after a PASSIVE pass
+    that copied them all (none is pinned by a reader, which a RESTART would wait
+    for), this thread runs a RESTART checkpoint behind a closed :class:`WriteGate`: it
     waits for this process's writers to finish (other processes' for the write
     lock), copies the few frames written since the PASSIVE pass, and makes the next
     writer start the log over. Writers wait for it that long. Connections cut a
@@ -446,9 +447,11 @@ class WalCheckpointer:
         try:
             while not self._stop.wait(self._interval_s):
                 with contextlib.suppress(sqlite3.Error):  # busy or locked: next time
-                    _busy, frames, _copied = conn.execute(
+                    _busy, frames, copied = conn.execute(
                         "PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                    if frames >= self._restart_frames:
+                    # Frames left uncopied mean a reader still uses them: a RESTART
+                    # would wait for it with writers held back, so not this pass.
+                    if frames >= self._restart_frames and copied == frames:
                         with self.gate.closed(timeout_s=0.1) as idle:
                             if not idle:
                                 continue
@@ -657,6 +660,9 @@ def translate(doing: str) -> Iterator[None]:
             ) from error
         raise StoreError(f"the database failed while {doing}: {error.orig}") from error
     except exc.SQLAlchemyError as error:
+        orig = getattr(error, "orig", None)
+        if isinstance(orig, MeshpointError):
+            raise orig from None  # a bind processor (meshpoint's JSON encoder) refused
         raise StoreError(f"the store failed while {doing}: {error}") from error
     except json.JSONDecodeError as error:
         # A JSON column that no longer parses (SQLite stores JSON as text). Other
