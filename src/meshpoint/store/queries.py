@@ -327,10 +327,13 @@ SWEEP_EXPIRED = (
     .returning(*SUB_COLUMNS)
 )
 #: The same on PostgreSQL, as a queue takes its rows: the picked rows' physical
-#: addresses (``ctid``, stable while this statement holds their locks) in one array
-#: computed once, which PostgreSQL reads with a TID scan whatever its estimates. As
-#: a join, PostgreSQL without statistics scanned all the tenant's sub-tasks and
-#: compared each with every picked row.
+#: addresses (``ctid``) in one array computed once, which PostgreSQL reads with a TID
+#: scan whatever its estimates. As a join, PostgreSQL without statistics scanned all
+#: the tenant's sub-tasks and compared each with every picked row. A picked row that
+#: another transaction changed after this statement began (a claim, a deadline
+#: reset) is locked in its new version, which the UPDATE's snapshot does not see: it
+#: is left as it is, and a sweep may return fewer rows than it picked. Nothing is
+#: lost: the row is still open, and the next sweep finds it if it is still due.
 PG_SWEEP_EXPIRED = (
     update(S)
     .where(literal_column("ctid") == any_(func.array(
@@ -358,9 +361,14 @@ RESET_DEADLINE = (
 
 # -- leases ------------------------------------------------------------------------------
 
+#: The status is tested as ``status || ''``: the same test, but one from which
+#: PostgreSQL cannot prove the predicate of the index of resuming tasks. From
+#: ``status = 'resuming'`` it could, and on a table never analyzed it took a scan of
+#: that whole index, with a heap fetch per entry, for as cheap as the primary key:
+#: after a mass resume, every lease taken read every resuming task.
 TAKE_LEASE = (
     update(T)
-    .where(TASK_KEY, T.c.status.in_(bindparam("p_statuses", expanding=True)),
+    .where(TASK_KEY, T.c.status.concat("").in_(bindparam("p_statuses", expanding=True)),
            or_(T.c.owner.is_(None), T.c.lease_expires_at <= now, T.c.owner == owner))
     .values(owner=owner, lease_expires_at=lease_until, status="resuming",
             version=T.c.version + 1)
