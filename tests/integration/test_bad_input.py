@@ -91,6 +91,36 @@ async def test_a_result_that_cannot_be_serialised_resolves_nothing(store: SqlSto
                            ContextSerializationError, "set")
 
 
+def _lone_surrogate_in(where: str) -> TaskExecutionContext:
+    ctx = fan_out("t2")
+    if where == "event":
+        ctx.append_session_event({"role": "tool", "text": "caf\udce9"})
+    elif where == "context":
+        ctx.flags["note"] = "\ud83d"  # half of an emoji's UTF-16 pair
+    else:
+        ctx.register_peer_sub_task("t2/odd", {"peer_agent_name": "p", "note": "\ud800"})
+    return ctx
+
+
+@pytest.mark.parametrize(("where", "path"), [
+    ("event", "['text']"), ("context", "['flags']['note']"), ("correlation", "['note']")])
+async def test_a_lone_surrogate_is_named_and_nothing_is_written(
+        store: SqlStore, where: str, path: str) -> None:
+    """A string with half of a UTF-16 pair (say, bytes decoded with
+    errors='surrogateescape') passes the JSON checks but is not UTF-8: no database
+    stores it as text. The checkpoint is refused naming where it is, not with a
+    driver's UnicodeEncodeError, and nothing is written."""
+    await store.checkpoint_task(fan_out("t1"), AGENT)
+    ctx = _lone_surrogate_in(where)
+    error = await expect_unchanged(store, lambda s: s.checkpoint_task(ctx, AGENT),
+                                   ContextSerializationError, "lone surrogate")
+    assert path in error.path  # type: ignore[attr-defined]
+    await expect_unchanged(
+        store, lambda s: s.resolve_peer_sub_task("t1/sub-0", {"text": "\udfff"}),
+        ContextSerializationError, r"\$\['text'\] is a string with a lone surrogate")
+    assert (await store.get_peer_sub_task("t1/sub-0")).status == "pending"
+
+
 def _with_sub(correlation_data: dict[str, object]) -> TaskExecutionContext:
     """A paused task with one more peer call whose correlation data is ``correlation_data``."""
     ctx = fan_out("t")

@@ -109,7 +109,10 @@ def sub_task(row: Any) -> PeerSubTask:
         sub_task_id=row.sub_task_id, task_id=row.logical_task_id, agent_name=row.agent_name,
         invocation_id=row.invocation_id, function_call_id=row.function_call_id,
         peer_agent_name=row.peer_agent_name, peer_task_id=row.peer_task_id,
-        correlation_data=corr, timeout_deadline=row.timeout_deadline, status=row.status,
+        # float(): PostgreSQL's one-statement restore carries the rows as JSON, in
+        # which a whole-number deadline comes back as an int.
+        correlation_data=corr, timeout_deadline=float(row.timeout_deadline),
+        status=row.status,
         resolved_by=row.resolved_by, result=row.result)
 
 
