@@ -167,9 +167,7 @@ class AsyncDatabase(Database):
         one to the pool: a caller must never wait for a connection that sits idle."""
         self._waiting += 1
         try:
-            if self._parked is not None:
-                parked, self._parked = self._parked, None
-                parked.close()
+            self._return_parked()
             yield
         finally:
             self._waiting -= 1
@@ -237,11 +235,14 @@ class AsyncDatabase(Database):
             async with conn.begin():
                 return await conn.run_sync(body)
 
-    async def dispose(self) -> None:
-        await super().dispose()
+    def _return_parked(self) -> None:
         if self._parked is not None:
             parked, self._parked = self._parked, None
             parked.close()
+
+    async def dispose(self) -> None:
+        await super().dispose()
+        self._return_parked()
         await self.engine.dispose()
 
 

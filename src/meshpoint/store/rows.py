@@ -16,8 +16,17 @@ from meshpoint.store.records import PeerSubTask, RestoredTask
 
 MAX_ID = 255
 
+
+def _is_id(value: Any, max_len: int = MAX_ID) -> bool:
+    return type(value) is str and 0 < len(value) <= max_len
+
+
+def _is_timeout(value: Any) -> bool:
+    return type(value) in (int, float) and 0 <= value < math.inf  # NaN fails too
+
+
 def check_id(name: str, value: Any, *, max_len: int = MAX_ID) -> None:
-    if type(value) is not str or not 0 < len(value) <= max_len:
+    if not _is_id(value, max_len):
         raise InvalidArgumentError(
             f"{name} must be a str of 1 to {max_len} characters, got {value!r:.80}")
 
@@ -26,12 +35,8 @@ def check_id(name: str, value: Any, *, max_len: int = MAX_ID) -> None:
 _REQUIRED_IDS = ("invocation_id", "function_call_id")
 
 
-def _is_id(value: Any) -> bool:
-    return type(value) is str and 0 < len(value) <= MAX_ID
-
-
 def check_timeout(name: str, value: Any) -> None:
-    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+    if not _is_timeout(value):
         raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
@@ -72,7 +77,7 @@ def plan_join(doc: dict[str, Any], status: str, default_timeout_s: float
                 f"paused in invocation {current!r}: a paused task waits on one join, the "
                 "calls of its current invocation")
         timeout_s = corr.get("timeout_s", default_timeout_s)
-        if type(timeout_s) not in (int, float) or not 0 <= timeout_s < math.inf:
+        if not _is_timeout(timeout_s):
             check_timeout(f"timeout_s of sub-task {sub_task_id!r}", timeout_s)
         calls = invocations.setdefault(inv, ParallelCalls())
         if call not in calls.call_order:

@@ -148,16 +148,21 @@ class SqlStore:
 
     async def _write_native(self, doing: str,
                             body: Callable[[PoolProxiedConnection], Awaitable[R]]) -> R:
-        """Run ``body`` on a PostgreSQL connection it awaits directly (see
-        AsyncDatabase.native): a one-statement write, retried like :meth:`_write`."""
+        """Run ``body``, a one-statement write, on a PostgreSQL connection it awaits
+        directly (see AsyncDatabase.native), retried like :meth:`_write`."""
+        return await self._retried(doing, lambda: self._on_native(body))
+
+    async def _read_native(self, doing: str,
+                           body: Callable[[PoolProxiedConnection], Awaitable[R]]) -> R:
+        """Run ``body``, one read statement, as :meth:`_write_native` does (no retry)."""
+        with translate(doing):
+            return await self._on_native(body)
+
+    async def _on_native(self, body: Callable[[PoolProxiedConnection], Awaitable[R]]) -> R:
         db = self._db
         assert isinstance(db, AsyncDatabase), "native statements are PostgreSQL's"
-
-        async def attempt() -> R:
-            async with db.native() as conn:
-                return await body(conn)
-
-        return await self._retried(doing, attempt)
+        async with db.native() as conn:
+            return await body(conn)
 
     async def _retried(self, doing: str, attempt: Callable[[], Awaitable[R]]) -> R:
         for number in range(_RETRIES):
@@ -170,16 +175,6 @@ class SqlStore:
             # A PostgreSQL deadlock victim: nothing was committed, run it again.
             await asyncio.sleep(random.uniform(0, 0.002 * (number + 1)))
         raise AssertionError("unreachable")
-
-    async def _read_native(self, doing: str,
-                           body: Callable[[PoolProxiedConnection], Awaitable[R]]) -> R:
-        """Run ``body``, one read statement, on a PostgreSQL connection it awaits
-        directly (see AsyncDatabase.native)."""
-        db = self._db
-        assert isinstance(db, AsyncDatabase), "native statements are PostgreSQL's"
-        with translate(doing):
-            async with db.native() as conn:
-                return await body(conn)
 
     async def _read(self, doing: str, body: Callable[[Connection], R], *,
                     short: bool = True) -> R:
