@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench services clean
+.PHONY: demo test lint bench sql services clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
+
+## sql: render the store's named statements into src/meshpoint/store/sql/ (a test fails
+## while those files are stale)
+sql: $(STAMP)
+	$(BIN)/python -m meshpoint.store.render
 
 ## bench: meshpoint beside LangGraph's savers, claim throughput, RSS (BENCH_MODE=quick,
 ## about 3 minutes); BENCH_MODE=full adds the store and scale-out benchmarks and 100k tasks

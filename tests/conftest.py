@@ -133,25 +133,47 @@ async def empty_database(backend: str, request: pytest.FixtureRequest,
     """A URL and options naming a database of its own with no tables at all: a new
     SQLite file, or a new PostgreSQL schema dropped afterwards."""
     if backend == "sqlite":
-        yield f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}", {}
+        yield f"sqlite:///{tmp_path / 'empty.db'}", {}
         return
     url = request.getfixturevalue("postgres_url")
     schema = await fresh_pg_schema()
     try:
-        yield url, {"schema": schema}
+        yield url, {"schema": schema, **BACKEND_OPTIONS[backend]}
     finally:
         await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+#: Every backend a store can run on. ``postgres-portable`` is PostgreSQL with its
+#: fast paths off (``open_store(fast_paths=False)``): the portable bodies only. The
+#: store's own suites run on it too (the ``portable_too`` marker), so that a fast
+#: path that drifts from its portable body fails a test.
+BACKEND_OPTIONS: dict[str, dict[str, Any]] = {
+    "sqlite": {}, "postgres": {}, "postgres-portable": {"fast_paths": False}}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" not in metafunc.fixturenames or any(
+            "backend" in str(marker.args[0]) for marker in
+            metafunc.definition.iter_markers("parametrize")):
+        return  # no backend, or the test names its own
+    names = list(BACKEND_OPTIONS)
+    if metafunc.definition.get_closest_marker("portable_too") is None:
+        names.remove("postgres-portable")
+    metafunc.parametrize("backend", [
+        pytest.param(name, marks=() if name == "sqlite" else pytest.mark.postgres)
+        for name in names], indirect=True)
+
+
+@pytest.fixture
 def backend(request: pytest.FixtureRequest) -> str:
+    """The backend of this run of the test (see pytest_generate_tests)."""
     return str(request.param)
 
 
 @pytest.fixture
 def store_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if backend == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'meshpoint.db'}"
+        return f"sqlite:///{tmp_path / 'meshpoint.db'}"
     return str(request.getfixturevalue("postgres_url"))
 
 
@@ -160,7 +182,7 @@ def store_options(backend: str, request: pytest.FixtureRequest) -> dict[str, obj
     """Options that put a store on this test's isolated database."""
     if backend == "sqlite":
         return {}
-    return {"schema": request.getfixturevalue("pg_schema")}
+    return {"schema": request.getfixturevalue("pg_schema"), **BACKEND_OPTIONS[backend]}
 
 
 class FakeClock:
@@ -202,7 +224,7 @@ async def _empty_store(backend: str, url: str, options: dict[str, object],
                        **extra: object) -> SqlStore:
     """A store on the backend's test database, emptied of every row."""
     opened = await open_store(url, **options, **extra)  # type: ignore[arg-type]
-    if backend == "postgres":
+    if backend != "sqlite":
         tables = ", ".join(table.name for table in metadata.sorted_tables)
         await opened.run(lambda conn: conn.exec_driver_sql(f"TRUNCATE {tables}"), write=True)
     return opened

@@ -13,7 +13,9 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     │   ├── SchemaError             the database schema is missing or out of date
     │   ├── NotFoundError           an id is unknown (or belongs to another tenant)
     │   │   ├── UnknownTaskError
-    │   │   └── UnknownSubTaskError
+    │   │   ├── UnknownSubTaskError
+    │   │   ├── UnknownInvocationError
+    │   │   └── UnknownCallError
     │   ├── ConflictError           the write would break an invariant
     │   │   ├── CheckpointConflictError   the task or a sub-task id is already stored
     │   │   └── LeaseNotHeldError         the caller does not hold the task's resume lease
@@ -93,6 +95,31 @@ class UnknownSubTaskError(NotFoundError):
             "its task was already cleaned up, or it belongs to another tenant"
         )
         self.sub_task_id = sub_task_id
+
+
+class UnknownInvocationError(NotFoundError):
+    """A stored task has no parallel invocation with this id."""
+
+    def __init__(self, task_id: str, invocation_id: str) -> None:
+        super().__init__(
+            f"task {task_id!r} has no parallel invocation {invocation_id!r}: only the "
+            "invocation a task is paused in is stored"
+        )
+        self.task_id = task_id
+        self.invocation_id = invocation_id
+
+
+class UnknownCallError(NotFoundError):
+    """A stored invocation has no peer call with this function-call id."""
+
+    def __init__(self, task_id: str, invocation_id: str, function_call_id: str) -> None:
+        super().__init__(
+            f"task {task_id!r} has no peer call {function_call_id!r} in invocation "
+            f"{invocation_id!r}"
+        )
+        self.task_id = task_id
+        self.invocation_id = invocation_id
+        self.function_call_id = function_call_id
 
 
 class ConflictError(StoreError):

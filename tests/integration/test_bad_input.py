@@ -25,6 +25,9 @@ from meshpoint.store.schema import session_events as events_table
 from tests.conftest import snapshot
 from tests.integration.test_store import AGENT, fan_out
 
+#: The store's own suite: also run with PostgreSQL's fast paths off.
+pytestmark = pytest.mark.portable_too
+
 Op = Callable[[SqlStore], Awaitable[Any]]
 
 SUB_TASK_OPS: dict[str, Op] = {

@@ -18,6 +18,9 @@ from meshpoint.errors import NotFoundError
 from meshpoint.store import Resolution, SqlStore, open_store
 from tests.conftest import FakeClock
 
+#: The store's own suite: also run with PostgreSQL's fast paths off.
+pytestmark = pytest.mark.portable_too
+
 AGENT = "coordinator"
 _examples = itertools.count()
 

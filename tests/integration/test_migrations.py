@@ -10,15 +10,8 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, inspect, select
 
 from meshpoint.errors import SchemaError
-from meshpoint.store import SqlStore, open_store
-from meshpoint.store.engine import (
-    current_revision,
-    downgrade,
-    head_revision,
-    migrate,
-    open_database,
-    parse_url,
-)
+from meshpoint.store import SqlStore, open_database, open_store
+from meshpoint.store.engine import current_revision, downgrade, head_revision, migrate
 from meshpoint.store.schema import metadata, session_events
 from tests.integration.test_store import fan_out
 
@@ -69,7 +62,7 @@ async def test_an_unmigrated_database_is_refused_with_the_fix(
 async def test_migrating_twice_and_down_and_up_again(
         empty_database: tuple[str, dict[str, Any]]) -> None:
     url, options = empty_database
-    db = open_database(parse_url(url), busy_timeout_s=5, schema=options.get("schema"),
+    db = open_database(url, busy_timeout_s=5, schema=options.get("schema"),
                        pool_size=1)
     try:
         await migrate(db)
@@ -90,7 +83,7 @@ async def test_0002_turns_event_rows_into_batches_and_back(
     """Conversations written one row per event (0001) restore after the upgrade, and
     the downgrade splits batches back into one row per event."""
     url, options = empty_database
-    db = open_database(parse_url(url), busy_timeout_s=5, schema=options.get("schema"),
+    db = open_database(url, busy_timeout_s=5, schema=options.get("schema"),
                        pool_size=1)
     store = SqlStore(db, tenant_id="default")
     try:
@@ -133,7 +126,7 @@ async def test_0003_compresses_large_columns_with_lz4_on_postgresql(
     values written before and after the switch restore alike; the downgrade puts
     the server's default back."""
     url, options = empty_database
-    db = open_database(parse_url(url), busy_timeout_s=5, schema=options.get("schema"),
+    db = open_database(url, busy_timeout_s=5, schema=options.get("schema"),
                        pool_size=1)
     store = SqlStore(db, tenant_id="default")
 

@@ -19,7 +19,7 @@ from meshpoint.errors import (
     StoreUnavailableError,
 )
 from meshpoint.store import SqlStore, open_store
-from meshpoint.store.engine import WAL_RESTART_FRAMES, ThreadedDatabase, WalCheckpointer
+from meshpoint.store.sqlite import WAL_RESTART_FRAMES, SqliteDatabase, WalCheckpointer
 
 
 @pytest.mark.parametrize(("url", "match"), [
@@ -72,7 +72,7 @@ def _paused(task_id: str, messages: int = 0) -> TaskExecutionContext:
 
 def _checkpointer(store: SqlStore) -> WalCheckpointer:
     db = store._db
-    assert isinstance(db, ThreadedDatabase) and db._wal_checkpointer is not None
+    assert isinstance(db, SqliteDatabase) and db._wal_checkpointer is not None
     return db._wal_checkpointer
 
 
@@ -169,11 +169,11 @@ async def test_connection_failures_on_the_pause_boundary_are_store_errors(
     """A first checkpoint and a resolution await asyncpg on a pooled connection of
     their own making; failing to connect must still be one of meshpoint's errors
     (unavailable, when nothing listens), never a driver exception."""
-    from meshpoint.store.engine import open_database, parse_url
+    from meshpoint.store import open_database
 
     target = url.format(port=unused_tcp_port, postgres_url=postgres_url)
-    store = SqlStore(open_database(parse_url(target), busy_timeout_s=2, schema=None,
-                                   pool_size=1), tenant_id="default")
+    store = SqlStore(open_database(target, busy_timeout_s=2, pool_size=1),
+                     tenant_id="default")
     ctx = TaskExecutionContext("t")
     ctx.current_invocation_id = "inv"
     ctx.register_peer_sub_task("t/sub", {"peer_agent_name": "peer"})

@@ -15,16 +15,17 @@ partial index of resuming tasks (0004) is no longer small.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, event
+from sqlalchemy import Connection
 
 from meshpoint import TaskExecutionContext
-from meshpoint.store import SqlStore, open_store
-from meshpoint.store import lean as lean_module
+from meshpoint.store import SqlStore, open_store, postgres
+from meshpoint.store.statement import Statement
 from tests.conftest import fresh_pg_schema, pg_execute_async
 
 #: The indexes that only the sweep and the recovery listing may use.
@@ -60,30 +61,7 @@ async def test_statements_by_key_use_the_primary_key_without_statistics(
         await store.checkpoint_task(_task(n), "agent")
 
     seen: dict[str, Any] = {}
-    engine = store._db.engine.sync_engine  # type: ignore[attr-defined]
-
-    def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any,
-               executemany: bool) -> None:
-        if not executemany and statement.lstrip()[:6].upper() in (
-                "SELECT", "UPDATE", "DELETE", "WITH R", "WITH E"):
-            seen.setdefault(statement, parameters)
-
-    fetch, rows = lean_module.Lean.fetch, lean_module.Lean.rows
-
-    async def fetch_recorded(self: Any, native: Any, dialect: Any, params: Any) -> Any:
-        compiled = self._compile(dialect)
-        seen.setdefault(compiled.sql, self._args(compiled, params))
-        return await fetch(self, native, dialect, params)
-
-    def rows_recorded(self: Any, conn: Connection, params: Any) -> Any:
-        compiled = self._compile(conn.dialect)
-        seen.setdefault(compiled.sql, self._args(compiled, params))
-        return rows(self, conn, params)
-
-    event.listen(engine, "before_cursor_execute", record)
-    monkeypatch.setattr(lean_module.Lean, "fetch", fetch_recorded)
-    monkeypatch.setattr(lean_module.Lean, "rows", rows_recorded)
-    try:
+    with recording(seen, monkeypatch):
         await store.resolve_peer_sub_task("t1/sub-0", {"ok": 1})
         for k in range(3):
             await store.resolve_peer_sub_task(f"t2/sub-{k}", {"ok": k}, lease_owner="i-1")
@@ -100,9 +78,6 @@ async def test_statements_by_key_use_the_primary_key_without_statistics(
         await store.sweep_expired_timeouts("agent")
         await store.resumable_tasks("agent")
         await store.cleanup_task("t7")
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
-        monkeypatch.undo()
     assert len(seen) >= 15, list(seen)
 
     def explain(conn: Connection) -> dict[str, str]:
@@ -121,6 +96,29 @@ async def test_statements_by_key_use_the_primary_key_without_statistics(
     recovery = [plan for sql, plan in plans.items() if "status = 'resuming'" in sql]
     assert recovery and all("ix_agent_paused_tasks_resuming" in plan for plan in recovery), \
         recovery
+
+
+@contextlib.contextmanager
+def recording(seen: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Record the SQL and bound values of every statement the store runs meanwhile,
+    in a transaction (Statement.rows) or on PostgreSQL's native connection (fetch)."""
+    rows, fetch = Statement.rows, postgres.fetch
+
+    def rows_recorded(self: Statement, conn: Connection, params: Any) -> Any:
+        compiled = self.compiled(conn.dialect)
+        seen.setdefault(compiled.sql, self.bind(compiled, params))
+        return rows(self, conn, params)
+
+    async def fetch_recorded(statement: Statement, native: Any, dialect: Any,
+                             params: Any) -> Any:
+        compiled = statement.compiled(dialect)
+        seen.setdefault(compiled.sql, statement.bind(compiled, params))
+        return await fetch(statement, native, dialect, params)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Statement, "rows", rows_recorded)
+        patch.setattr(postgres, "fetch", fetch_recorded)
+        yield
 
 
 def _check(plans: dict[str, str]) -> None:
@@ -145,7 +143,8 @@ def _check(plans: dict[str, str]) -> None:
     assert not wrong, "\n\n".join(wrong)
 
 
-async def test_sqlite_sweep_and_recovery_use_their_partial_indexes(tmp_path: Any) -> None:
+async def test_sqlite_sweep_and_recovery_use_their_partial_indexes(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     async with await open_store(f"sqlite:///{tmp_path}/plans.db") as store:
         for n in range(50):
             await store.checkpoint_task(_task(n), "agent")
@@ -153,18 +152,9 @@ async def test_sqlite_sweep_and_recovery_use_their_partial_indexes(tmp_path: Any
             for k in range(3):
                 await store.resolve_peer_sub_task(f"t{n}/sub-{k}", {"ok": k})
         seen: dict[str, Any] = {}
-
-        def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any,
-                   _executemany: bool) -> None:
-            seen.setdefault(statement, parameters)
-
-        engine = store._db.engine  # type: ignore[attr-defined]
-        event.listen(engine, "before_cursor_execute", record)
-        try:
+        with recording(seen, monkeypatch):
             assert len(await store.resumable_tasks("agent")) == 10
             await store.sweep_expired_timeouts("agent")
-        finally:
-            event.remove(engine, "before_cursor_execute", record)
 
         def explain(conn: Connection) -> dict[str, str]:
             return {sql: "\n".join(str(row[-1]) for row in conn.exec_driver_sql(

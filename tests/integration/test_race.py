@@ -26,7 +26,8 @@ from tests.conftest import row_counts
 from tests.integration import race_worker
 from tests.integration.race_worker import LOCAL_RESULT, WorkerPlan
 
-pytestmark = pytest.mark.race
+#: Also raced with PostgreSQL's fast paths off.
+pytestmark = [pytest.mark.race, pytest.mark.portable_too]
 AGENT = "coordinator"
 
 

@@ -14,10 +14,14 @@ from meshpoint.errors import (
     LeaseNotHeldError,
     StoreError,
     StoreUnavailableError,
+    UnknownCallError,
 )
 from meshpoint.store import TIMEOUT_RESULT, SqlStore, open_store
 from meshpoint.store.schema import parallel_invocations
 from tests.conftest import FakeClock, pg_execute_async, row_counts, snapshot
+
+#: The store's own suite: also run with PostgreSQL's fast paths off.
+pytestmark = pytest.mark.portable_too
 
 AGENT = "coordinator"
 
@@ -99,7 +103,7 @@ async def test_two_step_claim_then_record(store: SqlStore) -> None:
     done = await store.record_parallel_result("t1", "inv-1", "call-0", {"text": "ok"})
     assert done is not None and (done.completed, done.total, done.join_complete) == (1, 1, True)
     assert await store.record_parallel_result("t1", "inv-1", "call-0", {"text": "again"}) is None
-    with pytest.raises(InvalidArgumentError, match="no peer call 'nope'"):
+    with pytest.raises(UnknownCallError, match="no peer call 'nope'"):
         await store.record_parallel_result("t1", "inv-1", "nope", 1)
     assert await store.get_parallel_results("t1", "inv-1") == [("call-0", {"text": "ok"})]
 

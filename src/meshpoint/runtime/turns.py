@@ -40,7 +40,8 @@ from meshpoint.llm.base import ModelResponse
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent, RuntimeOptions
 from meshpoint.runtime.stats import InstanceStats
-from meshpoint.store.sql import TIMEOUT_RESULT, SqlStore
+from meshpoint.store.base import TIMEOUT_RESULT
+from meshpoint.store.sql import SqlStore
 
 if TYPE_CHECKING:
     from meshpoint.runtime.instance import AgentInstance

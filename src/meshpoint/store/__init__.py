@@ -2,14 +2,15 @@
 
 Open one from a URL::
 
-    async with open_store("sqlite+aiosqlite:///meshpoint.db") as store:
+    async with open_store("sqlite:///meshpoint.db") as store:
         await store.checkpoint_task(ctx, "coordinator")
 
-``sqlite+aiosqlite:///path`` (or ``:memory:``) is the embedded default;
-``postgresql+asyncpg://user@host/db`` scales out. Both run the same SQL
-(:mod:`meshpoint.store.sql`); the PostgreSQL driver is imported only when a
-PostgreSQL URL is opened. SQLite runs on the standard library's sqlite3 driver,
-one worker-thread hop per operation (see :mod:`meshpoint.store.engine`).
+``sqlite:///path`` (or ``sqlite:///:memory:``) is the embedded default;
+``postgresql+asyncpg://user@host/db`` scales out. Both run the same operations
+(:mod:`meshpoint.store.sql`); what a dialect does differently lives in its own
+module (:mod:`meshpoint.store.sqlite`, :mod:`meshpoint.store.postgres`), imported
+only when a URL of that dialect is opened. The runtime sees the contract,
+:class:`~meshpoint.store.base.Store`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any
 from sqlalchemy.engine import URL
 
 from meshpoint.errors import ConfigurationError
-from meshpoint.store.engine import check_schema, migrate, open_database, parse_url
+from meshpoint.store.base import TIMEOUT_RESULT, Store
+from meshpoint.store.engine import Database, check_schema, migrate, parse_url
 from meshpoint.store.records import (
     CheckpointReceipt,
     Lease,
@@ -32,7 +34,7 @@ from meshpoint.store.records import (
     StoreStats,
 )
 from meshpoint.store.rows import check_id
-from meshpoint.store.sql import TIMEOUT_RESULT, SqlStore
+from meshpoint.store.sql import SqlStore
 
 __all__ = [
     "TIMEOUT_RESULT",
@@ -43,9 +45,23 @@ __all__ = [
     "Resolution",
     "RestoredTask",
     "SqlStore",
+    "Store",
     "StoreStats",
+    "open_database",
     "open_store",
 ]
+
+
+def open_database(url: str | URL, *, busy_timeout_s: float = 30.0, schema: str | None = None,
+                  pool_size: int = 5) -> Database:
+    """The connection pool of the database at ``url``, of its dialect's kind."""
+    parsed = parse_url(url)
+    opener: Callable[..., Database]
+    if parsed.get_backend_name() == "sqlite":
+        from meshpoint.store.sqlite import open_sqlite as opener
+    else:
+        from meshpoint.store.postgres import open_postgres as opener
+    return opener(parsed, busy_timeout_s=busy_timeout_s, schema=schema, pool_size=pool_size)
 
 
 class StoreOpener:
@@ -58,19 +74,19 @@ class StoreOpener:
 
     async def _open(self) -> SqlStore:
         opts = self._options
-        url = parse_url(self._url)
         check_id("tenant_id", opts["tenant_id"], max_len=64)
         if opts["pool_size"] < 1:
             raise ConfigurationError(f"pool_size must be at least 1, got {opts['pool_size']}")
-        db = open_database(url, busy_timeout_s=opts["busy_timeout_s"], schema=opts["schema"],
-                           pool_size=opts["pool_size"])
+        db = open_database(self._url, busy_timeout_s=opts["busy_timeout_s"],
+                           schema=opts["schema"], pool_size=opts["pool_size"])
         try:
             if opts["migrate"]:
                 await migrate(db)
             else:
                 await check_schema(db)
             return SqlStore(db, tenant_id=opts["tenant_id"], clock=opts["clock"],
-                            compress_threshold_bytes=opts["compress_threshold_bytes"])
+                            compress_threshold_bytes=opts["compress_threshold_bytes"],
+                            fast_paths=opts["fast_paths"])
         except BaseException:
             await db.dispose()
             raise
@@ -90,7 +106,7 @@ class StoreOpener:
 def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = True,
                schema: str | None = None, clock: Callable[[], float] = time.time,
                busy_timeout_s: float = 30.0, pool_size: int = 5,
-               compress_threshold_bytes: int = 16_384) -> StoreOpener:
+               compress_threshold_bytes: int = 16_384, fast_paths: bool = True) -> StoreOpener:
     """Open the checkpoint store at ``url`` for ``tenant_id``.
 
     ``migrate`` brings the schema up to date first (under an advisory lock on
@@ -100,8 +116,11 @@ def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = Tr
     epoch seconds and drives deadlines and leases; hosts sharing a database need
     synchronised clocks. ``busy_timeout_s`` bounds how long a write waits for a
     lock (SQLite) or a connection attempt takes (PostgreSQL). Contexts larger than
-    ``compress_threshold_bytes`` are stored zlib-compressed.
+    ``compress_threshold_bytes`` are stored zlib-compressed. ``fast_paths=False``
+    runs every operation's portable body, even where the dialect has a faster one
+    (:mod:`meshpoint.store.hooks`): slower, and meant for tests and benchmarks.
     """
     return StoreOpener(url, tenant_id=tenant_id, migrate=migrate, schema=schema, clock=clock,
                        busy_timeout_s=busy_timeout_s, pool_size=pool_size,
-                       compress_threshold_bytes=compress_threshold_bytes)
+                       compress_threshold_bytes=compress_threshold_bytes,
+                       fast_paths=fast_paths)

@@ -1,18 +1,87 @@
-"""Pure helpers of the store: argument checks, the join plan of a checkpoint, and
-decoding rows back into records and contexts. No I/O happens here."""
+"""Pure helpers of the store: argument checks, the join plan of a checkpoint, the
+rows statements return, and decoding them back into records and contexts. No I/O
+happens here."""
 
 from __future__ import annotations
 
 import hashlib
 import math
 import zlib
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from meshpoint import _json
 from meshpoint.context import ParallelCalls, TaskExecutionContext
-from meshpoint.errors import CorruptCheckpointError, InvalidArgumentError
+from meshpoint.errors import (
+    CorruptCheckpointError,
+    InvalidArgumentError,
+    LeaseNotHeldError,
+    UnknownTaskError,
+)
 from meshpoint.store.records import PeerSubTask, RestoredTask
+
+
+class TaskRow(NamedTuple):
+    """A row of ``agent_paused_tasks`` (see :mod:`meshpoint.store.schema`)."""
+
+    tenant_id: str
+    logical_task_id: str
+    agent_name: str
+    status: str
+    current_invocation_id: str | None
+    context: bytes
+    context_encoding: str
+    context_sha256: str
+    session_event_count: int
+    owner: str | None
+    lease_expires_at: float | None
+    version: int
+    created_at: float
+    checkpointed_at: float
+    expires_at: float | None
+
+
+class EventRow(NamedTuple):
+    """A row of ``agent_session_events``: the events one checkpoint appended."""
+
+    seq: int
+    data: Any  # a JSON array of events (an object: one event, as before migration 0002)
+
+
+class InvocationRow(NamedTuple):
+    """The join of one turn, from ``agent_parallel_invocations``."""
+
+    invocation_id: str
+    call_order: Any  # a JSON array of function-call ids
+    results: Any  # a JSON object: function-call id -> result known at checkpoint time
+
+
+class SubTaskRow(NamedTuple):
+    """A row of ``agent_peer_sub_tasks``, as :data:`~meshpoint.store.queries.SUB_COLUMNS`
+    select it."""
+
+    sub_task_id: str
+    logical_task_id: str
+    agent_name: str
+    invocation_id: str
+    function_call_id: str
+    peer_agent_name: str | None
+    peer_task_id: str | None
+    correlation_data: Any  # a JSON object, unless the row is corrupt
+    timeout_deadline: float
+    status: str
+    resolved_by: str | None
+    result: Any
+
+
+class RestoreRows(NamedTuple):
+    """What a restore reads: the task's row (None if it is not stored) and its children."""
+
+    task: TaskRow | None
+    events: Sequence[EventRow]
+    invocations: Sequence[InvocationRow]
+    sub_tasks: Sequence[SubTaskRow]
+
 
 MAX_ID = 255
 
@@ -102,7 +171,7 @@ def plan_join(doc: dict[str, Any], status: str, default_timeout_s: float
     return subs, invocations
 
 
-def sub_task(row: Any) -> PeerSubTask:
+def sub_task(row: SubTaskRow) -> PeerSubTask:
     corr = row.correlation_data
     if type(corr) is not dict:
         raise CorruptCheckpointError(
@@ -121,7 +190,7 @@ def sub_task(row: Any) -> PeerSubTask:
         resolved_by=row.resolved_by, result=row.result)
 
 
-def decode_context(task: Any) -> dict[str, Any]:
+def decode_context(task: TaskRow) -> dict[str, Any]:
     """Decompress, verify and parse a paused task's context column."""
     task_id = task.logical_task_id
     try:
@@ -142,7 +211,7 @@ def decode_context(task: Any) -> dict[str, Any]:
     return doc
 
 
-def join_events(task_id: str, event_rows: Iterable[Any]) -> list[Any]:
+def join_events(task_id: str, event_rows: Sequence[EventRow]) -> list[Any]:
     """The conversation from its rows (``seq`` order): each holds the JSON array of
     the events one checkpoint appended, starting at event index ``seq``."""
     events: list[Any] = []
@@ -159,19 +228,26 @@ def join_events(task_id: str, event_rows: Iterable[Any]) -> list[Any]:
     return events
 
 
-def rebuild(task: Any, event_rows: Iterable[Any], invocations: Iterable[Any],
-             subs: list[PeerSubTask]) -> RestoredTask:
+def restored(task_id: str, rows: RestoreRows, lease_owner: str | None) -> RestoredTask:
+    """A paused task as a live context, from the rows a restore read. Raises
+    UnknownTaskError if the task is not stored and, with ``lease_owner``,
+    LeaseNotHeldError unless that owner holds its resume lease."""
+    task = rows.task
+    if task is None:
+        raise UnknownTaskError(task_id)
+    if lease_owner is not None and task.owner != lease_owner:
+        raise LeaseNotHeldError(task_id, lease_owner)
     doc = decode_context(task)
-    events = join_events(task.logical_task_id, event_rows)
+    events = join_events(task.logical_task_id, rows.events)
     if len(events) != task.session_event_count:
         raise CorruptCheckpointError(
             f"task {task.logical_task_id!r} should have {task.session_event_count} "
             f"conversation events but {len(events)} are stored", task_id=task.logical_task_id)
     parallel: dict[str, dict[str, Any]] = {
         row.invocation_id: {"call_order": row.call_order, "results": dict(row.results)}
-        for row in invocations}
+        for row in rows.invocations}
     active: dict[str, dict[str, Any]] = {}
-    for item in subs:
+    for item in map(sub_task, rows.sub_tasks):
         if item.status == "pending":
             active[item.sub_task_id] = item.correlation_data
         elif item.status == "resolved" and item.invocation_id in parallel:

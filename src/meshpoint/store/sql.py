@@ -1,15 +1,18 @@
-"""The checkpoint store: one SQLAlchemy Core implementation for SQLite and PostgreSQL.
+"""The checkpoint store: one body per operation, for SQLite and PostgreSQL.
 
-Every public operation is one transaction. Writes on SQLite begin with
-``BEGIN IMMEDIATE`` (see :mod:`meshpoint.store.engine`); on PostgreSQL a
-transaction that loses a deadlock or serialization check is retried whole.
-Nothing is committed when an operation raises.
+Each operation checks its arguments, builds its parameters once, and runs one
+transaction of named statements (:mod:`meshpoint.store.queries`) on the store's
+:class:`~meshpoint.store.engine.Database`. Where the database's dialect has a fast
+path for the operation (:mod:`meshpoint.store.hooks`), the operation offers it the
+same parameters first; the portable body runs when it declines, or when the store
+was opened with ``fast_paths=False``. Nothing here depends on the dialect.
+
+The contract of every operation, its docstring included, is
+:class:`~meshpoint.store.base.Store`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import hashlib
 import logging
 import random
@@ -18,22 +21,26 @@ import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
-from sqlalchemy import Connection, exc, func, select, text
-from sqlalchemy.engine import Dialect
-from sqlalchemy.pool import PoolProxiedConnection
+from sqlalchemy import Connection, exc
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from meshpoint import _json
+from meshpoint._retry import retried
 from meshpoint.context import ParallelCalls, TaskExecutionContext
 from meshpoint.errors import (
     CheckpointConflictError,
     CorruptCheckpointError,
     InvalidArgumentError,
     LeaseNotHeldError,
+    UnknownCallError,
+    UnknownInvocationError,
     UnknownSubTaskError,
     UnknownTaskError,
 )
 from meshpoint.store import queries as q
-from meshpoint.store.engine import AsyncDatabase, Database, is_retryable, translate
+from meshpoint.store.base import TIMEOUT_RESULT, Store
+from meshpoint.store.engine import Database, is_retryable, translate
+from meshpoint.store.hooks import NO_FAST_PATHS, Portable
 from meshpoint.store.records import (
     CheckpointReceipt,
     Lease,
@@ -44,20 +51,17 @@ from meshpoint.store.records import (
     StoreStats,
 )
 from meshpoint.store.rows import (
+    RestoreRows,
     check_id,
     check_timeout,
     check_ttl,
     plan_join,
-    rebuild,
+    restored,
     sub_task,
 )
-from meshpoint.store.schema import (
-    CHECKPOINT_STATUSES,
-    RESUMING_PREDICATE,
-    TASK_STATUSES,
-    paused_tasks,
-    peer_sub_tasks,
-)
+from meshpoint.store.schema import CHECKPOINT_STATUSES, TASK_STATUSES
+
+__all__ = ["TIMEOUT_RESULT", "SqlStore"]
 
 R = TypeVar("R")
 logger = logging.getLogger("meshpoint.store")
@@ -67,39 +71,45 @@ class _Collision(Exception):
     """A checkpoint hit a unique key; its transaction is rolled back (internal)."""
 
 
-class _NeedsTransaction:
-    """The one-statement resolution left a pending sub-task alone: the transactional
-    path must tell why (internal)."""
-
-
-_NEEDS_TRANSACTION = _NeedsTransaction()
-
-#: The result a sub-task resolved by its deadline carries.
-TIMEOUT_RESULT: dict[str, Any] = {"status": "timeout",
-                                  "error": "the peer did not answer before the deadline"}
 #: Keys of the checkpoint dict that are stored in tables of their own.
 _SPLIT_KEYS = ("active_peer_sub_tasks", "parallel_tool_calls", "session_events",
                "session_events_persisted")
-_RETRIES = 6
 
 
-class SqlStore:
-    """The checkpoint store of one tenant. Create it with :func:`meshpoint.store.open_store`.
+def _deadlock_backoff(state: RetryCallState) -> float:
+    """Up to 2 ms more after each attempt, at random, so the victims do not meet again."""
+    return random.uniform(0, 0.002 * state.attempt_number)
 
-    Ids (task, sub-task, invocation) are caller-chosen strings of 1-255 characters,
-    unique per tenant. A store never sees another tenant's rows: an id of another
-    tenant is reported exactly like an unknown one.
+
+#: A transaction PostgreSQL picks as a deadlock victim is run again, up to 6 times.
+_DEADLOCK_RETRIES = AsyncRetrying(retry=retry_if_exception(is_retryable),
+                                  stop=stop_after_attempt(6), wait=_deadlock_backoff,
+                                  reraise=True)
+
+
+class SqlStore(Store):
+    """The checkpoint store of one tenant. Open it with :func:`meshpoint.store.open_store`.
+
+    ``fast_paths=False`` runs the portable body of every operation even where the
+    database's dialect has a faster one (for tests that prove both agree, and for
+    benchmarks that weigh them).
     """
 
     def __init__(self, db: Database, *, tenant_id: str,
                  clock: Callable[[], float] = time.time,
-                 compress_threshold_bytes: int = 16_384, owns_db: bool = True) -> None:
+                 compress_threshold_bytes: int = 16_384, fast_paths: bool = True,
+                 owns_db: bool = True) -> None:
         check_id("tenant_id", tenant_id, max_len=64)
         self._db = db
         self.tenant_id = tenant_id
         self._clock = clock
         self._compress_threshold = compress_threshold_bytes
+        self._fast = db.fast_paths if fast_paths else NO_FAST_PATHS
         self._owns_db = owns_db
+
+    def __repr__(self) -> str:
+        return (f"SqlStore({self.dialect}, tenant={self.tenant_id!r}, "
+                f"fast_paths={self._fast.name!r})")
 
     @property
     def dialect(self) -> str:
@@ -107,15 +117,15 @@ class SqlStore:
         return self._db.dialect
 
     @property
-    def _pg_dialect(self) -> Dialect:
-        db = self._db
-        assert isinstance(db, AsyncDatabase), "native statements are PostgreSQL's"
-        return db.engine.dialect
+    def fast_paths(self) -> bool:
+        """Whether this store takes its dialect's fast paths (see hooks.py)."""
+        return self._fast is not NO_FAST_PATHS
 
     def for_tenant(self, tenant_id: str) -> SqlStore:
         """A view of the same database for another tenant, sharing this store's pool."""
         return SqlStore(self._db, tenant_id=tenant_id, clock=self._clock,
-                        compress_threshold_bytes=self._compress_threshold, owns_db=False)
+                        compress_threshold_bytes=self._compress_threshold,
+                        fast_paths=self.fast_paths, owns_db=False)
 
     async def close(self) -> None:
         """Close the connection pool (a no-op on a :meth:`for_tenant` view)."""
@@ -141,40 +151,15 @@ class SqlStore:
 
     async def _write(self, doing: str, body: Callable[[Connection], R], *,
                      one_statement: bool = False, short: bool = True) -> R:
-        """Run a write transaction, retried whole if PostgreSQL picks it as a deadlock
-        victim. ``short`` (few rows by key) and ``one_statement``: see Database.run."""
+        """Run a write transaction (``short`` and ``one_statement``: see Database.run)."""
         return await self._retried(doing, lambda: self._db.run(
             body, write=True, one_statement=one_statement, short=short))
 
-    async def _write_native(self, doing: str,
-                            body: Callable[[PoolProxiedConnection], Awaitable[R]]) -> R:
-        """Run ``body``, a one-statement write, on a PostgreSQL connection it awaits
-        directly (see AsyncDatabase.native), retried like :meth:`_write`."""
-        return await self._retried(doing, lambda: self._on_native(body))
-
-    async def _read_native(self, doing: str,
-                           body: Callable[[PoolProxiedConnection], Awaitable[R]]) -> R:
-        """Run ``body``, one read statement, as :meth:`_write_native` does (no retry)."""
-        with translate(doing):
-            return await self._on_native(body)
-
-    async def _on_native(self, body: Callable[[PoolProxiedConnection], Awaitable[R]]) -> R:
-        db = self._db
-        assert isinstance(db, AsyncDatabase), "native statements are PostgreSQL's"
-        async with db.native() as conn:
-            return await body(conn)
-
     async def _retried(self, doing: str, attempt: Callable[[], Awaitable[R]]) -> R:
-        for number in range(_RETRIES):
-            with translate(doing):
-                try:
-                    return await attempt()
-                except exc.DBAPIError as error:
-                    if not is_retryable(error) or number == _RETRIES - 1:
-                        raise
-            # A PostgreSQL deadlock victim: nothing was committed, run it again.
-            await asyncio.sleep(random.uniform(0, 0.002 * (number + 1)))
-        raise AssertionError("unreachable")
+        """Run ``attempt`` (a write), again if PostgreSQL picked it as a deadlock
+        victim: nothing was committed then."""
+        with translate(doing):
+            return await retried(attempt, _DEADLOCK_RETRIES, is_retryable)
 
     async def _read(self, doing: str, body: Callable[[Connection], R], *,
                     short: bool = True) -> R:
@@ -190,16 +175,6 @@ class SqlStore:
                               status: str = "waiting_peers", default_timeout_s: float = 600.0,
                               expires_at: float | None = None,
                               lease_owner: str | None = None) -> CheckpointReceipt:
-        """Persist a paused task in one transaction: the task row, its pending peer
-        sub-tasks (each with a ``timeout_deadline``), its parallel invocations, and
-        the conversation events appended since the previous checkpoint.
-
-        A first checkpoint inserts the task; a task that is already stored can be
-        checkpointed again only by the holder of its resume lease (``lease_owner``),
-        which this write releases. Each sub-task times out after its correlation
-        data's ``timeout_s``, or ``default_timeout_s``. On success
-        ``ctx.session_events_persisted`` is advanced; on any error nothing is written.
-        """
         check_id("agent_name", agent_name)
         if status not in CHECKPOINT_STATUSES:
             raise InvalidArgumentError(
@@ -224,7 +199,7 @@ class SqlStore:
         compressed = len(raw) > self._compress_threshold
         blob = zlib.compress(raw, 1) if compressed else raw
         # One set of parameters for every statement of either path; the sub-tasks,
-        # invocations and new events travel as JSON arrays.
+        # invocations and new events also travel as JSON arrays (for fast paths).
         params = self._keys(
             p_task=ctx.task_id, p_agent=agent_name, p_status=status, p_owner=lease_owner,
             p_invocation=doc["current_invocation_id"], p_context=blob,
@@ -242,47 +217,35 @@ class SqlStore:
                      "completed_count": calls.completed, "call_order": calls.call_order,
                      "results": calls.results} for inv, calls in invocations.items()])
 
-        async def first_on_postgresql(conn: PoolProxiedConnection) -> int:
+        async def first_fast() -> int | Portable:
             try:
-                await q.Hot.pg_first_checkpoint.fetch(conn, self._pg_dialect, params)
+                return await self._fast.first_checkpoint(params)
             except exc.IntegrityError as error:
                 raise _Collision(str(error.orig)) from None
-            return 1
 
         def body(conn: Connection) -> int:
             try:
                 if lease_owner is None:
-                    q.Hot.insert_task.rows(conn, params)
+                    q.INSERT_TASK.rows(conn, params)
                     version = 1
                 else:
-                    row = conn.execute(q.RECHECKPOINT_TASK, params).first()
-                    if row is None:
-                        self._explain_refused_recheckpoint(conn, params)
-                    version = row[0]
-                    # Only a task whose join completed is rewritten: an answer arriving
-                    # while the lease is held would otherwise be erased by the rewrite.
-                    if conn.execute(q.COUNT_OPEN_SUB_TASKS, params).scalar():
-                        raise CheckpointConflictError(
-                            f"task {ctx.task_id!r} still waits on peer sub-tasks; it can be "
-                            "checkpointed again only after its join completed")
-                    conn.execute(q.DELETE_TASK_SUB_TASKS, params)
-                    conn.execute(q.DELETE_TASK_INVOCATIONS, params)
-                self._insert_children(conn, params)
+                    version = self._rewrite_task(conn, params)
+                if isinstance(self._fast.insert_children(conn, params), Portable):
+                    _insert_children(conn, params)
                 return version
             except exc.IntegrityError as error:
                 raise _Collision(str(error.orig)) from None
 
         doing = f"checkpointing task {ctx.task_id!r}"
         try:
-            if lease_owner is None and self.dialect == "postgresql":
-                version = await self._write_native(doing, first_on_postgresql)  # 1 round trip
-            else:
-                version = await self._write(doing, body)
+            done: int | Portable = await self._retried(doing, first_fast) \
+                if lease_owner is None else Portable.PORTABLE
+            version = await self._write(doing, body) if isinstance(done, Portable) else done
         except _Collision as collision:
-            # Which key collided? PostgreSQL's one-statement first checkpoint reports
-            # whichever constraint it hit first, so ask the database (error path only).
+            # Which key collided? A one-statement first checkpoint reports whichever
+            # constraint it hit first, so ask the database (error path only).
             def task_exists(conn: Connection) -> bool:
-                return conn.execute(q.TASK_STATE, params).first() is not None
+                return q.TASK_STATE.first(conn, params) is not None
 
             if lease_owner is None and await self._read("checking a collision", task_exists):
                 raise CheckpointConflictError(
@@ -301,51 +264,40 @@ class SqlStore:
             events_appended=len(params["p_events"]), context_bytes=len(blob),
             compressed=compressed)
 
-    def _insert_children(self, conn: Connection, params: dict[str, Any]) -> None:
-        """Insert a checkpoint's sub-tasks, invocations and new events."""
-        if self.dialect == "postgresql":
-            conn.execute(q.PG_INSERT_CHILDREN, params)
-            return
-        if params["p_subs"]:
-            q.Hot.insert_sub_task.execute_many(conn, [{**params, **sub}
-                                                      for sub in params["p_subs"]])
-        if params["p_invs"]:
-            q.Hot.insert_invocation.execute_many(conn, [{**params, **inv}
-                                                        for inv in params["p_invs"]])
-        if params["p_has_events"]:
-            q.Hot.append_events.rows(conn, params)
+    def _rewrite_task(self, conn: Connection, params: dict[str, Any]) -> int:
+        """A re-checkpoint's task row, and the removal of its finished join."""
+        row = q.RECHECKPOINT_TASK.first(conn, params)
+        if row is None:
+            self._explain_refused_recheckpoint(conn, params)
+        # Only a task whose join completed is rewritten: an answer arriving while the
+        # lease is held would otherwise be erased by the rewrite.
+        if q.COUNT_OPEN_SUB_TASKS.scalar(conn, params):
+            raise CheckpointConflictError(
+                f"task {params['p_task']!r} still waits on peer sub-tasks; it can be "
+                "checkpointed again only after its join completed")
+        q.DELETE_TASK_SUB_TASKS.rows(conn, params)
+        q.DELETE_TASK_INVOCATIONS.rows(conn, params)
+        return int(row.version)
 
     # -- resolving sub-tasks ------------------------------------------------------------------
 
     async def resolve_peer_sub_task(self, sub_task_id: str, result: Any, *,
                                     resolved_by: str = "answer", lease_owner: str | None = None,
                                     lease_ttl_s: float = 30.0) -> Resolution | None:
-        """Claim a sub-task **and** record its result in one transaction.
-
-        Returns the :class:`Resolution` for the first call, ``None`` for every later
-        one (a duplicate answer, or an answer that lost to its timeout). If this
-        resolution completes the join the task becomes ``resuming``; with
-        ``lease_owner`` the same transaction gives that owner the resume lease for
-        ``lease_ttl_s``. Raises :class:`UnknownSubTaskError` for an unknown id.
-        """
         check_id("sub_task_id", sub_task_id)
         value = _json.json_copy(result, "result")
         self._check_lease(lease_owner, lease_ttl_s)
-
         doing = f"resolving sub-task {sub_task_id!r}"
-        if self.dialect == "postgresql":
-            done = await self._write_native(doing, functools.partial(
-                self._pg_resolve_one, sub_task_id, value, resolved_by, lease_owner,
-                lease_ttl_s))
-            if not isinstance(done, _NeedsTransaction):
-                return done
-            # Still pending: a join whose rows are inconsistent, which the
-            # transactional path below explains.
+        now = self._clock()
+        params = self._keys(p_sub=sub_task_id, p_resolved_by=resolved_by, p_result=value,
+                            p_now=now, p_owner=lease_owner,
+                            p_lease_until=None if lease_owner is None else now + lease_ttl_s)
+        done = await self._retried(doing, lambda: self._fast.resolve_one(params, lease_owner))
+        if not isinstance(done, Portable):
+            return done
 
         def body(conn: Connection) -> Resolution | None:
-            row = (conn.execute(q.RESOLVE_PENDING, self._keys(
-                p_sub=sub_task_id, p_resolved_by=resolved_by, p_result=value,
-                p_now=self._clock()))).first()
+            row = q.RESOLVE_PENDING.first(conn, {**params, "p_now": self._clock()})
             if row is None:
                 self._raise_if_unknown_sub_task(conn, sub_task_id)
                 return None
@@ -353,46 +305,12 @@ class SqlStore:
 
         return await self._write(doing, body)
 
-    async def _pg_resolve_one(self, sub_task_id: str, value: Any, resolved_by: str,
-                              lease_owner: str | None, lease_ttl_s: float,
-                              conn: PoolProxiedConnection
-                              ) -> Resolution | _NeedsTransaction | None:
-        now = self._clock()
-        try:
-            rows = await q.Hot.pg_resolve_one.fetch(conn, self._pg_dialect, self._keys(
-                p_sub=sub_task_id, p_resolved_by=resolved_by, p_result=value, p_now=now,
-                p_owner=lease_owner,
-                p_lease_until=None if lease_owner is None else now + lease_ttl_s))
-        except exc.DBAPIError as error:
-            if getattr(error.orig, "sqlstate", None) == "22012":  # resolved, not counted
-                return _NEEDS_TRANSACTION  # rolled back
-            raise
-        if not rows:
-            # A late or duplicate answer is told here, without a second transaction.
-            status = await q.Hot.sub_task_status.fetch(conn, self._pg_dialect,
-                                                       self._keys(p_sub=sub_task_id))
-            if not status:
-                raise UnknownSubTaskError(sub_task_id)
-            return _NEEDS_TRANSACTION if status[0].status == "pending" else None
-        row = rows[0]
-        # holder is set only when this resolution completed the join.
-        granted = lease_owner if lease_owner is not None and row.holder == lease_owner \
-            else None
-        return Resolution(sub_task=sub_task(row), completed=row.completed, total=row.total,
-                          lease_owner=granted)
-
     async def claim_peer_sub_task(self, sub_task_id: str) -> PeerSubTask | None:
-        """Exactly-once claim without a result (seed 000's first step).
-
-        The first caller gets the sub-task, later callers ``None``. The claimed call
-        counts towards its join only once :meth:`record_parallel_result` records its
-        result; prefer :meth:`resolve_peer_sub_task`, which does both atomically.
-        """
         check_id("sub_task_id", sub_task_id)
 
         def body(conn: Connection) -> PeerSubTask | None:
-            row = (conn.execute(q.CLAIM_PENDING, self._keys(
-                p_sub=sub_task_id, p_now=self._clock()))).first()
+            row = q.CLAIM_PENDING.first(conn, self._keys(p_sub=sub_task_id,
+                                                         p_now=self._clock()))
             if row is None:
                 self._raise_if_unknown_sub_task(conn, sub_task_id)
                 return None
@@ -406,14 +324,6 @@ class SqlStore:
                                      function_call_id: str, result: Any, *,
                                      lease_owner: str | None = None,
                                      lease_ttl_s: float = 30.0) -> Resolution | None:
-        """Record the result of a call claimed with :meth:`claim_peer_sub_task`.
-
-        Increments the invocation's completion counter atomically and returns the
-        :class:`Resolution` (``completed``/``total``). Returns ``None`` if the call was
-        resolved meanwhile: its deadline passed before the result was recorded (a claim
-        does not stop the clock), or the result was already recorded. Raises
-        :class:`CheckpointConflictError` for a call that was never claimed.
-        """
         for name, value in (("task_id", task_id), ("invocation_id", invocation_id),
                             ("function_call_id", function_call_id)):
             check_id(name, value)
@@ -422,16 +332,14 @@ class SqlStore:
         keys = self._keys(p_task=task_id, p_invocation=invocation_id, p_call=function_call_id)
 
         def body(conn: Connection) -> Resolution | None:
-            row = (conn.execute(q.RECORD_CLAIMED, {
+            row = q.RECORD_CLAIMED.first(conn, {
                 **keys, "p_resolved_by": "answer", "p_result": copied,
-                "p_now": self._clock()})).first()
+                "p_now": self._clock()})
             if row is None:
-                status = (conn.execute(q.CALL_STATUS, keys)).scalar()
+                status = q.CALL_STATUS.scalar(conn, keys)
                 if status is None:
                     self._raise_if_unknown_task(conn, task_id)
-                    raise InvalidArgumentError(
-                        f"task {task_id!r} has no peer call {function_call_id!r} in "
-                        f"invocation {invocation_id!r}")
+                    raise UnknownCallError(task_id, invocation_id, function_call_id)
                 if status == "pending":
                     raise CheckpointConflictError(
                         f"call {function_call_id!r} of task {task_id!r} was never claimed: "
@@ -444,27 +352,20 @@ class SqlStore:
     async def sweep_expired_timeouts(self, agent_name: str, limit: int = 100, *,
                                      lease_owner: str | None = None,
                                      lease_ttl_s: float = 30.0) -> list[Resolution]:
-        """Resolve up to ``limit`` of ``agent_name``'s sub-tasks whose deadline passed.
-
-        Each is claimed and given :data:`TIMEOUT_RESULT` in one transaction, so a
-        racing answer or a second sweeper can never resolve it again. Returns one
-        :class:`Resolution` per sub-task; a completed join makes its task
-        ``resuming`` (leased to ``lease_owner`` if given).
-        """
         check_id("agent_name", agent_name)
         if type(limit) is not int or limit < 1:
             raise InvalidArgumentError(f"limit must be a positive int, got {limit!r}")
         self._check_lease(lease_owner, lease_ttl_s)
 
         def body(conn: Connection) -> list[Resolution]:
-            sweep = q.PG_SWEEP_EXPIRED if self.dialect == "postgresql" else q.SWEEP_EXPIRED
-            rows = (conn.execute(sweep, self._keys(
+            rows = self._fast.sweep_expired.rows(conn, self._keys(
                 p_agent=agent_name, p_now=self._clock(), p_limit=limit,
-                p_result=TIMEOUT_RESULT))).all()
+                p_result=TIMEOUT_RESULT))
             return self._advance(conn, [sub_task(row) for row in rows], lease_owner,
                                  lease_ttl_s, quarantine=True)
 
-        return await self._write(f"sweeping expired sub-tasks of {agent_name!r}", body, short=False)
+        return await self._write(f"sweeping expired sub-tasks of {agent_name!r}", body,
+                                 short=False)
 
     def _advance(self, conn: Connection, resolved: list[PeerSubTask], lease_owner: str | None,
                  lease_ttl_s: float, *, quarantine: bool = False) -> list[Resolution]:
@@ -481,8 +382,8 @@ class SqlStore:
         out: list[Resolution] = []
         now = self._clock()
         for (task_id, invocation_id), items in sorted(groups.items()):
-            counts = (conn.execute(q.ADVANCE_INVOCATION, self._keys(
-                p_task=task_id, p_invocation=invocation_id, p_n=len(items)))).first()
+            keys = self._keys(p_task=task_id, p_invocation=invocation_id)
+            counts = q.ADVANCE_INVOCATION.first(conn, {**keys, "p_n": len(items)})
             problem = None
             if counts is None:
                 problem = f"has sub-tasks but no row for invocation {invocation_id!r}"
@@ -493,10 +394,9 @@ class SqlStore:
                 if not quarantine:
                     raise CorruptCheckpointError(
                         f"task {task_id!r} {problem}; nothing was resolved", task_id=task_id)
-                conn.execute(q.ADVANCE_INVOCATION, self._keys(  # undo this group's count
-                    p_task=task_id, p_invocation=invocation_id, p_n=-len(items)))
-                conn.execute(q.QUARANTINE, self._keys(
-                    p_subs=[item.sub_task_id for item in items], p_now=now))
+                q.ADVANCE_INVOCATION.rows(conn, {**keys, "p_n": -len(items)})  # undo the count
+                for item in items:
+                    q.QUARANTINE.rows(conn, self._keys(p_sub=item.sub_task_id, p_now=now))
                 logger.error("quarantined %d sub-task(s) of task %r: it %s", len(items),
                              task_id, problem)
                 continue
@@ -504,9 +404,9 @@ class SqlStore:
             completed, total = counts
             granted = None
             if completed == total:
-                holder = conn.execute(q.MARK_RESUMING, self._keys(
+                holder = q.MARK_RESUMING.scalar(conn, self._keys(
                     p_task=task_id, p_owner=lease_owner, p_now=now,
-                    p_lease_until=None if lease_owner is None else now + lease_ttl_s)).scalar()
+                    p_lease_until=None if lease_owner is None else now + lease_ttl_s))
                 granted = lease_owner if lease_owner is not None and holder == lease_owner \
                     else None
             first = completed - len(items) + 1
@@ -518,10 +418,6 @@ class SqlStore:
 
     async def reset_timeout_deadline(self, sub_task_id: str, *, timeout_s: float | None = None,
                                      peer_task_id: str | None = None) -> float | None:
-        """Push a pending sub-task's deadline to now + its timeout (a status update
-        from the peer), without claiming it. ``timeout_s`` replaces the timeout;
-        ``peer_task_id`` records the peer's own task id for a later cancel.
-        Returns the new deadline, or ``None`` if the sub-task is already resolved."""
         check_id("sub_task_id", sub_task_id)
         if timeout_s is not None:
             check_timeout("timeout_s", timeout_s)
@@ -529,9 +425,9 @@ class SqlStore:
             check_id("peer_task_id", peer_task_id)
 
         def body(conn: Connection) -> float | None:
-            deadline = (conn.execute(q.RESET_DEADLINE, self._keys(
+            deadline = q.RESET_DEADLINE.scalar(conn, self._keys(
                 p_sub=sub_task_id, p_now=self._clock(), p_timeout=timeout_s,
-                p_peer_task=peer_task_id))).scalar()
+                p_peer_task=peer_task_id))
             if deadline is None:
                 self._raise_if_unknown_sub_task(conn, sub_task_id)
             return None if deadline is None else float(deadline)
@@ -543,26 +439,19 @@ class SqlStore:
 
     async def take_resume_lease(self, task_id: str, owner: str, ttl_s: float, *,
                                 statuses: Sequence[str] = ("resuming",)) -> Lease | None:
-        """Take the right to resume a task for ``ttl_s`` seconds.
-
-        Succeeds if the task's status is in ``statuses`` and its lease is free,
-        expired, or already ``owner``'s; returns ``None`` while another owner holds
-        it. The task's status becomes ``resuming``. Taking is re-entrant for the same
-        ``owner``, so an owner must name one resume attempt (an instance id plus a
-        per-attempt suffix), not an instance that may resume a task twice at once.
-        """
         check_id("task_id", task_id)
         check_id("owner", owner)
         check_ttl(ttl_s)
-        bad = [s for s in statuses if s not in TASK_STATUSES]
-        if bad or not statuses:
+        wanted = list(dict.fromkeys(statuses))
+        if not wanted or any(s not in TASK_STATUSES for s in wanted):
             raise InvalidArgumentError(f"statuses must be non-empty, from {TASK_STATUSES}")
+        slots = dict(zip(q.STATUS_SLOTS, wanted + [None] * len(q.STATUS_SLOTS), strict=False))
 
         def body(conn: Connection) -> Lease | None:
             now = self._clock()
-            version = (conn.execute(q.TAKE_LEASE, self._keys(
+            version = q.TAKE_LEASE.scalar(conn, self._keys(
                 p_task=task_id, p_owner=owner, p_now=now, p_lease_until=now + ttl_s,
-                p_statuses=list(statuses)))).scalar()
+                **slots))
             if version is None:
                 self._raise_if_unknown_task(conn, task_id)
                 return None
@@ -572,15 +461,14 @@ class SqlStore:
                                  one_statement=True)
 
     async def renew_resume_lease(self, task_id: str, owner: str, ttl_s: float) -> Lease | None:
-        """Extend ``owner``'s lease to now + ``ttl_s``; ``None`` if it no longer holds it."""
         check_id("task_id", task_id)
         check_id("owner", owner)
         check_ttl(ttl_s)
 
         def body(conn: Connection) -> Lease | None:
             now = self._clock()
-            version = (conn.execute(q.RENEW_LEASE, self._keys(
-                p_task=task_id, p_owner=owner, p_lease_until=now + ttl_s))).scalar()
+            version = q.RENEW_LEASE.scalar(conn, self._keys(
+                p_task=task_id, p_owner=owner, p_lease_until=now + ttl_s))
             if version is None:
                 self._raise_if_unknown_task(conn, task_id)
                 return None
@@ -590,13 +478,11 @@ class SqlStore:
                                  one_statement=True)
 
     async def release_resume_lease(self, task_id: str, owner: str) -> bool:
-        """Give the lease up so any instance may take it now; ``False`` if not held."""
         check_id("task_id", task_id)
         check_id("owner", owner)
 
         def body(conn: Connection) -> bool:
-            version = (conn.execute(q.RELEASE_LEASE, self._keys(
-                p_task=task_id, p_owner=owner))).scalar()
+            version = q.RELEASE_LEASE.scalar(conn, self._keys(p_task=task_id, p_owner=owner))
             if version is None:
                 self._raise_if_unknown_task(conn, task_id)
                 return False
@@ -608,45 +494,26 @@ class SqlStore:
     # -- reads --------------------------------------------------------------------------------
 
     async def restore_task(self, task_id: str, *, lease_owner: str | None = None) -> RestoredTask:
-        """Read a paused task back as a live context, with its conversation, pending
-        sub-tasks and every known result. With ``lease_owner``, raises
-        :class:`LeaseNotHeldError` unless that owner holds the resume lease."""
         check_id("task_id", task_id)
         keys = self._keys(p_task=task_id)
         doing = f"restoring task {task_id!r}"
 
-        def check(tasks: list[Any]) -> Any:
-            if not tasks:
-                raise UnknownTaskError(task_id)
-            if lease_owner is not None and tasks[0].owner != lease_owner:
-                raise LeaseNotHeldError(task_id, lease_owner)
-            return tasks[0]
+        def body(conn: Connection) -> RestoreRows:
+            return RestoreRows(q.GET_TASK.first(conn, keys), q.GET_EVENTS.rows(conn, keys),
+                               q.GET_INVOCATIONS.rows(conn, keys),
+                               q.GET_TASK_SUB_TASKS.rows(conn, keys))
 
-        if self.dialect == "postgresql":  # one statement, one snapshot, one round trip
-            async def read(conn: PoolProxiedConnection) -> RestoredTask:
-                task = check(await q.Hot.pg_restore.fetch(conn, self._pg_dialect, keys))
-                return rebuild(
-                    task, [q.EventRow(*row) for row in task.event_rows],
-                    [q.InvocationRow(*row) for row in task.invocation_rows],
-                    [sub_task(q.SubTaskRow(*row)) for row in task.sub_task_rows])
-
-            return await self._read_native(doing, read)
-
-        def body(conn: Connection) -> RestoredTask:
-            task = check(q.Hot.get_task.rows(conn, keys))
-            event_rows = q.Hot.get_events.rows(conn, keys)
-            invocations = q.Hot.get_invocations.rows(conn, keys)
-            subs = [sub_task(row) for row in q.Hot.get_task_sub_tasks.rows(conn, keys)]
-            return rebuild(task, event_rows, invocations, subs)
-
-        return await self._read(doing, body)
+        with translate(doing):
+            rows = await self._fast.restore(keys)
+        if isinstance(rows, Portable):
+            rows = await self._read(doing, body)
+        return restored(task_id, rows, lease_owner)
 
     async def get_peer_sub_task(self, sub_task_id: str) -> PeerSubTask:
-        """Read one sub-task without claiming it (for status updates and operators)."""
         check_id("sub_task_id", sub_task_id)
 
         def body(conn: Connection) -> PeerSubTask:
-            row = (conn.execute(q.GET_SUB_TASK, self._keys(p_sub=sub_task_id))).first()
+            row = q.GET_SUB_TASK.first(conn, self._keys(p_sub=sub_task_id))
             if row is None:
                 raise UnknownSubTaskError(sub_task_id)
             return sub_task(row)
@@ -654,32 +521,28 @@ class SqlStore:
         return await self._read(f"reading sub-task {sub_task_id!r}", body)
 
     async def get_peer_sub_tasks_for_task(self, task_id: str) -> list[PeerSubTask]:
-        """Every sub-task of a paused task, pending and resolved (e.g. to cancel peers)."""
         check_id("task_id", task_id)
         keys = self._keys(p_task=task_id)
 
         def body(conn: Connection) -> list[PeerSubTask]:
             self._raise_if_unknown_task(conn, task_id)
-            return [sub_task(row) for row in
-                    (conn.execute(q.GET_TASK_SUB_TASKS, keys)).all()]
+            return [sub_task(row) for row in q.GET_TASK_SUB_TASKS.rows(conn, keys)]
 
         return await self._read(f"listing the sub-tasks of task {task_id!r}", body)
 
     async def get_parallel_results(self, task_id: str,
                                    invocation_id: str) -> list[tuple[str, Any]]:
-        """``(function_call_id, result)`` of an invocation's finished calls, in call order."""
         check_id("task_id", task_id)
         check_id("invocation_id", invocation_id)
         keys = self._keys(p_task=task_id, p_invocation=invocation_id)
 
         def body(conn: Connection) -> list[tuple[str, Any]]:
-            invocation = (conn.execute(q.GET_INVOCATION, keys)).first()
+            invocation = q.GET_INVOCATION.first(conn, keys)
             if invocation is None:
                 self._raise_if_unknown_task(conn, task_id)
-                raise InvalidArgumentError(
-                    f"task {task_id!r} has no parallel invocation {invocation_id!r}")
+                raise UnknownInvocationError(task_id, invocation_id)
             calls = ParallelCalls(list(invocation.call_order), dict(invocation.results))
-            for call, value in (conn.execute(q.GET_INVOCATION_RESULTS, keys)).all():
+            for call, value in q.GET_INVOCATION_RESULTS.rows(conn, keys):
                 calls.results[call] = value
             return calls.ordered_results()
 
@@ -688,8 +551,6 @@ class SqlStore:
     # -- cleanup and operators ----------------------------------------------------------------
 
     async def cleanup_task(self, task_id: str, *, lease_owner: str | None = None) -> None:
-        """Delete every live row of a task in one transaction (it completed, failed
-        or was canceled). With ``lease_owner``, only that lease holder may do it."""
         check_id("task_id", task_id)
         keys = self._keys(p_task=task_id, p_owner=lease_owner)
 
@@ -698,98 +559,64 @@ class SqlStore:
             # These deletes are what keeps a task from leaving orphans (no foreign keys).
             for statement in (q.DELETE_TASK_SUB_TASKS, q.DELETE_TASK_INVOCATIONS,
                               q.DELETE_TASK_EVENTS):
-                conn.execute(statement, keys)
+                statement.rows(conn, keys)
             delete = q.DELETE_TASK if lease_owner is None else q.DELETE_TASK_OF_OWNER
-            if (conn.execute(delete, keys)).first() is None:
-                self._raise_missing_or_unleased(conn, task_id, lease_owner)
+            if delete.first(conn, keys) is None:
+                self._raise_if_unknown_task(conn, task_id)
+                raise LeaseNotHeldError(task_id, lease_owner)
 
         await self._write(f"cleaning up task {task_id!r}", body)
 
     async def list_paused_tasks(self, *, agent_name: str | None = None,
                                 status: str | None = None,
                                 limit: int = 100) -> list[PausedTaskSummary]:
-        """Paused tasks, oldest checkpoint first, with pending sub-tasks and next deadline."""
-        t, s = paused_tasks, peer_sub_tasks
-        pending = (select(s.c.logical_task_id, func.count().label("n"),
-                          func.min(s.c.timeout_deadline).label("next_deadline"))
-                   .where(s.c.tenant_id == self.tenant_id, q.OPEN)
-                   .group_by(s.c.logical_task_id).subquery())
-        stmt = (select(t.c.logical_task_id, t.c.agent_name, t.c.status, t.c.owner,
-                       t.c.lease_expires_at, t.c.version, t.c.checkpointed_at,
-                       pending.c.n, pending.c.next_deadline)
-                .select_from(t.outerjoin(pending,
-                                         pending.c.logical_task_id == t.c.logical_task_id))
-                .where(t.c.tenant_id == self.tenant_id)
-                .order_by(t.c.checkpointed_at, t.c.logical_task_id).limit(limit))
-        if agent_name is not None:
-            stmt = stmt.where(t.c.agent_name == agent_name)
-        if status is not None:
-            stmt = stmt.where(t.c.status == status)
+        params = self._keys(p_agent=agent_name, p_any_agent=agent_name is None,
+                            p_status=status, p_any_status=status is None, p_limit=limit)
 
         def body(conn: Connection) -> list[PausedTaskSummary]:
             return [PausedTaskSummary(
                 task_id=r[0], agent_name=r[1], status=r[2], owner=r[3], lease_expires_at=r[4],
                 version=r[5], checkpointed_at=r[6], pending_sub_tasks=r[7] or 0,
-                next_deadline=r[8]) for r in (conn.execute(stmt)).all()]
+                next_deadline=r[8]) for r in q.LIST_PAUSED_TASKS.rows(conn, params)]
 
         return await self._read("listing paused tasks", body, short=False)
 
     async def resumable_tasks(self, agent_name: str, *, limit: int = 100) -> list[str]:
-        """Ids of ``agent_name``'s tasks whose join completed but that nobody is
-        resuming: no lease was granted, or its holder let it expire (it crashed).
-        The recovery loop takes their leases with :meth:`take_resume_lease`."""
         check_id("agent_name", agent_name)
-        t = paused_tasks
-        stmt = (select(t.c.logical_task_id)
-                .where(t.c.agent_name == agent_name, t.c.tenant_id == self.tenant_id,
-                       text(RESUMING_PREDICATE),  # word for word: the partial index's
-                       (t.c.owner.is_(None)) | (t.c.lease_expires_at <= self._clock()))
-                .order_by(t.c.lease_expires_at).limit(limit))
+        params = self._keys(p_agent=agent_name, p_now=self._clock(), p_limit=limit)
 
         def body(conn: Connection) -> list[str]:
-            return [row[0] for row in conn.execute(stmt).all()]
+            return [row[0] for row in q.RESUMABLE_TASKS.rows(conn, params)]
 
         return await self._read(f"listing resumable tasks of {agent_name!r}", body, short=False)
 
     async def next_deadlines(self, *, agent_name: str | None = None,
                              limit: int = 10) -> list[PeerSubTask]:
-        """The pending sub-tasks that expire soonest."""
-        stmt = (select(*q.SUB_COLUMNS)
-                .where(peer_sub_tasks.c.tenant_id == self.tenant_id, q.OPEN)
-                .order_by(peer_sub_tasks.c.timeout_deadline).limit(limit))
-        if agent_name is not None:
-            stmt = stmt.where(peer_sub_tasks.c.agent_name == agent_name)
+        statement = q.NEXT_DEADLINES if agent_name is None else q.NEXT_DEADLINES_OF_AGENT
+        params = self._keys(p_agent=agent_name, p_limit=limit)
 
         def body(conn: Connection) -> list[PeerSubTask]:
-            return [sub_task(row) for row in (conn.execute(stmt)).all()]
+            return [sub_task(row) for row in statement.rows(conn, params)]
 
         return await self._read("listing deadlines", body, short=False)
 
     async def live_row_counts(self) -> dict[str, int]:
-        """Rows of every live table (paused tasks, their sub-tasks, joins and session
-        events), across tenants. All zero once every task has ended: the check that
-        nothing was left behind."""
-        from meshpoint.store.schema import LIVE_TABLES
-
         def body(conn: Connection) -> dict[str, int]:
-            return {t.name: int(conn.exec_driver_sql(f"SELECT count(*) FROM {t.name}")
-                                .scalar() or 0) for t in LIVE_TABLES}
+            row = q.LIVE_ROW_COUNTS.first(conn, {})
+            return {name: int(count) for name, count in row._asdict().items()}
 
         return await self._read("counting live rows", body, short=False)
 
     async def stats(self) -> StoreStats:
-        """Counts of paused tasks by ``(agent_name, status)``, pending and expired
-        sub-tasks, the oldest checkpoint and the next deadline."""
         keys = self._keys(p_now=self._clock())
 
         def body(conn: Connection) -> StoreStats:
-            by_status = {(a, s): n for a, s, n in
-                         (conn.execute(q.COUNT_BY_AGENT_STATUS, keys)).all()}
-            pending, next_deadline = (conn.execute(q.PENDING_SUMMARY, keys)).one()
+            by_status = {(a, s): n for a, s, n in q.COUNT_BY_AGENT_STATUS.rows(conn, keys)}
+            pending, next_deadline = q.PENDING_SUMMARY.first(conn, keys)
             return StoreStats(
                 paused_tasks=by_status, pending_sub_tasks=pending,
-                expired_sub_tasks=(conn.execute(q.EXPIRED_COUNT, keys)).scalar_one(),
-                oldest_checkpointed_at=(conn.execute(q.OLDEST_CHECKPOINT, keys)).scalar(),
+                expired_sub_tasks=q.EXPIRED_COUNT.scalar(conn, keys),
+                oldest_checkpointed_at=q.OLDEST_CHECKPOINT.scalar(conn, keys),
                 next_deadline=next_deadline)
 
         return await self._read("computing store stats", body, short=False)
@@ -803,17 +630,17 @@ class SqlStore:
             check_ttl(ttl_s)
 
     def _raise_if_unknown_sub_task(self, conn: Connection, sub_task_id: str) -> None:
-        if (conn.execute(q.SUB_TASK_STATUS, self._keys(p_sub=sub_task_id))).first() is None:
+        if q.SUB_TASK_STATUS.first(conn, self._keys(p_sub=sub_task_id)) is None:
             raise UnknownSubTaskError(sub_task_id)
 
     def _raise_if_unknown_task(self, conn: Connection, task_id: str) -> None:
-        if (conn.execute(q.TASK_STATE, self._keys(p_task=task_id))).first() is None:
+        if q.TASK_STATE.first(conn, self._keys(p_task=task_id)) is None:
             raise UnknownTaskError(task_id)
 
     def _explain_refused_recheckpoint(self, conn: Connection, params: dict[str, Any]
                                       ) -> NoReturn:
         task_id, owner = params["p_task"], params["p_owner"]
-        state = conn.execute(q.TASK_STATE, params).first()
+        state = q.TASK_STATE.first(conn, params)
         if state is None:
             raise UnknownTaskError(task_id)
         if state.owner != owner:
@@ -823,7 +650,12 @@ class SqlStore:
             f"but the context says {params['p_first']}: checkpoint the context restored "
             "from the store, whose conversation only grows")
 
-    def _raise_missing_or_unleased(self, conn: Connection, task_id: str,
-                                         owner: str | None) -> NoReturn:
-        self._raise_if_unknown_task(conn, task_id)
-        raise LeaseNotHeldError(task_id, owner)
+
+def _insert_children(conn: Connection, params: dict[str, Any]) -> None:
+    """Insert a checkpoint's sub-tasks, invocations and new events (portable body)."""
+    if params["p_subs"]:
+        q.INSERT_SUB_TASK.execute_many(conn, [{**params, **sub} for sub in params["p_subs"]])
+    if params["p_invs"]:
+        q.INSERT_INVOCATION.execute_many(conn, [{**params, **inv} for inv in params["p_invs"]])
+    if params["p_has_events"]:
+        q.APPEND_EVENTS.rows(conn, params)

@@ -1,0 +1,42 @@
+"""Retries with tenacity, at no cost to the attempts that succeed.
+
+Every retry loop of meshpoint (a deadlock victim's transaction, a store operation
+during a database outage, a publish while NATS restarts, ``serve`` waiting for its
+services) is a tenacity policy. tenacity's asyncio machinery costs about 50 µs per
+call even when the first attempt succeeds (measured here: 0.8 µs for a plain call,
+51 µs through ``AsyncRetrying``): a quarter of a SQLite checkpoint, paid on every
+write and every publish. So :func:`retried` makes the first attempt itself and
+hands over to the policy only when it fails with an error worth retrying; the
+policy's first attempt then re-raises that failure, so its waits and its count of
+attempts are exactly what it says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from tenacity import AsyncRetrying
+
+R = TypeVar("R")
+
+
+async def retried(attempt: Callable[[], Awaitable[R]], policy: AsyncRetrying,
+                  retryable: Callable[[BaseException], bool]) -> R:
+    """``await attempt()``, retried under ``policy`` while it fails with an error
+    ``retryable`` accepts (``policy`` should retry the same errors)."""
+    try:
+        return await attempt()
+    except Exception as error:
+        if not retryable(error):
+            raise
+        seen: Exception | None = error
+
+    async def again() -> R:
+        nonlocal seen
+        if seen is not None:
+            failure, seen = seen, None
+            raise failure
+        return await attempt()
+
+    return await policy.copy()(again)

@@ -1,0 +1,218 @@
+"""The checkpoint store's contract: what the runtime sees of a store.
+
+:class:`~meshpoint.store.sql.SqlStore` (SQLite and PostgreSQL) implements it; the
+runtime is written against :class:`Store` only, as it is against
+:class:`~meshpoint.broker.base.Broker` for messages.
+
+Every operation is one transaction: it commits whole or changes nothing. Ids
+(task, sub-task, invocation, call, owner) are caller-chosen strings of 1-255
+characters, unique per tenant, and a store never sees another tenant's rows. Two
+rules hold for every operation:
+
+* **An id the tenant does not have** (never stored, already cleaned up, or another
+  tenant's) raises a :class:`~meshpoint.errors.NotFoundError` subclass:
+  :class:`~meshpoint.errors.UnknownTaskError`,
+  :class:`~meshpoint.errors.UnknownSubTaskError`,
+  :class:`~meshpoint.errors.UnknownInvocationError` or
+  :class:`~meshpoint.errors.UnknownCallError`.
+* **``None`` (or ``False``)** means the id is known and there was nothing to do:
+  the sub-task was already resolved (a duplicate or late answer), or the lease is
+  someone else's.
+
+Malformed arguments raise :class:`~meshpoint.errors.InvalidArgumentError` before
+any I/O; a write that would break an invariant raises a
+:class:`~meshpoint.errors.ConflictError`; a row that does not decode raises
+:class:`~meshpoint.errors.CorruptCheckpointError` and is never used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from meshpoint.context import TaskExecutionContext
+from meshpoint.store.records import (
+    CheckpointReceipt,
+    Lease,
+    PausedTaskSummary,
+    PeerSubTask,
+    Resolution,
+    RestoredTask,
+    StoreStats,
+)
+
+#: The result a sub-task resolved by its deadline carries.
+TIMEOUT_RESULT: dict[str, Any] = {"status": "timeout",
+                                  "error": "the peer did not answer before the deadline"}
+
+
+class Store(Protocol):
+    """The checkpoint store of one tenant (see the module docstring for the rules
+    every operation follows)."""
+
+    tenant_id: str
+
+    # -- checkpoint ---------------------------------------------------------------------
+
+    async def checkpoint_task(self, ctx: TaskExecutionContext, agent_name: str, *,
+                              status: str = "waiting_peers", default_timeout_s: float = 600.0,
+                              expires_at: float | None = None,
+                              lease_owner: str | None = None) -> CheckpointReceipt:
+        """Persist a paused task: the task row, its pending peer sub-tasks (each with
+        a ``timeout_deadline``), its parallel invocations, and the conversation
+        events appended since the previous checkpoint.
+
+        A first checkpoint inserts the task (:class:`~meshpoint.errors.
+        CheckpointConflictError` if it or a sub-task id is already stored); a stored
+        task is checkpointed again only by the holder of its resume lease
+        (``lease_owner``), once its join completed, and the write releases the
+        lease (UnknownTaskError if it is not stored, LeaseNotHeldError if the lease
+        is another's). Each sub-task times out after its correlation data's
+        ``timeout_s``, or ``default_timeout_s``. On success
+        ``ctx.session_events_persisted`` is advanced.
+        """
+        ...
+
+    # -- resolving sub-tasks ------------------------------------------------------------
+
+    async def resolve_peer_sub_task(self, sub_task_id: str, result: Any, *,
+                                    resolved_by: str = "answer", lease_owner: str | None = None,
+                                    lease_ttl_s: float = 30.0) -> Resolution | None:
+        """Claim a sub-task **and** record its result (any JSON value) at once.
+
+        Returns the :class:`Resolution` for the first call, ``None`` for every later
+        one (a duplicate answer, or an answer that lost to its timeout);
+        UnknownSubTaskError for an unknown id. If this resolution completes the join
+        the task becomes ``resuming``; with ``lease_owner`` the same transaction
+        gives that owner the resume lease for ``lease_ttl_s``, if nobody holds it.
+        """
+        ...
+
+    async def claim_peer_sub_task(self, sub_task_id: str) -> PeerSubTask | None:
+        """Claim a sub-task without a result (seed 000's first step): the sub-task
+        for the first caller, ``None`` once it is claimed or resolved;
+        UnknownSubTaskError for an unknown id.
+
+        The claimed call counts towards its join only once
+        :meth:`record_parallel_result` records its result, and its deadline still
+        runs; prefer :meth:`resolve_peer_sub_task`, which does both at once.
+        """
+        ...
+
+    async def record_parallel_result(self, task_id: str, invocation_id: str,
+                                     function_call_id: str, result: Any, *,
+                                     lease_owner: str | None = None,
+                                     lease_ttl_s: float = 30.0) -> Resolution | None:
+        """Record the result of a call claimed with :meth:`claim_peer_sub_task` and
+        count it on its join, as :meth:`resolve_peer_sub_task` does.
+
+        ``None`` if the call was resolved meanwhile (its deadline passed before the
+        result was recorded, or the result was already recorded). UnknownTaskError
+        or UnknownCallError for an unknown task or call; CheckpointConflictError for
+        a call that was never claimed.
+        """
+        ...
+
+    async def sweep_expired_timeouts(self, agent_name: str, limit: int = 100, *,
+                                     lease_owner: str | None = None,
+                                     lease_ttl_s: float = 30.0) -> list[Resolution]:
+        """Resolve up to ``limit`` of ``agent_name``'s open sub-tasks whose deadline
+        passed with :data:`TIMEOUT_RESULT`, one :class:`Resolution` each; a join
+        completed makes its task ``resuming`` (leased to ``lease_owner`` if given and
+        free). A task whose rows are corrupt is quarantined, not allowed to stop the
+        sweep."""
+        ...
+
+    async def reset_timeout_deadline(self, sub_task_id: str, *, timeout_s: float | None = None,
+                                     peer_task_id: str | None = None) -> float | None:
+        """Restart a pending sub-task's deadline at now + its timeout (a status update
+        from the peer), claiming nothing. ``timeout_s`` replaces the timeout;
+        ``peer_task_id`` records the peer's own task id for a later cancel. Returns
+        the new deadline, ``None`` if the sub-task is no longer pending;
+        UnknownSubTaskError for an unknown id."""
+        ...
+
+    # -- leases -------------------------------------------------------------------------
+
+    async def take_resume_lease(self, task_id: str, owner: str, ttl_s: float, *,
+                                statuses: Sequence[str] = ("resuming",)) -> Lease | None:
+        """Take the right to resume a task for ``ttl_s`` seconds, if its status is in
+        ``statuses`` and its lease is free, expired, or already ``owner``'s; the
+        status becomes ``resuming``. ``None`` otherwise; UnknownTaskError for an
+        unknown task. Taking is re-entrant for the same ``owner``, so an owner names
+        one resume attempt, not an instance that may resume a task twice at once."""
+        ...
+
+    async def renew_resume_lease(self, task_id: str, owner: str, ttl_s: float) -> Lease | None:
+        """Extend ``owner``'s lease to now + ``ttl_s``; ``None`` if it no longer holds
+        it; UnknownTaskError for an unknown task."""
+        ...
+
+    async def release_resume_lease(self, task_id: str, owner: str) -> bool:
+        """Give the lease up so any instance may take it now; ``False`` if ``owner``
+        does not hold it; UnknownTaskError for an unknown task."""
+        ...
+
+    # -- reads --------------------------------------------------------------------------
+
+    async def restore_task(self, task_id: str, *, lease_owner: str | None = None) -> RestoredTask:
+        """Read a paused task back as a live context, with its conversation, pending
+        sub-tasks and every known result. UnknownTaskError for an unknown task; with
+        ``lease_owner``, LeaseNotHeldError unless that owner holds the lease."""
+        ...
+
+    async def get_peer_sub_task(self, sub_task_id: str) -> PeerSubTask:
+        """One sub-task, without claiming it; UnknownSubTaskError for an unknown id."""
+        ...
+
+    async def get_peer_sub_tasks_for_task(self, task_id: str) -> list[PeerSubTask]:
+        """Every sub-task of a paused task, pending and resolved (to cancel its peers,
+        say); UnknownTaskError for an unknown task."""
+        ...
+
+    async def get_parallel_results(self, task_id: str,
+                                   invocation_id: str) -> list[tuple[str, Any]]:
+        """``(function_call_id, result)`` of an invocation's finished calls, in the
+        model's call order; UnknownTaskError or UnknownInvocationError for an unknown
+        task or invocation."""
+        ...
+
+    # -- ending a task, and operators ---------------------------------------------------
+
+    async def cleanup_task(self, task_id: str, *, lease_owner: str | None = None) -> None:
+        """Delete every live row of a task (it completed, failed or was canceled).
+        UnknownTaskError for an unknown task; with ``lease_owner``, only that lease
+        holder may do it (LeaseNotHeldError otherwise)."""
+        ...
+
+    async def resumable_tasks(self, agent_name: str, *, limit: int = 100) -> list[str]:
+        """Ids of ``agent_name``'s tasks whose join completed but that nobody is
+        resuming: no lease was granted, or its holder let it expire (it crashed).
+        Recovery takes their leases with :meth:`take_resume_lease`."""
+        ...
+
+    async def list_paused_tasks(self, *, agent_name: str | None = None,
+                                status: str | None = None,
+                                limit: int = 100) -> list[PausedTaskSummary]:
+        """Paused tasks, oldest checkpoint first, with their open sub-tasks and next
+        deadline."""
+        ...
+
+    async def next_deadlines(self, *, agent_name: str | None = None,
+                             limit: int = 10) -> list[PeerSubTask]:
+        """The open sub-tasks that expire soonest."""
+        ...
+
+    async def stats(self) -> StoreStats:
+        """Paused tasks by ``(agent_name, status)``, open and expired sub-tasks, the
+        oldest checkpoint and the next deadline."""
+        ...
+
+    async def live_row_counts(self) -> dict[str, int]:
+        """Rows of every live table, across tenants: all zero once every task has
+        ended (the check that nothing was left behind)."""
+        ...
+
+    async def close(self) -> None:
+        """Release the store's connections."""
+        ...

@@ -1,0 +1,76 @@
+"""The fast paths a dialect may take instead of the store's portable bodies.
+
+:class:`~meshpoint.store.sql.SqlStore` writes every operation once, as a portable
+body that runs on SQLite and PostgreSQL alike. Where a dialect can do an operation
+faster, it overrides one of the named hooks below in its own module, beside the
+driver code the hook needs (DBOS keeps ``_sys_db_postgres.py`` beside its
+``_sys_db.py`` the same way). A hook returns :data:`PORTABLE` to let the portable
+body run; that is what every hook of this base class does, and what a hook does
+for the cases it leaves to the portable body (rows it would have to refuse, say).
+
+``open_store(url, fast_paths=False)`` runs the portable bodies only. The test suite
+runs the store's tests and its process race on PostgreSQL both ways, so a hook that
+drifts from its portable body fails a test. Each hook is kept only while
+``benchmarks/bench_hooks.py`` shows it pays for itself (docs/store.md).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from sqlalchemy import Connection
+
+from meshpoint.store import queries as q
+from meshpoint.store.records import Resolution
+from meshpoint.store.rows import RestoreRows
+from meshpoint.store.statement import Statement
+
+
+class Portable(enum.Enum):
+    """The type of :data:`PORTABLE`."""
+
+    PORTABLE = "portable"
+
+
+#: What a hook returns to let the portable body run.
+PORTABLE = Portable.PORTABLE
+
+
+class FastPaths:
+    """The hooks, each with its portable default. Parameters are the store's: a dict
+    of ``p_``-prefixed bind values (the tenant's keys, the clock's reading, ...)
+    built once by the operation, whichever path then runs it."""
+
+    #: Named in logs and benchmark tables.
+    name = "portable"
+
+    async def first_checkpoint(self, params: dict[str, Any]) -> int | Portable:
+        """Write a first checkpoint (the task row, its sub-tasks, invocations and new
+        events) and return the task's version; raise SQLAlchemy's
+        ``IntegrityError`` if a key is taken (nothing is written then)."""
+        return PORTABLE
+
+    def insert_children(self, conn: Connection, params: dict[str, Any]) -> Portable | None:
+        """Insert a checkpoint's sub-tasks, invocations and new events inside the
+        transaction ``conn`` (a re-checkpoint; its task row is already written)."""
+        return PORTABLE
+
+    async def resolve_one(self, params: dict[str, Any],
+                          lease_owner: str | None) -> Resolution | Portable | None:
+        """Resolve one sub-task as :meth:`SqlStore.resolve_peer_sub_task` does: its
+        :class:`Resolution`, ``None`` if it was already resolved; raise
+        UnknownSubTaskError for an unknown one."""
+        return PORTABLE
+
+    #: The statement of a sweep, run inside the sweep's transaction with the
+    #: parameters of :data:`meshpoint.store.queries.SWEEP_EXPIRED`.
+    sweep_expired: Statement = q.SWEEP_EXPIRED
+
+    async def restore(self, params: dict[str, Any]) -> RestoreRows | Portable:
+        """Read a task's row and its children as of one moment."""
+        return PORTABLE
+
+
+#: The hooks of a store that runs its portable bodies only.
+NO_FAST_PATHS = FastPaths()

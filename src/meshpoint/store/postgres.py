@@ -1,0 +1,485 @@
+"""PostgreSQL: how a transaction runs on asyncpg, and the fast paths that await
+asyncpg directly.
+
+A portable body runs through ``AsyncConnection.run_sync``: its statements await
+the network through SQLAlchemy's greenlet bridge. Reads run REPEATABLE READ, READ
+ONLY, so several SELECTs see one snapshot; a transaction that loses a deadlock or
+serialization check is retried whole by the store.
+
+The pause boundary's operations (a first checkpoint, a resolution, a restore) are
+each one statement here, chained through data-modifying CTEs or subqueries, and
+run natively: :class:`PostgresFastPaths` awaits asyncpg on a pooled connection of
+its own (:meth:`PostgresDatabase.native`), with no BEGIN and COMMIT around a
+statement that is atomic by itself. Every statement is a network round trip, so
+one instead of five or six is most of what a pause costs (docs/store.md). Two more
+hooks exist for the query planner rather than for round trips (the sweep) and for
+a re-checkpoint's children. Each is kept only while ``benchmarks/bench_hooks.py``
+shows it pays, and the suite runs with them on and off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import (
+    JSON,
+    Float,
+    Integer,
+    String,
+    any_,
+    bindparam,
+    cast,
+    column,
+    exc,
+    func,
+    insert,
+    literal,
+    literal_column,
+    select,
+    true,
+    type_coerce,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
+from sqlalchemy.engine import URL, Connection, Dialect
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import PoolProxiedConnection
+
+from meshpoint import _json
+from meshpoint.errors import ConfigurationError, MeshpointError, StoreError, UnknownSubTaskError
+from meshpoint.store import queries as q
+from meshpoint.store.engine import Database
+from meshpoint.store.hooks import PORTABLE, FastPaths, Portable
+from meshpoint.store.records import Resolution
+from meshpoint.store.rows import (
+    EventRow,
+    InvocationRow,
+    RestoreRows,
+    SubTaskRow,
+    TaskRow,
+    sub_task,
+)
+from meshpoint.store.statement import Compiled, Statement
+
+R = TypeVar("R")
+T, S, I, E = q.T, q.S, q.I, q.E  # noqa: E741
+_MIGRATION_LOCK = 0x6D657368  # "mesh": the advisory lock id migrations take
+ONLY = ("postgresql",)
+
+# -- the statements of the fast paths -------------------------------------------------
+
+# A checkpoint's children travel as JSON arrays (p_subs, p_invs), expanded by
+# jsonb_to_recordset, so that a checkpoint is one statement however many it has.
+_SUB_FIELDS = (("sub_task_id", String), ("invocation_id", String),
+               ("function_call_id", String), ("peer_agent_name", String),
+               ("peer_task_id", String), ("correlation_data", JSONB), ("timeout_s", Float),
+               ("timeout_deadline", Float))
+_INVOCATION_FIELDS = (("invocation_id", String), ("total_expected", Integer),
+                      ("completed_count", Integer), ("call_order", JSONB), ("results", JSONB))
+
+
+def _records(param: str, fields: tuple[tuple[str, Any], ...]) -> Any:
+    return (func.jsonb_to_recordset(bindparam(param, type_=JSONB))
+            .table_valued(*(column(name, kind) for name, kind in fields))
+            .render_derived(name=param.removeprefix("p_"), with_types=True))
+
+
+def _child_inserts() -> tuple[Any, ...]:
+    subs = _records("p_subs", _SUB_FIELDS)
+    invs = _records("p_invs", _INVOCATION_FIELDS)
+    sub_names = [name for name, _ in _SUB_FIELDS]
+    inv_names = [name for name, _ in _INVOCATION_FIELDS]
+    insert_subs = insert(S).from_select(
+        ["tenant_id", "logical_task_id", "agent_name", *sub_names, "status", "created_at"],
+        select(q.tenant, q.task, q.agent, *(subs.c[name] for name in sub_names),
+               literal("pending"), q.now))
+    insert_invs = insert(I).from_select(
+        ["tenant_id", "logical_task_id", *inv_names, "created_at"],
+        select(q.tenant, q.task, *(invs.c[name] for name in inv_names), q.now))
+    return (insert_subs.cte("new_sub_tasks"), insert_invs.cte("new_invocations"),
+            q.APPEND_EVENTS.clause.cte("new_events"))
+
+
+FIRST_CHECKPOINT = Statement(
+    "pg_first_checkpoint", "Writes a first checkpoint in one statement: the task row "
+    "(insert_task), its sub-tasks, invocations and new events.",
+    select(literal(1)).add_cte(q.INSERT_TASK.clause.cte("new_task"), *_child_inserts()),
+    dialects=ONLY)
+INSERT_CHILDREN = Statement(
+    "pg_insert_children", "Inserts a re-checkpoint's sub-tasks, invocations and new events "
+    "in one statement.",
+    select(literal(1)).add_cte(*_child_inserts()), dialects=ONLY)
+
+
+def _resolve_one() -> Any:
+    """The same three updates as resolve_pending, advance_invocation and mark_resuming,
+    in the same lock order, chained through data-modifying CTEs. Run without BEGIN
+    and COMMIT it is one round trip instead of five, and still atomic, but nothing
+    can be rolled back once it returns: so it leaves alone every row the store would
+    refuse after reading it (correlation data that is not an object, an invocation
+    row missing or already full). It then returns no row, and the portable body
+    runs, which explains the refusal. If the invocation filled up between the guard
+    and the count (which consistent rows never do), the statement fails by a
+    division by zero and is rolled back; the portable body then runs too.
+    """
+    # Every row is found by its primary key through a scalar subquery, never by a
+    # join: PostgreSQL evaluates those as lookups whatever its estimates, whereas
+    # without statistics (a table never analyzed) it joined the one returned row to a
+    # scan of the whole tenant.
+    open_slot = (select(I.c.completed_count < I.c.total_expected)
+                 .where(I.c.tenant_id == S.c.tenant_id,
+                        I.c.logical_task_id == S.c.logical_task_id,
+                        I.c.invocation_id == S.c.invocation_id)
+                 .scalar_subquery())
+    resolved = (
+        update(S)
+        .where(q.SUB_KEY, S.c.status == "pending",
+               func.jsonb_typeof(S.c.correlation_data) == "object", open_slot)
+        .values(status="resolved", resolved_by=q.resolved_by, result=q.result,
+                resolved_at=q.now)
+        .returning(*q.SUB_COLUMNS)
+        .cte("resolved"))
+    counted = (
+        update(I)
+        .where(I.c.tenant_id == q.tenant,
+               I.c.logical_task_id == select(resolved.c.logical_task_id).scalar_subquery(),
+               I.c.invocation_id == select(resolved.c.invocation_id).scalar_subquery(),
+               I.c.completed_count < I.c.total_expected)
+        .values(completed_count=I.c.completed_count + 1)
+        .returning(I.c.logical_task_id, I.c.completed_count, I.c.total_expected)
+        .cte("counted"))
+    resumed = (
+        update(T)
+        .where(T.c.tenant_id == q.tenant, T.c.logical_task_id == (
+            select(counted.c.logical_task_id)
+            .where(counted.c.completed_count == counted.c.total_expected)
+            .scalar_subquery()))
+        .values(q.MARK_RESUMING_VALUES)
+        .returning(T.c.owner)
+        .cte("resumed"))
+    # Division by zero if the sub-task was resolved but not counted: the statement
+    # fails and rolls back whole (an expression of a column, so never folded early).
+    counted_or_fail = literal(1) / cast(counted.c.completed_count.is_not(None), Integer)
+    return (select(*resolved.c, counted.c.completed_count.label("completed"),
+                   counted.c.total_expected.label("total"), resumed.c.owner.label("holder"),
+                   counted_or_fail.label("counted_or_fail"))
+            .select_from(resolved.outerjoin(counted, true()).outerjoin(resumed, true())))
+
+
+RESOLVE_ONE = Statement(
+    "pg_resolve_one", "Resolves one sub-task in one statement: resolve_pending, "
+    "advance_invocation and, if that completes the join, mark_resuming.",
+    _resolve_one(), dialects=ONLY)
+#: The picked rows' physical addresses (``ctid``) in one array computed once, which
+#: PostgreSQL reads with a TID scan whatever its estimates. The portable sweep joins
+#: the picked rows back by key, which PostgreSQL without statistics ran as a scan of
+#: all the tenant's sub-tasks, compared with every picked row. A picked row that
+#: another transaction changed after this statement began (a claim, a deadline reset)
+#: is locked in its new version, which the UPDATE's snapshot does not see: it is left
+#: as it is, and a sweep may return fewer rows than it picked. Nothing is lost: the
+#: row is still open, and the next sweep finds it if it is still due.
+SWEEP_EXPIRED = Statement(
+    "pg_sweep_expired", "Resolves up to p_limit of an agent's expired open sub-tasks "
+    "with the timeout result, as sweep_expired does, picking them by ctid.",
+    update(S)
+    .where(literal_column("ctid") == any_(func.array(
+        select(literal_column("ctid"))
+        .where(S.c.tenant_id == q.tenant, S.c.agent_name == q.agent, q.OPEN,
+               S.c.timeout_deadline <= q.now)
+        .order_by(S.c.timeout_deadline, S.c.sub_task_id)
+        .limit(q.limit)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery())))
+    .values(status="resolved", resolved_by="timeout", result=q.result, resolved_at=q.now)
+    .returning(*q.SUB_COLUMNS), dialects=ONLY, row=SubTaskRow)
+
+
+def _restore() -> Any:
+    """A paused task's row with its children as JSON arrays of arrays (``[seq, data]``
+    per event row, ``[invocation_id, call_order, results]`` per invocation, a
+    sub-task's SUB_COLUMNS in order), each read by key in a subquery. One statement
+    sees one snapshot by itself, so it needs no REPEATABLE READ transaction."""
+    def rows_of(table: Any, columns: Any, *, order_by: Any = ()) -> Any:
+        aggregated = (func.json_agg(aggregate_order_by(func.json_build_array(*columns),
+                                                       *order_by)) if order_by
+                      else func.json_agg(func.json_build_array(*columns)))
+        return (select(func.coalesce(aggregated, literal_column("'[]'::json")))
+                .where(table.c.tenant_id == q.tenant, table.c.logical_task_id == q.task)
+                .scalar_subquery())
+
+    return select(
+        *T.c,
+        type_coerce(rows_of(E, (E.c.seq, E.c.data), order_by=(E.c.seq,)),
+                    JSON).label("event_rows"),
+        type_coerce(rows_of(I, (I.c.invocation_id, I.c.call_order, I.c.results)),
+                    JSON).label("invocation_rows"),
+        type_coerce(rows_of(S, q.SUB_COLUMNS, order_by=(S.c.created_at, S.c.sub_task_id)),
+                    JSON).label("sub_task_rows"),
+    ).where(q.TASK_KEY)
+
+
+RESTORE = Statement(
+    "pg_restore", "Reads a paused task's row and all its children in one statement "
+    "(get_task, get_events, get_invocations and get_task_sub_tasks).",
+    _restore(), dialects=ONLY)
+
+
+class PostgresFastPaths(FastPaths):
+    """PostgreSQL's hooks (see :mod:`meshpoint.store.hooks`)."""
+
+    name = "postgresql"
+    sweep_expired = SWEEP_EXPIRED
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    async def _fetch(self, statement: Statement, params: dict[str, Any]) -> list[Any]:
+        async with self._db.native() as conn:
+            return await fetch(statement, conn, self._db.engine.dialect, params)
+
+    async def first_checkpoint(self, params: dict[str, Any]) -> int:
+        await self._fetch(FIRST_CHECKPOINT, params)
+        return 1
+
+    def insert_children(self, conn: Connection, params: dict[str, Any]) -> None:
+        INSERT_CHILDREN.rows(conn, params)
+
+    async def resolve_one(self, params: dict[str, Any],
+                          lease_owner: str | None) -> Resolution | Portable | None:
+        dialect = self._db.engine.dialect
+        async with self._db.native() as conn:
+            try:
+                rows = await fetch(RESOLVE_ONE, conn, dialect, params)
+            except exc.DBAPIError as error:
+                if getattr(error.orig, "sqlstate", None) == "22012":  # resolved, not counted
+                    return PORTABLE  # rolled back
+                raise
+            if not rows:
+                # A late or duplicate answer is told here, without a second transaction.
+                status = await fetch(q.SUB_TASK_STATUS, conn, dialect, params)
+                if not status:
+                    raise UnknownSubTaskError(params["p_sub"])
+                # Still pending: a join whose rows are inconsistent, which the portable
+                # body explains.
+                return PORTABLE if status[0].status == "pending" else None
+        row = rows[0]
+        # holder is set only when this resolution completed the join.
+        granted = lease_owner if lease_owner is not None and row.holder == lease_owner \
+            else None
+        return Resolution(sub_task=sub_task(SubTaskRow(*row[:len(SubTaskRow._fields)])),
+                          completed=row.completed, total=row.total, lease_owner=granted)
+
+    async def restore(self, params: dict[str, Any]) -> RestoreRows:
+        rows = await self._fetch(RESTORE, params)
+        if not rows:
+            return RestoreRows(None, [], [], [])
+        row = rows[0]
+        return RestoreRows(TaskRow(*row[:len(TaskRow._fields)]),
+                           [EventRow(*r) for r in row.event_rows],
+                           [InvocationRow(*r) for r in row.invocation_rows],
+                           [SubTaskRow(*r) for r in row.sub_task_rows])
+
+
+# -- the database ----------------------------------------------------------------------
+
+def open_postgres(url: URL, *, busy_timeout_s: float, schema: str | None,
+                  pool_size: int) -> PostgresDatabase:
+    """The database at ``url`` (already :func:`~meshpoint.store.engine.parse_url`-ed)."""
+    if importlib.util.find_spec("asyncpg") is None:
+        raise ConfigurationError(
+            "PostgreSQL needs the asyncpg driver: pip install 'meshpoint[postgres]'")
+    connect_args: dict[str, Any] = {"timeout": busy_timeout_s}
+    if schema is not None:
+        connect_args["server_settings"] = {"search_path": schema}
+    return PostgresDatabase(create_async_engine(
+        url, pool_size=pool_size, max_overflow=0, connect_args=connect_args,
+        json_serializer=_json.dumps, json_deserializer=_json.loads))
+
+
+class PostgresDatabase(Database):
+    """PostgreSQL through asyncpg (see the module docstring)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self.fast_paths = PostgresFastPaths(self)
+        self._reader = engine.execution_options(isolation_level="REPEATABLE READ",
+                                                postgresql_readonly=True)
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        # A connection kept out of the pool between native statements (see native()),
+        # and how many callers are waiting for the pool (then nothing is kept).
+        self._parked: PoolProxiedConnection | None = None
+        self._waiting = 0
+
+    @contextlib.asynccontextmanager
+    async def _pool_wait(self) -> AsyncIterator[None]:
+        """Count a caller waiting for a pooled connection, after returning the parked
+        one to the pool: a caller must never wait for a connection that sits idle."""
+        self._waiting += 1
+        try:
+            self._return_parked()
+            yield
+        finally:
+            self._waiting -= 1
+
+    @contextlib.asynccontextmanager
+    async def native(self) -> AsyncIterator[PoolProxiedConnection]:
+        """A pooled connection whose asyncpg connection the caller awaits directly
+        (with :func:`fetch`), outside any transaction: each statement commits by
+        itself, so only one-statement writes, and reads that explain them, belong
+        here.
+
+        Afterwards the connection is discarded if a statement lost it, was cancelled
+        mid-way, or failed in a way that is not the server's verdict on the
+        statement. Otherwise one connection is kept out of the pool for the next
+        native statement, unless someone waits for the pool: a checkout from
+        SQLAlchemy's pool and the return to it cost more CPU than asyncpg's own work
+        for a resolution (the greenlet bridge, the pool's bookkeeping). The others go
+        back to the pool."""
+        if self.closed:
+            raise StoreError("the store is closed; open a new one with open_store()")
+        proxied, self._parked = self._parked, None
+        if proxied is None:
+            dialect = self.engine.dialect
+            try:
+                async with self._pool_wait():
+                    proxied = await self.engine.raw_connection()
+            except dialect.loaded_dbapi.Error as error:
+                # Connecting failed (the server is down, starting or stopping): raised
+                # as SQLAlchemy raises it from Engine.connect(), for translate().
+                raise exc.DBAPIError.instance(
+                    None, None, error, dialect.loaded_dbapi.Error,
+                    connection_invalidated=dialect.is_disconnect(error, None, None),
+                    dialect=dialect) from error
+        try:
+            yield proxied
+        except BaseException as error:
+            if isinstance(error, exc.DBAPIError):
+                lost = error.connection_invalidated
+            elif isinstance(error, MeshpointError):  # the hook refused, after a statement
+                lost = proxied.driver_connection is None \
+                    or proxied.driver_connection.is_closed()
+            else:  # the socket, a cancellation mid-statement, a bug
+                lost = True
+            if lost:
+                proxied.invalidate(error)  # terminated at once, never reused
+            else:
+                proxied.close()
+            raise
+        if self._parked is None and self._waiting == 0 and not self.closed:
+            self._parked = proxied
+        else:
+            proxied.close()
+
+    async def _run(self, body: Callable[[Connection], R], write: bool,
+                   one_statement: bool, short: bool) -> R:
+        engine = self._autocommit if write and one_statement else \
+            self.engine if write else self._reader
+        async with contextlib.AsyncExitStack() as stack:
+            # The connection's own context manager closes it, and finishes closing
+            # even if this task is cancelled meanwhile; the wait counts the checkout.
+            async with self._pool_wait():
+                conn = await stack.enter_async_context(engine.connect())
+            if write and one_statement:
+                result: R = await conn.run_sync(body)
+                return result
+            async with conn.begin():
+                result = await conn.run_sync(body)
+                return result
+
+    def before_migration(self, sync_conn: Connection, direction: str) -> None:
+        """Migrations run under an advisory lock, so instances may start together; an
+        upgrade creates the schema ``schema=`` selected if it does not exist yet, so a
+        fresh database needs no manual step."""
+        sync_conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+        if direction != "upgrade":
+            return
+        if sync_conn.exec_driver_sql("SELECT current_schema()").scalar() is not None:
+            return
+        path = str(sync_conn.exec_driver_sql("SHOW search_path").scalar() or "")
+        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", path):
+            sync_conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{path}"')
+
+    def _return_parked(self) -> None:
+        if self._parked is not None:
+            parked, self._parked = self._parked, None
+            parked.close()
+
+    async def dispose(self) -> None:
+        await super().dispose()
+        self._return_parked()
+        await self.engine.dispose()
+
+
+# -- asyncpg, awaited directly ----------------------------------------------------------
+
+async def fetch(statement: Statement, native: PoolProxiedConnection, dialect: Dialect,
+                params: dict[str, Any]) -> list[Any]:
+    """Run ``statement`` with ``params`` on the asyncpg connection under ``native``
+    (outside any transaction) and return its rows, decoded as the statement decodes
+    them. asyncpg keeps the prepared statement in its own cache (and re-prepares it,
+    outside a transaction, if a migration changed the tables). Its errors are
+    raised as the SQLAlchemy exceptions its adapter would raise, with asyncpg's
+    exception as ``orig`` (``sqlstate`` included)."""
+    compiled: Compiled = statement.compiled(dialect)
+    driver = native.driver_connection
+    assert driver is not None, "a statement runs on an open connection"
+    args = statement.bind(compiled, params)
+    codes: list[int] = []
+    try:
+        if not statement.decodes(dialect):
+            # Once per process: the result types asyncpg reports. (prepare() bypasses
+            # asyncpg's statement cache, which fetch() uses.)
+            prepared = await driver.prepare(compiled.sql)
+            codes = [attr.type.oid for attr in prepared.get_attributes()]
+        fetched = await driver.fetch(compiled.sql, *args)
+    except Exception as error:
+        raise _asyncpg_error(compiled.sql, args, error, driver) from error
+    return statement.decode(dialect, compiled, fetched, lambda: codes)
+
+
+def _asyncpg_error(sql: str, args: Any, error: Exception, driver: Any) -> Exception:
+    """asyncpg's ``error`` as the SQLAlchemy exception its adapter would raise, with
+    ``connection_invalidated`` set when the connection cannot be used again. An
+    error that is not the driver's (an ``OSError`` of the socket) is returned as it
+    is, for :func:`meshpoint.store.engine.translate`."""
+    import asyncpg
+
+    lost = connection_lost(error, driver)
+    if isinstance(error, asyncpg.IntegrityConstraintViolationError):
+        kind: type[exc.DBAPIError] = exc.IntegrityError
+    elif isinstance(error, asyncpg.DataError):
+        kind = exc.DataError
+    elif isinstance(error, asyncpg.exceptions.SyntaxOrAccessError):
+        kind = exc.ProgrammingError
+    elif isinstance(error, asyncpg.PostgresError):
+        kind = exc.OperationalError if lost else exc.DatabaseError
+    elif isinstance(error, asyncpg.InterfaceError | asyncpg.InternalClientError):
+        # Such as "another operation is in progress": a connection whose protocol
+        # state is unknown, for one the server terminated while it was idle.
+        kind = exc.InterfaceError
+    else:
+        return error
+    return kind(sql, args, error, connection_invalidated=lost)
+
+
+def connection_lost(error: BaseException, driver: Any) -> bool:
+    """Whether the asyncpg connection ``driver`` must be discarded after ``error``.
+
+    An error the server reported about the statement (a unique key, a division by
+    zero) leaves the connection usable; anything else (the socket, a protocol
+    state, a cancellation mid-statement, the server shutting down) does not."""
+    import asyncpg
+
+    if driver.is_closed():
+        return True
+    if isinstance(error, asyncpg.PostgresConnectionError):
+        return True
+    if isinstance(error, asyncpg.PostgresError):
+        state = str(getattr(error, "sqlstate", "") or "")
+        return state.startswith(("08", "57P"))  # connection exception, shutdown
+    return True

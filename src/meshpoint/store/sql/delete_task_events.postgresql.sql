@@ -1,0 +1,5 @@
+-- Deletes a task's conversation.
+DELETE
+FROM agent_session_events
+WHERE agent_session_events.tenant_id = :p_tenant::VARCHAR
+  AND agent_session_events.logical_task_id = :p_task::VARCHAR;

@@ -1,0 +1,6 @@
+-- Counts open sub-tasks whose deadline passed.
+SELECT count(*) AS count_1
+FROM agent_peer_sub_tasks
+WHERE agent_peer_sub_tasks.tenant_id = :p_tenant
+  AND status IN ('pending', 'claimed')
+  AND agent_peer_sub_tasks.timeout_deadline <= :p_now;

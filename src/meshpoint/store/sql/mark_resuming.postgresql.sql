@@ -1,0 +1,13 @@
+-- Marks a task whose join completed as resuming, leasing it to the resolver if the lease is free.
+UPDATE agent_paused_tasks
+SET status='resuming', owner=
+  CASE
+      WHEN (agent_paused_tasks.owner IS NULL
+            OR agent_paused_tasks.lease_expires_at <= :p_now::FLOAT) THEN :p_owner::VARCHAR ELSE agent_paused_tasks.owner
+  END, lease_expires_at=
+  CASE
+      WHEN (agent_paused_tasks.owner IS NULL
+            OR agent_paused_tasks.lease_expires_at <= :p_now::FLOAT) THEN :p_lease_until::FLOAT ELSE agent_paused_tasks.lease_expires_at
+  END, version=(agent_paused_tasks.version + 1)
+WHERE agent_paused_tasks.tenant_id = :p_tenant::VARCHAR
+  AND agent_paused_tasks.logical_task_id = :p_task::VARCHAR RETURNING agent_paused_tasks.owner;

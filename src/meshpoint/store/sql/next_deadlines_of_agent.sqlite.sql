@@ -1,0 +1,13 @@
+-- Lists an agent's open sub-tasks that expire soonest.
+SELECT agent_peer_sub_tasks.sub_task_id, agent_peer_sub_tasks.logical_task_id,
+  agent_peer_sub_tasks.agent_name, agent_peer_sub_tasks.invocation_id, agent_peer_sub_tasks.function_call_id,
+  agent_peer_sub_tasks.peer_agent_name, agent_peer_sub_tasks.peer_task_id, agent_peer_sub_tasks.correlation_data,
+  agent_peer_sub_tasks.timeout_deadline, agent_peer_sub_tasks.status, agent_peer_sub_tasks.resolved_by,
+  agent_peer_sub_tasks.result
+FROM agent_peer_sub_tasks
+WHERE agent_peer_sub_tasks.tenant_id = :p_tenant
+  AND status IN ('pending', 'claimed')
+  AND agent_peer_sub_tasks.agent_name = :p_agent
+ORDER BY agent_peer_sub_tasks.timeout_deadline
+LIMIT :p_limit
+OFFSET 0;

@@ -1,0 +1,26 @@
+-- Inserts a re-checkpoint's sub-tasks, invocations and new events in one statement.
+WITH
+  new_sub_tasks AS
+  (INSERT INTO agent_peer_sub_tasks (
+                  tenant_id, logical_task_id, agent_name, sub_task_id, invocation_id,
+                  function_call_id, peer_agent_name, peer_task_id, correlation_data, timeout_s, timeout_deadline,
+                  status, created_at) SELECT :p_tenant::VARCHAR AS anon_1, :p_task::VARCHAR AS anon_2, :p_agent::VARCHAR AS anon_3,
+     subs.sub_task_id AS sub_task_id, subs.invocation_id AS invocation_id, subs.function_call_id AS function_call_id,
+     subs.peer_agent_name AS peer_agent_name, subs.peer_task_id AS peer_task_id, subs.correlation_data AS correlation_data,
+     subs.timeout_s AS timeout_s, subs.timeout_deadline AS timeout_deadline, 'pending' AS anon_4, :p_now::FLOAT AS anon_5
+   FROM jsonb_to_recordset(:p_subs::JSONB) AS subs(sub_task_id VARCHAR, invocation_id VARCHAR, function_call_id VARCHAR, peer_agent_name VARCHAR, peer_task_id VARCHAR, correlation_data
+                                                JSONB, timeout_s FLOAT, timeout_deadline FLOAT)),
+  new_invocations AS
+  (INSERT INTO agent_parallel_invocations (
+                  tenant_id, logical_task_id, invocation_id, total_expected, completed_count,
+                  call_order, results, created_at) SELECT :p_tenant::VARCHAR AS anon_1, :p_task::VARCHAR AS anon_2,
+     invs.invocation_id AS invocation_id, invs.total_expected AS total_expected, invs.completed_count AS completed_count,
+     invs.call_order AS call_order, invs.results AS results, :p_now::FLOAT AS anon_5
+   FROM jsonb_to_recordset(:p_invs::JSONB) AS invs(invocation_id VARCHAR, total_expected INTEGER, completed_count INTEGER, call_order
+                                                JSONB, results JSONB)),
+  new_events AS
+  (INSERT INTO agent_session_events (
+                  tenant_id, logical_task_id, seq, data, created_at) SELECT :p_tenant::VARCHAR AS anon_1, :p_task::VARCHAR AS anon_2, :p_first::INTEGER AS anon_6,
+     :p_events::JSONB AS anon_7, :p_now::FLOAT AS anon_5
+   WHERE :p_has_events::BOOLEAN)
+SELECT 1 AS anon_8;

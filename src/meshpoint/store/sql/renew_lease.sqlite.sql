@@ -1,0 +1,6 @@
+-- Extends a resume lease its holder still holds.
+UPDATE agent_paused_tasks
+SET lease_expires_at=:p_lease_until, version=(agent_paused_tasks.version + 1)
+WHERE agent_paused_tasks.tenant_id = :p_tenant
+  AND agent_paused_tasks.logical_task_id = :p_task
+  AND agent_paused_tasks.owner = :p_owner RETURNING version;

@@ -1,0 +1,355 @@
+"""SQLite, the embedded default: how a transaction runs on it, and how its
+write-ahead log is kept short.
+
+SQLite runs on the standard library's sqlite3 driver. The whole transaction runs
+on a worker thread: one thread hop per operation. (aiosqlite hops threads for every
+cursor call, several per statement; measured here, a one-statement transaction
+cost 1.15 ms through it, most of the SQLite budget.) A short transaction runs on
+the caller's thread instead when the lock it needs is free (see
+:class:`SqliteDatabase`).
+
+SQLite must also be correct across processes on one host. Each connection uses
+WAL (readers never block the writer), a busy timeout (a writer waits for the lock
+instead of failing), and ``BEGIN IMMEDIATE`` for write transactions so the write
+lock is taken up front: two processes can never both read a sub-task as pending
+and then both claim it, and a transaction never fails half-way when it upgrades
+from reading to writing.
+
+SQLite has no fast paths of its own (:mod:`meshpoint.store.hooks`): the portable
+bodies are what it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine, create_engine, event, exc
+from sqlalchemy.engine import URL
+from sqlalchemy.pool import QueuePool, StaticPool
+
+from meshpoint import _json
+from meshpoint.errors import ConfigurationError
+from meshpoint.store.engine import Database
+
+R = TypeVar("R")
+#: Key of the execution option that selects SQLite's BEGIN mode.
+SQLITE_BEGIN = "meshpoint_sqlite_begin"
+#: Log size (4 KiB pages) at which a commit checkpoints SQLite's WAL itself: only if
+#: the :class:`WalCheckpointer` thread has fallen behind (SQLite's default is 1,000).
+WAL_AUTOCHECKPOINT_PAGES = 16_384
+#: Frames (pages) in SQLite's WAL past which the :class:`WalCheckpointer` makes the
+#: next writer start the log over (16 MiB of 4 KiB pages).
+WAL_RESTART_FRAMES = 4_096
+#: Size a restarted WAL file is cut back to (SQLite's ``journal_size_limit``).
+WAL_SIZE_LIMIT_BYTES = 64 << 20
+#: Address space SQLite may map for reads (not memory it allocates).
+SQLITE_MMAP_BYTES = 1 << 30
+
+
+def is_memory(url: URL) -> bool:
+    return url.database in (None, "", ":memory:")
+
+
+def open_sqlite(url: URL, *, busy_timeout_s: float, schema: str | None,
+                pool_size: int) -> SqliteDatabase:
+    """The database at ``url`` (already :func:`~meshpoint.store.engine.parse_url`-ed)."""
+    if schema is not None:
+        raise ConfigurationError("schema= is a PostgreSQL option; SQLite has one schema")
+    json_codec: dict[str, Any] = {"json_serializer": _json.dumps,
+                                  "json_deserializer": _json.loads}
+    memory = is_memory(url)
+    if memory:
+        # One shared connection, or every checkout would see an empty database.
+        engine = create_engine(url, poolclass=StaticPool,
+                               connect_args={"check_same_thread": False}, **json_codec)
+    else:
+        path = Path(url.database or "").expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        url = url.set(database=str(path))
+        engine = create_engine(
+            url, poolclass=QueuePool, pool_size=pool_size, max_overflow=0,
+            connect_args={"timeout": busy_timeout_s, "check_same_thread": False},
+            **json_codec)
+    _install_hooks(engine, memory=memory, busy_timeout_s=busy_timeout_s)
+    if memory:
+        return SqliteDatabase(engine, workers=1)
+    # One connection that never waits: SQLite's busy timeout 0, and a pool that
+    # refuses at once rather than queue a second thread behind its user.
+    inline = create_engine(
+        url, poolclass=QueuePool, pool_size=1, max_overflow=0, pool_timeout=0,
+        connect_args={"timeout": 0, "check_same_thread": False}, **json_codec)
+    # It never copies the WAL into the database inside a commit either: that is
+    # the checkpointer thread's job (and the worker connections' safety net).
+    _install_hooks(inline, memory=False, busy_timeout_s=0, autocheckpoint_pages=0)
+    return SqliteDatabase(engine, workers=pool_size, inline=inline,
+                          wal_checkpointer=WalCheckpointer(str(url.database)))
+
+
+class SqliteDatabase(Database):
+    """SQLite through sqlite3; each transaction runs whole on a worker thread, or,
+    if it is short and nobody holds the lock it needs, on the caller's thread.
+
+    The hop to a worker thread and back cost 0.06-0.18 ms and most of the jitter of
+    a checkpoint that takes 0.2 ms of SQLite's time. So a ``short`` transaction of a
+    file database first tries an *inline* connection whose busy timeout is zero:
+    if the write lock (or that connection) is taken, SQLite says so at once and the
+    transaction runs on a worker thread instead, where it waits for the lock as
+    usual. The event loop is thus never blocked waiting for another process; it is
+    busy for the transaction's own work (reading a page not yet in the OS cache
+    included), as with any short computation. The inline connection never runs a
+    WAL checkpoint inside a commit, and while the checkpointer's :class:`WriteGate`
+    is closed for a RESTART, write transactions go to a worker thread and wait there.
+
+    Cancelling the awaiting task does not interrupt a transaction already on its
+    thread: it commits or rolls back as if nobody had cancelled.
+    """
+
+    def __init__(self, engine: Engine, *, workers: int,
+                 wal_checkpointer: WalCheckpointer | None = None,
+                 inline: Engine | None = None) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self._writer = engine.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
+        self._threads = ThreadPoolExecutor(workers, thread_name_prefix="meshpoint-sqlite")
+        self._wal_checkpointer = wal_checkpointer
+        self._inline = inline
+        # The inline connection stays checked out: a pool checkout, a Connection and
+        # a pool return per transaction cost 20 µs of an empty transaction's 31.
+        # The lock says whether a thread is using it (never waited for).
+        self._inline_conn: Connection | None = None
+        self._inline_busy = threading.Lock()
+        # Write transactions of this process pass the checkpointer's gate, so that it
+        # can hold them back for a RESTART (see WalCheckpointer).
+        self._gate = WriteGate() if wal_checkpointer is None else wal_checkpointer.gate
+
+    def _transaction(self, body: Callable[[Connection], R], write: bool) -> R:
+        if not write:
+            with self.engine.begin() as conn:
+                return body(conn)
+        with self._gate.writer(), self._writer.begin() as conn:
+            return body(conn)
+
+    def _try_inline(self, body: Callable[[Connection], R], write: bool) -> tuple[bool, R | None]:
+        """Run ``body`` on the inline connection: ``(True, result)``, or ``(False,
+        None)`` with nothing done if the lock or the connection was taken."""
+        if not self._inline_busy.acquire(blocking=False):
+            return False, None  # another thread is using the inline connection
+        if write and not self._gate.try_enter():
+            self._inline_busy.release()
+            return False, None  # a RESTART is due: the worker thread waits for it
+        try:
+            conn = self._inline_conn
+            if conn is None or conn.closed or conn.invalidated:
+                assert self._inline is not None
+                conn = self._inline_conn = self._inline.connect()
+            conn.info[SQLITE_BEGIN] = "IMMEDIATE" if write else "DEFERRED"
+            with conn.begin():
+                return True, body(conn)
+        except exc.OperationalError as error:
+            if "locked" in str(error.orig) or "busy" in str(error.orig):
+                return False, None  # rolled back; the worker thread waits for the lock
+            raise
+        finally:
+            if write:
+                self._gate.leave()
+            self._inline_busy.release()
+
+    async def _run(self, body: Callable[[Connection], R], write: bool,
+                   one_statement: bool, short: bool) -> R:
+        if short and self._inline is not None:
+            done, result = self._try_inline(body, write)
+            if done:
+                return result  # type: ignore[return-value]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, self._transaction, body, write)
+
+    async def dispose(self) -> None:
+        await super().dispose()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._threads.shutdown)
+        if self._wal_checkpointer is not None:
+            await loop.run_in_executor(None, self._wal_checkpointer.stop)
+        self.engine.dispose()
+        if self._inline is not None:
+            with self._inline_busy:
+                if self._inline_conn is not None:
+                    self._inline_conn.close()
+            self._inline.dispose()
+
+
+class WriteGate:
+    """Lets one process's SQLite write transactions and its :class:`WalCheckpointer`'s
+    RESTART take turns.
+
+    A RESTART must find no writer at all. Back-to-back writes of one process leave
+    it gaps of microseconds between a commit and the next BEGIN, which SQLite's busy
+    handler, polling every few milliseconds, rarely hits: on a loaded CI machine
+    3,000 checkpoints in a row let one RESTART in and the log grew to 98 MB. So the
+    checkpointer *closes* the gate: write transactions not yet begun wait for it to
+    open again (the inline path hands them to a worker thread, which waits here),
+    those already running finish, and the RESTART then competes only with other
+    processes' writers. Each of those holds SQLite's lock for one transaction, and
+    once the RESTART has the lock their busy timeouts queue them behind it.
+    Read transactions never pass the gate: a RESTART lets new readers in.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._writers = 0  # write transactions of this process under way
+        self._closed = False
+
+    def try_enter(self) -> bool:
+        """Count a write transaction in if the gate is open; never waits."""
+        with self._cond:
+            if self._closed:
+                return False
+            self._writers += 1
+            return True
+
+    def leave(self) -> None:
+        """Count out a write transaction that :meth:`try_enter` let in."""
+        with self._cond:
+            self._writers -= 1
+            if not self._writers:
+                self._cond.notify_all()
+
+    @contextmanager
+    def writer(self) -> Iterator[None]:
+        """Hold a write transaction while the gate is closed, then count it in."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._closed)
+            self._writers += 1
+        try:
+            yield
+        finally:
+            self.leave()
+
+    @contextmanager
+    def closed(self, timeout_s: float) -> Iterator[bool]:
+        """Keep new write transactions out for the block. It is given True once the
+        ones under way have finished, or False if they took over ``timeout_s`` (a
+        long sweep, say): the block should then not wait for the write lock."""
+        try:
+            with self._cond:
+                self._closed = True
+                idle = self._cond.wait_for(lambda: not self._writers, timeout_s)
+            yield idle
+        finally:
+            with self._cond:
+                self._closed = False
+                self._cond.notify_all()
+
+
+class WalCheckpointer:
+    """Copies SQLite's write-ahead log into the database file off the write path,
+    and keeps the log short.
+
+    SQLite's automatic checkpoint runs inside whichever commit fills the log past
+    1,000 pages, so one write in ~150 checkpoints paid 5-6 ms for it: that was the
+    p99. Connections therefore raise the automatic threshold to a safety net
+    (:data:`WAL_AUTOCHECKPOINT_PAGES`), and this thread runs a PASSIVE checkpoint,
+    which never waits for readers or writers, every ``interval_s`` on a connection
+    of its own. sqlite3 releases the GIL while it copies, so the event loop runs on.
+    Several processes may each run one: SQLite lets one checkpoint run at a time.
+
+    A PASSIVE checkpoint copies the log but never rewinds it: SQLite starts the log
+    over only when a writer begins while every frame is already copied, which a
+    steady stream of writes never allows (the writes made during the copy are always
+    left). Measured: 3,000 checkpoints in a row grew the log to 234 MB, and every
+    read and commit slowed as the log's index grew (a commit p50 0.16 → 0.48 ms).
+    So when the log holds ``restart_frames`` frames or more after a PASSIVE pass
+    that copied them all (none is pinned by a reader, which a RESTART would wait
+    for), this thread runs a RESTART checkpoint behind a closed :class:`WriteGate`: it
+    waits for this process's writers to finish (other processes' for the write
+    lock), copies the few frames written since the PASSIVE pass, and makes the next
+    writer start the log over. Writers wait for it that long. Connections cut a
+    restarted log file back to :data:`WAL_SIZE_LIMIT_BYTES`.
+    """
+
+    def __init__(self, path: str, *, interval_s: float = 0.25,
+                 restart_frames: int = WAL_RESTART_FRAMES) -> None:
+        self._path = path
+        self._interval_s = interval_s
+        self._restart_frames = restart_frames
+        self._stop = threading.Event()
+        self.restarts = 0  # RESTART checkpoints that completed (for tests and stats)
+        self.gate = WriteGate()  # passed by the write transactions of this process
+        self._thread = threading.Thread(target=self._run, name="meshpoint-wal-checkpoint",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        # Short waits: a RESTART that cannot start soon (a long write transaction of
+        # this process, another process's writer or reader) is tried again on the
+        # next pass rather than holding writers back behind it.
+        conn = sqlite3.connect(self._path, timeout=0.2, isolation_level=None,
+                               check_same_thread=False)
+        try:
+            while not self._stop.wait(self._interval_s):
+                with contextlib.suppress(sqlite3.Error):  # busy or locked: next time
+                    _busy, frames, copied = conn.execute(
+                        "PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    # Frames left uncopied mean a reader still uses them: a RESTART
+                    # would wait for it with writers held back, so not this pass.
+                    if frames >= self._restart_frames and copied == frames:
+                        with self.gate.closed(timeout_s=0.1) as idle:
+                            if not idle:
+                                continue
+                            busy, _frames, _copied = conn.execute(
+                                "PRAGMA wal_checkpoint(RESTART)").fetchone()
+                        self.restarts += not busy
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+
+
+def _install_hooks(engine: Engine, *, memory: bool, busy_timeout_s: float,
+                          autocheckpoint_pages: int = WAL_AUTOCHECKPOINT_PAGES) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take BEGIN away from pysqlite's legacy transaction control: we emit our own.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        if not memory:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode: a commit survives a crash of any process; only a
+            # power loss may drop the last transactions (never corrupts the file).
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute(f"PRAGMA wal_autocheckpoint={autocheckpoint_pages}")
+            cursor.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
+            # Reads through the OS page cache, shared by every connection and process,
+            # instead of each connection's own 2 MB cache: with 100,000 paused tasks the
+            # default cache turned a restore into page-sized read() calls.
+            cursor.execute(f"PRAGMA mmap_size={SQLITE_MMAP_BYTES}")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        # On the driver's connection: through SQLAlchemy's execution path this one
+        # statement was a fifth of an inline checkpoint's time.
+        # The mode: set per transaction in the connection's info (the inline
+        # connection, held across transactions), or by the engine's options.
+        mode = conn.info.pop(SQLITE_BEGIN, None) \
+            or conn.get_execution_options().get(SQLITE_BEGIN, "DEFERRED")
+        statement = f"BEGIN {mode}"
+        dbapi_connection = conn.connection.dbapi_connection
+        assert dbapi_connection is not None
+        try:
+            dbapi_connection.execute(statement)
+        except sqlite3.Error as error:  # raised as SQLAlchemy would raise it
+            raise exc.DBAPIError.instance(statement, (), error, sqlite3.Error,
+                                          dialect=conn.dialect) from error
