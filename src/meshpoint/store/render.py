@@ -30,7 +30,8 @@ from meshpoint.store.statement import Statement, registered
 SQL_DIR = Path(__file__).parent / "sql"
 #: The dialects the store runs on, as their drivers compile, placeholders by name.
 DIALECTS: dict[str, Dialect] = {"sqlite": SQLiteDialect_pysqlite(paramstyle="named"),
-                                "postgresql": PGDialect_asyncpg(paramstyle="named")}
+                                "postgresql": PGDialect_asyncpg(  # type: ignore[no-untyped-call]
+                                    paramstyle="named")}
 
 
 def render(statement: Statement, dialect: Dialect) -> str:
