@@ -137,7 +137,7 @@ async def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, Progress(console=console,
                                                        auto_refresh=False) as progress:
         if args.backend in ("sqlite", "both"):
-            async with open_store(f"sqlite+aiosqlite:///{tmp}/bench.db") as store:
+            async with open_store(f"sqlite:///{tmp}/bench.db") as store:
                 results["sqlite"] = await bench_backend(store, args.runs, progress)
         if args.backend in ("postgres", "both"):
             schema = f"mp_bench_{uuid.uuid4().hex[:8]}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -163,5 +164,46 @@ async def test_0003_compresses_large_columns_with_lz4_on_postgresql(
         await downgrade(db, "0002")
         assert await store.run(compression) == {"agent_session_events.data": ""}
         assert len((await store.restore_task("after")).context.session_events) == 22
+    finally:
+        await store.close()
+
+
+async def test_0005_keeps_stored_values_readable_both_ways(
+        empty_database: tuple[str, dict[str, Any]]) -> None:
+    """Values stored before 0005 read back after it: on SQLite a bare number (stored
+    as a number under the JSON column's NUMERIC affinity, unreadable until now)
+    becomes its text; on PostgreSQL JSONB's form of a value is kept. The downgrade
+    gives the columns their old types back, the values with them."""
+    url, options = empty_database
+    db = open_database(url, busy_timeout_s=5, schema=options.get("schema"), pool_size=1)
+    store = SqlStore(db, tenant_id="default")
+
+    def store_raw(value: str) -> Callable[[Connection], None]:
+        def body(conn: Connection) -> None:
+            conn.exec_driver_sql(
+                "UPDATE agent_peer_sub_tasks SET status = 'resolved', resolved_by = 'answer', "
+                f"result = {value} WHERE sub_task_id = 't1/sub-0'")
+        return body
+
+    try:
+        await migrate(db, "0004")
+        await store.checkpoint_task(fan_out("t1", peers=2), "agent")
+        sqlite = db.dialect == "sqlite"
+        await store.run(store_raw("7.5" if sqlite else "'1e16'::jsonb"), write=True)
+        await migrate(db)
+        want = 7.5 if sqlite else 10**16  # JSONB had stored 1e16 as an integer
+        assert (await store.get_peer_sub_task("t1/sub-0")).result == want
+        await store.resolve_peer_sub_task("t1/sub-1", 1.0)
+        assert repr((await store.get_peer_sub_task("t1/sub-1")).result) == "1.0"
+        await downgrade(db, "0004")
+
+        def kinds(conn: Connection) -> list[str]:
+            typeof = "typeof" if sqlite else "pg_typeof"
+            return [str(row[0]) for row in conn.exec_driver_sql(
+                f"SELECT {typeof}(result) FROM agent_peer_sub_tasks ORDER BY sub_task_id")]
+
+        # As an older version stored them: SQLite's NUMERIC affinity takes the numbers
+        # back (1.0 as the integer 1, the defect 0005 mends).
+        assert await store.run(kinds) == (["real", "integer"] if sqlite else ["jsonb"] * 2)
     finally:
         await store.close()

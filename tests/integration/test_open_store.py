@@ -49,7 +49,11 @@ async def test_an_unreachable_postgresql_is_reported(unused_tcp_port: int) -> No
 
 
 async def test_plain_sqlite_urls_and_memory_databases_work(tmp_path: Path) -> None:
+    # sqlite:// is the canonical form; the driver names earlier versions documented
+    # (sqlite+aiosqlite://, sqlite+pysqlite://) still open the same database.
     for url in (f"sqlite:///{tmp_path / 'nested' / 'dir' / 'x.db'}",
+                f"sqlite+aiosqlite:///{tmp_path / 'old.db'}",
+                f"sqlite+pysqlite:///{tmp_path / 'older.db'}",
                 "sqlite+aiosqlite:///:memory:", "sqlite://"):
         async with open_store(url) as store:
             ctx = TaskExecutionContext("t")

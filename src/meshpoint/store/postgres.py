@@ -44,7 +44,8 @@ from sqlalchemy import (
     type_coerce,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
+from sqlalchemy.dialects.postgresql import JSON as PG_JSON
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.engine import URL, Connection, Dialect
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import PoolProxiedConnection
@@ -73,17 +74,19 @@ ONLY = ("postgresql",)
 # -- the statements of the fast paths -------------------------------------------------
 
 # A checkpoint's children travel as JSON arrays (p_subs, p_invs), expanded by
-# jsonb_to_recordset, so that a checkpoint is one statement however many it has.
+# json_to_recordset, so that a checkpoint is one statement however many it has. (json,
+# not jsonb: the caller's values are stored as written, see schema.JSONText.)
 _SUB_FIELDS = (("sub_task_id", String), ("invocation_id", String),
                ("function_call_id", String), ("peer_agent_name", String),
-               ("peer_task_id", String), ("correlation_data", JSONB), ("timeout_s", Float),
+               ("peer_task_id", String), ("correlation_data", PG_JSON), ("timeout_s", Float),
                ("timeout_deadline", Float))
 _INVOCATION_FIELDS = (("invocation_id", String), ("total_expected", Integer),
-                      ("completed_count", Integer), ("call_order", JSONB), ("results", JSONB))
+                      ("completed_count", Integer), ("call_order", PG_JSON),
+                      ("results", PG_JSON))
 
 
 def _records(param: str, fields: tuple[tuple[str, Any], ...]) -> Any:
-    return (func.jsonb_to_recordset(bindparam(param, type_=JSONB))
+    return (func.json_to_recordset(bindparam(param, type_=PG_JSON))
             .table_valued(*(column(name, kind) for name, kind in fields))
             .render_derived(name=param.removeprefix("p_"), with_types=True))
 
@@ -138,7 +141,7 @@ def _resolve_one() -> Any:
     resolved = (
         update(S)
         .where(q.SUB_KEY, S.c.status == "pending",
-               func.jsonb_typeof(S.c.correlation_data) == "object", open_slot)
+               func.json_typeof(S.c.correlation_data) == "object", open_slot)
         .values(status="resolved", resolved_by=q.resolved_by, result=q.result,
                 resolved_at=q.now)
         .returning(*q.SUB_COLUMNS)

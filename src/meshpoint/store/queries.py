@@ -38,7 +38,7 @@ from meshpoint.store.schema import (
     OPEN_SUB_TASK_PREDICATE,
     RESUMING_PREDICATE,
     TASK_STATUSES,
-    JSONDoc,
+    JSONText,
     parallel_invocations,
     paused_tasks,
     peer_sub_tasks,
@@ -57,7 +57,7 @@ invocation = bindparam("p_invocation", type_=String)
 now = bindparam("p_now", type_=Float)
 owner = bindparam("p_owner", type_=String)
 lease_until = bindparam("p_lease_until", type_=Float)
-result = bindparam("p_result", type_=JSONDoc)
+result = bindparam("p_result", type_=JSONText)
 resolved_by = bindparam("p_resolved_by", type_=String)
 limit = bindparam("p_limit", type_=Integer)
 
@@ -97,7 +97,7 @@ INSERT_SUB_TASK = Statement(
         sub_task_id=bindparam("sub_task_id"), invocation_id=bindparam("invocation_id"),
         function_call_id=bindparam("function_call_id"),
         peer_agent_name=bindparam("peer_agent_name"), peer_task_id=bindparam("peer_task_id"),
-        correlation_data=bindparam("correlation_data", type_=JSONDoc),
+        correlation_data=bindparam("correlation_data", type_=JSONText),
         timeout_s=bindparam("timeout_s", type_=Float),
         timeout_deadline=bindparam("timeout_deadline", type_=Float), status="pending",
         created_at=now))
@@ -108,8 +108,8 @@ INSERT_INVOCATION = Statement(
         tenant_id=tenant, logical_task_id=task, invocation_id=bindparam("invocation_id"),
         total_expected=bindparam("total_expected"),
         completed_count=bindparam("completed_count"),
-        call_order=bindparam("call_order", type_=JSONDoc),
-        results=bindparam("results", type_=JSONDoc), created_at=now))
+        call_order=bindparam("call_order", type_=JSONText),
+        results=bindparam("results", type_=JSONText), created_at=now))
 #: Only the lease holder may overwrite the row, and only from the conversation it
 #: restored (``p_first`` events stored, no more, no less). The lease is released by
 #: the same write, since the task leaves memory again.
@@ -136,7 +136,7 @@ APPEND_EVENTS = Statement(
     insert(E).from_select(
         ["tenant_id", "logical_task_id", "seq", "data", "created_at"],
         select(tenant, task, bindparam("p_first", type_=Integer),
-               bindparam("p_events", type_=JSONDoc), now)
+               bindparam("p_events", type_=JSONText), now)
         .where(bindparam("p_has_events", type_=Boolean))))
 COUNT_OPEN_SUB_TASKS = Statement(
     "count_open_sub_tasks", "Counts a task's sub-tasks that can still be resolved.",

@@ -19,9 +19,12 @@ scans the table, and on a fresh database a checkpoint's median grew from 3.1 to
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     JSON,
     Column,
+    Dialect,
     Float,
     Index,
     Integer,
@@ -30,14 +33,44 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    TypeDecorator,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
+from meshpoint import _json
+
 metadata = MetaData()
 
-#: JSON on SQLite, JSONB on PostgreSQL (indexable, and compared by value).
-JSONDoc = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+
+class SqliteJSON(TypeDecorator[Any]):
+    """A JSON value kept as its text in a TEXT column, on SQLite.
+
+    A column declared ``JSON`` has NUMERIC affinity in SQLite: the text of a bare
+    number is stored as a number (``1.0`` as the integer 1, ``18446744073709551615``
+    as a float that lost digits), which then reads back as neither JSON nor the
+    value written. TEXT affinity stores the text as written. SQL ``NULL`` stands for
+    ``None``, as with ``JSON(none_as_null=True)`` (migration 0005)."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else _json.dumps(value)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else _json.loads(value)
+
+
+#: The caller's JSON (results, correlation data, conversation events), kept as the
+#: text written: TEXT on SQLite (see SqliteJSON), ``json`` on PostgreSQL. JSONB would
+#: rewrite it: it turns ``1e16`` into an integer and ``1e300`` into 301 digits that no
+#: 64-bit JSON reader takes back, and it reorders object keys (migration 0005).
+JSONText = JSON(none_as_null=True).with_variant(SqliteJSON(), "sqlite")
+#: Documents meshpoint writes and queries by content: JSONB on PostgreSQL (indexable,
+#: compared by value), TEXT on SQLite.
+JSONDoc = (JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+           .with_variant(SqliteJSON(), "sqlite"))
 
 ID = String(255)
 TENANT = String(64)
@@ -103,12 +136,12 @@ peer_sub_tasks = Table(
     Column("function_call_id", ID, nullable=False),
     Column("peer_agent_name", ID),
     Column("peer_task_id", ID),
-    Column("correlation_data", JSONDoc, nullable=False),
+    Column("correlation_data", JSONText, nullable=False),
     Column("timeout_s", Float, nullable=False),
     Column("timeout_deadline", Float, nullable=False),
     Column("status", String(16), nullable=False),
     Column("resolved_by", String(32)),
-    Column("result", JSONDoc),
+    Column("result", JSONText),
     Column("resolved_at", Float),
     Column("created_at", Float, nullable=False),
     # Led by the task or the agent, never by tenant_id: see agent_paused_tasks.
@@ -129,11 +162,11 @@ parallel_invocations = Table(
     Column("total_expected", Integer, nullable=False),
     Column("completed_count", Integer, nullable=False),
     # Function-call ids in the model's order; results are handed back in this order.
-    Column("call_order", JSONDoc, nullable=False),
+    Column("call_order", JSONText, nullable=False),
     # Results known at checkpoint time (local tools, early answers), keyed by call id.
     # Peer results arriving later are stored on their sub-task rows, so recording one
     # is a counter increment, never a read-modify-write of this document.
-    Column("results", JSONDoc, nullable=False),
+    Column("results", JSONText, nullable=False),
     Column("created_at", Float, nullable=False),
 )
 
@@ -148,7 +181,7 @@ session_events = Table(
     Column("seq", Integer, primary_key=True),
     # The JSON array of the events this checkpoint appended (migration 0002: before
     # it, each row held one event).
-    Column("data", JSONDoc, nullable=False),
+    Column("data", JSONText, nullable=False),
     Column("created_at", Float, nullable=False),
 )
 

@@ -2,11 +2,11 @@
 WITH
   resolved AS
   (UPDATE agent_peer_sub_tasks
-   SET status='resolved', resolved_by=:p_resolved_by::VARCHAR, result=:p_result::JSONB, resolved_at=:p_now::FLOAT
+   SET status='resolved', resolved_by=:p_resolved_by::VARCHAR, result=:p_result::JSON, resolved_at=:p_now::FLOAT
    WHERE agent_peer_sub_tasks.tenant_id = :p_tenant::VARCHAR
      AND agent_peer_sub_tasks.sub_task_id = :p_sub::VARCHAR
      AND agent_peer_sub_tasks.status = 'pending'
-     AND jsonb_typeof(agent_peer_sub_tasks.correlation_data) = 'object'
+     AND json_typeof(agent_peer_sub_tasks.correlation_data) = 'object'
      AND
        (SELECT agent_parallel_invocations.completed_count < agent_parallel_invocations.total_expected AS anon_1
         FROM agent_parallel_invocations

@@ -1,6 +1,6 @@
 -- Resolves up to p_limit of an agent's expired open sub-tasks with the timeout result, as sweep_expired does, picking them by ctid.
 UPDATE agent_peer_sub_tasks
-SET status='resolved', resolved_by='timeout', result=:p_result::JSONB, resolved_at=:p_now::FLOAT
+SET status='resolved', resolved_by='timeout', result=:p_result::JSON, resolved_at=:p_now::FLOAT
 WHERE ctid = ANY (array(
                           (SELECT ctid
                            FROM agent_peer_sub_tasks

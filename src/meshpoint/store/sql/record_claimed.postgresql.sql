@@ -1,6 +1,6 @@
 -- Records the result of a claimed call (the second step of seed 000's two).
 UPDATE agent_peer_sub_tasks
-SET status='resolved', resolved_by=:p_resolved_by::VARCHAR, result=:p_result::JSONB, resolved_at=:p_now::FLOAT
+SET status='resolved', resolved_by=:p_resolved_by::VARCHAR, result=:p_result::JSON, resolved_at=:p_now::FLOAT
 WHERE agent_peer_sub_tasks.tenant_id = :p_tenant::VARCHAR
   AND agent_peer_sub_tasks.logical_task_id = :p_task::VARCHAR
   AND agent_peer_sub_tasks.invocation_id = :p_invocation::VARCHAR

@@ -1,6 +1,6 @@
 -- Claims a pending sub-task and records its result: the exactly-once step, since only one transaction can move a row out of pending.
 UPDATE agent_peer_sub_tasks
-SET status='resolved', resolved_by=:p_resolved_by::VARCHAR, result=:p_result::JSONB, resolved_at=:p_now::FLOAT
+SET status='resolved', resolved_by=:p_resolved_by::VARCHAR, result=:p_result::JSON, resolved_at=:p_now::FLOAT
 WHERE agent_peer_sub_tasks.tenant_id = :p_tenant::VARCHAR
   AND agent_peer_sub_tasks.sub_task_id = :p_sub::VARCHAR
   AND agent_peer_sub_tasks.status = 'pending' RETURNING agent_peer_sub_tasks.sub_task_id, agent_peer_sub_tasks.logical_task_id,

@@ -10,7 +10,7 @@ WITH expired AS MATERIALIZED
    LIMIT :p_limit::INTEGER
    FOR UPDATE SKIP LOCKED)
 UPDATE agent_peer_sub_tasks
-SET status='resolved', resolved_by='timeout', result=:p_result::JSONB, resolved_at=:p_now::FLOAT
+SET status='resolved', resolved_by='timeout', result=:p_result::JSON, resolved_at=:p_now::FLOAT
 FROM expired
 WHERE agent_peer_sub_tasks.tenant_id = :p_tenant::VARCHAR
   AND agent_peer_sub_tasks.sub_task_id = expired.sub_task_id RETURNING agent_peer_sub_tasks.sub_task_id, agent_peer_sub_tasks.logical_task_id,

@@ -15,7 +15,7 @@ Create Date: 2026-11-21
 
 from __future__ import annotations
 
-from alembic import op
+from meshpoint.store.migrations.pg_compression import set_compression
 
 revision = "0003"
 down_revision = "0002"
@@ -31,29 +31,9 @@ COLUMNS = {
 }
 
 
-def _set_compression(method: str) -> None:
-    if op.get_bind().dialect.name != "postgresql":
-        return
-    executes = "\n".join(
-        f"EXECUTE 'ALTER TABLE {table} " + ", ".join(
-            f"ALTER COLUMN {column} SET COMPRESSION {method}" for column in columns) + "';"
-        for table, columns in COLUMNS.items())
-    # EXECUTE, so that a server too old for the syntax fails at run time, inside the
-    # block, where the handler can catch it (and nothing of the block is kept).
-    op.execute(f"""
-        DO $$
-        BEGIN
-            {executes}
-        EXCEPTION WHEN feature_not_supported OR syntax_error THEN
-            RAISE NOTICE 'meshpoint: this server cannot set compression %; columns keep '
-                         'their compression', '{method}';
-        END
-        $$""")
-
-
 def upgrade() -> None:
-    _set_compression("lz4")
+    set_compression(COLUMNS, "lz4")
 
 
 def downgrade() -> None:
-    _set_compression("default")  # the server's default_toast_compression, as before
+    set_compression(COLUMNS, "default")  # the server's default_toast_compression, as before

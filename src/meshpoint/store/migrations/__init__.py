@@ -1,0 +1,1 @@
+"""Alembic migrations of the store (``versions/``), and helpers they share."""
