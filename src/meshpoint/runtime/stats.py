@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -53,10 +54,16 @@ class InstanceStats:
         return [task for event, task in self.events if event == what]
 
 
-def percentile(samples: Iterable[float], p: float) -> float | None:
-    """Nearest-rank percentile; None without samples."""
-    if not samples:
-        return None
+def percentile(samples: Iterable[float], p: int) -> float | None:
+    """The ``p``-th percentile (1-99) of ``samples``; the sample itself if there is one,
+    None if there are none.
+
+    The one definition the runtime's stats, the demo and every benchmark use: the
+    standard library's ``statistics.quantiles(..., method="inclusive")``, which
+    interpolates between the two nearest ranks (numpy's default, ``linear``)."""
     ordered = sorted(samples)
-    rank = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
-    return ordered[rank]
+    if not 1 <= p <= 99:
+        raise ValueError(f"p must be a percentile from 1 to 99, got {p!r}")
+    if len(ordered) < 2:
+        return ordered[0] if ordered else None
+    return statistics.quantiles(ordered, n=100, method="inclusive")[p - 1]

@@ -1,0 +1,143 @@
+"""The pause boundary (DESIGN §5): a turn ended with items outstanding.
+
+1. the turn ended with its items registered in the context;
+2. one transaction checkpoints the task, its items and the turn's join;
+3. only then is each item announced by its kind (a peer's request is published),
+   so no answer can arrive for an item no instance can find;
+4. then the inbound message is acknowledged; 5. then the task leaves memory.
+
+If the checkpoint fails, or the agent does not checkpoint, the task waits in
+memory instead (:mod:`meshpoint.runtime.memory`) and its message stays
+un-acknowledged. If the checkpoint is refused because the task is stored already,
+another run of it is the live one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from meshpoint.errors import (
+    CheckpointConflictError,
+    LeaseNotHeldError,
+    StoreError,
+    StoreUnavailableError,
+    UnknownTaskError,
+)
+from meshpoint.runtime.calls import CallKinds
+from meshpoint.runtime.memory import MemoryPath
+from meshpoint.runtime.stats import InstanceStats
+from meshpoint.runtime.tasks import Background, InHand, TaskRun
+from meshpoint.store.base import Store
+
+logger = logging.getLogger("meshpoint.runtime")
+
+
+class PauseBoundary:
+    """Pauses the tasks of one instance. ``cancel_stored(task_id)`` cancels a stored
+    task (for a cancel that reached the task during its boundary)."""
+
+    def __init__(self, agent_name: str, instance_id: str, checkpointing: bool, store: Store,
+                 kinds: CallKinds, memory: MemoryPath, in_hand: InHand,
+                 stats: InstanceStats, background: Background,
+                 cancel_stored: Callable[[str], Awaitable[str]]) -> None:
+        self._agent_name = agent_name
+        self._instance_id = instance_id
+        self._checkpointing = checkpointing
+        self._store = store
+        self._kinds = kinds
+        self._memory = memory
+        self._in_hand = in_hand
+        self._stats = stats
+        self._background = background
+        self._cancel_stored = cancel_stored
+
+    async def pause(self, run: TaskRun, sub_task_ids: list[str]) -> None:
+        """Pause ``run``, whose turn opened the items ``sub_task_ids``."""
+        ctx = run.ctx
+        ctx.flags["paused_at"] = time.time()
+        ctx.flags["paused_by"] = self._instance_id
+        if not self._checkpointing or not await self._checkpoint(run, sub_task_ids):
+            await self._memory.wait(run, sub_task_ids)
+
+    async def _checkpoint(self, run: TaskRun, sub_task_ids: list[str]) -> bool:
+        """Steps 2-5; False if the task must wait in memory instead."""
+        ctx = run.ctx
+        started = time.perf_counter()
+        status = self._kinds.pause_status([ctx.active_peer_sub_tasks[s] for s in sub_task_ids])
+        # Shielded so that a write still in flight when this instance is killed is
+        # counted once it commits (it commits either way: it runs in the database).
+        write = asyncio.ensure_future(self._store.checkpoint_task(
+            ctx, self._agent_name, status=status, lease_owner=run.lease_owner))
+        write.add_done_callback(self._count_checkpoint)
+        try:
+            await asyncio.shield(write)
+        except (CheckpointConflictError, LeaseNotHeldError, UnknownTaskError) as error:
+            await self._refused(run, error)
+            return True
+        except StoreError as error:
+            logger.warning("%s: checkpoint of %s failed (%s); it waits in memory",
+                           self._instance_id, ctx.task_id, error)
+            run.maybe_stored = run.lease_owner is None and isinstance(
+                error, StoreUnavailableError)
+            return False
+        self._stats.checkpoint_ms.append((time.perf_counter() - started) * 1000)
+        self._stats.note("paused", ctx.task_id)
+        for sub_task_id in sub_task_ids:
+            corr = ctx.active_peer_sub_tasks[sub_task_id]
+            try:
+                await self._kinds.announce(ctx, sub_task_id, corr)
+            except Exception as error:
+                # The checkpoint holds the item: it times out and the task goes on.
+                logger.error("%s: %s of task %s not announced (%s); it will time out",
+                             self._instance_id, sub_task_id, ctx.task_id, error)
+        if run.delivery is not None:
+            await run.delivery.ack()
+        self._in_hand.forget(run)
+        if ctx.cancellation_event.is_set():
+            # A cancel reached us during the boundary: apply it to the stored task.
+            self._background.spawn(self._cancel_after_boundary(ctx.task_id))
+        return True
+
+    async def _refused(self, run: TaskRun, error: StoreError) -> None:
+        """Another instance has this task: a redelivered request ran twice, or our
+        lease expired and was taken over. Theirs is the live copy."""
+        ctx = run.ctx
+        logger.info("%s: dropping task %s: %s", self._instance_id, ctx.task_id, error)
+        self._stats.note("dropped", ctx.task_id)
+        self._in_hand.forget(run)
+        if isinstance(error, CheckpointConflictError):
+            if run.lease_owner is not None:
+                # Refused (e.g. calls still open after a cancel): let it go.
+                with contextlib.suppress(StoreError):
+                    await self._store.release_resume_lease(ctx.task_id, run.lease_owner)
+            else:
+                # Our request was redelivered: its first run checkpointed but may have
+                # died before announcing. Announce the stored items again (a peer that
+                # has them already ignores or re-answers them).
+                await self._announce_stored(run)
+        if run.delivery is not None:
+            await run.delivery.ack()
+
+    async def _announce_stored(self, run: TaskRun) -> None:
+        try:
+            stored = await self._store.get_peer_sub_tasks_for_task(run.ctx.task_id)
+        except StoreError:
+            return  # the items still time out
+        for sub in stored:
+            if sub.status == "pending":
+                await self._kinds.announce(run.ctx, sub.sub_task_id, sub.correlation_data)
+
+    async def _cancel_after_boundary(self, task_id: str) -> None:
+        try:
+            await self._cancel_stored(task_id)
+        except StoreError as error:
+            logger.warning("%s: cancel of %s failed: %s", self._instance_id, task_id, error)
+
+    def _count_checkpoint(self, write: asyncio.Future[Any]) -> None:
+        if not write.cancelled() and write.exception() is None:
+            self._stats.counts["checkpoints"] += 1

@@ -1,0 +1,92 @@
+"""The in-memory path (seed 002): a task that waits in its instance's memory.
+
+Used when an agent does not checkpoint (``stateless_checkpointing=False``) and when
+a checkpoint fails. The outstanding items are announced with this instance's inbox
+as their reply subject, in-memory timers enforce their deadlines, and claims run
+under the context's lock, so of an answer and a timeout racing on this instance
+only the first resolves the item. When the join completes, the task goes on here.
+Its inbound message stays un-acknowledged meanwhile (the keeper extends it), so
+that a crash of this instance has it redelivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from meshpoint.runtime.calls import CallKinds
+from meshpoint.runtime.stats import InstanceStats
+from meshpoint.runtime.tasks import Background, InHand, TaskRun
+from meshpoint.store.base import TIMEOUT_RESULT
+
+logger = logging.getLogger("meshpoint.runtime")
+
+
+class MemoryPath:
+    """Tasks waiting in one instance's memory. ``go_on(run)`` continues a task whose
+    join completed (the instance wires it to the turn loop)."""
+
+    def __init__(self, in_hand: InHand, kinds: CallKinds, stats: InstanceStats,
+                 background: Background, inbox: str,
+                 go_on: Callable[[TaskRun], None]) -> None:
+        self._in_hand = in_hand
+        self._kinds = kinds
+        self._stats = stats
+        self._background = background
+        self._inbox = inbox
+        self._go_on = go_on
+
+    async def wait(self, run: TaskRun, sub_task_ids: list[str]) -> None:
+        """Keep ``run`` in memory until its items are resolved; announce them."""
+        ctx = run.ctx
+        run.waiting = True
+        self._stats.note("paused_in_memory", ctx.task_id)
+        for sub_task_id in sub_task_ids:
+            corr = ctx.active_peer_sub_tasks[sub_task_id]
+            self._in_hand.memory_subs[sub_task_id] = ctx.task_id
+            self.schedule_timeout(run, sub_task_id, corr["timeout_s"])
+            await self._kinds.announce(ctx, sub_task_id, corr, inbox=self._inbox)
+
+    def schedule_timeout(self, run: TaskRun, sub_task_id: str, timeout_s: float) -> None:
+        old = run.timers.pop(sub_task_id, None)
+        if old is not None:
+            old.cancel()
+        loop = asyncio.get_running_loop()
+        run.timers[sub_task_id] = loop.call_later(
+            timeout_s, lambda: self._background.spawn(self._timeout(run, sub_task_id)))
+
+    def progress(self, run: TaskRun, sub_task_id: str, peer_task_id: str | None) -> None:
+        """A status update for an item waited on in memory: its deadline restarts."""
+        corr = run.ctx.active_peer_sub_tasks.get(sub_task_id)
+        if corr is None:
+            return
+        if peer_task_id:
+            corr["peer_task_id"] = peer_task_id
+        self.schedule_timeout(run, sub_task_id, corr["timeout_s"])
+
+    async def _timeout(self, run: TaskRun, sub_task_id: str) -> None:
+        corr = run.ctx.active_peer_sub_tasks.get(sub_task_id)
+        if self.resolve(run, sub_task_id, dict(TIMEOUT_RESULT)) and corr:
+            self._stats.note("timeout", run.ctx.task_id)
+            await self._kinds.withdraw(sub_task_id, corr)
+
+    def resolve(self, run: TaskRun, sub_task_id: str, result: dict[str, Any]) -> bool:
+        """Claim under the context's lock, record, and go on when the join is done.
+        Returns False for a duplicate or late resolution."""
+        ctx = run.ctx
+        corr = ctx.claim_sub_task_completion(sub_task_id)
+        if corr is None:
+            self._stats.note("ignored_answer", sub_task_id)
+            return False
+        self._in_hand.memory_subs.pop(sub_task_id, None)
+        handle = run.timers.pop(sub_task_id, None)
+        if handle is not None:
+            handle.cancel()
+        completed, total = ctx.record_parallel_result(corr["invocation_id"],
+                                                      corr["function_call_id"], result)
+        if completed == total and run.waiting:
+            run.waiting = False
+            self._go_on(run)
+        return True
