@@ -8,7 +8,8 @@ call even when the first attempt succeeds (measured here: 0.8 µs for a plain ca
 write and every publish. So :func:`retried` makes the first attempt itself and
 hands over to the policy only when it fails with an error worth retrying; the
 policy's first attempt then re-raises that failure, so its waits and its count of
-attempts are exactly what it says.
+attempts are exactly what it says. (Building a policy costs 8 µs more, so it is
+built then too.)
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from tenacity import AsyncRetrying
 R = TypeVar("R")
 
 
-async def retried(attempt: Callable[[], Awaitable[R]], policy: AsyncRetrying,
+async def retried(attempt: Callable[[], Awaitable[R]], policy: Callable[[], AsyncRetrying],
                   retryable: Callable[[BaseException], bool]) -> R:
-    """``await attempt()``, retried under ``policy`` while it fails with an error
-    ``retryable`` accepts (``policy`` should retry the same errors)."""
+    """``await attempt()``, retried under the policy ``policy()`` builds while it fails
+    with an error ``retryable`` accepts (the policy should retry the same errors)."""
     try:
         return await attempt()
     except Exception as error:
@@ -39,4 +40,4 @@ async def retried(attempt: Callable[[], Awaitable[R]], policy: AsyncRetrying,
             raise failure
         return await attempt()
 
-    return await policy.copy()(again)
+    return await policy()(again)

@@ -21,7 +21,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+
 from meshpoint import a2a
+from meshpoint._retry import retried
 from meshpoint.config import MeshConfig
 from meshpoint.errors import BrokerError, StoreUnavailableError
 from meshpoint.runtime import AgentInstance, Client
@@ -75,25 +78,40 @@ async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None 
         await store.close()
 
 
+class _Stopped(Exception):
+    """A signal came while ``serve`` waited for its services (internal)."""
+
+
 async def _until_up(what: str, opener: Callable[[], Awaitable[T]], stop: asyncio.Event,
                     timeout_s: float) -> T | None:
-    """``opener()``, retried while it fails with a store or broker error; None if a
-    signal came first. The last error is raised once ``timeout_s`` has passed."""
+    """``opener()``, retried every 0.5 s, doubling up to 5 s, while it fails with a
+    store or broker error (hosts restart in any order); None if a signal came first.
+    The last error is raised once the next attempt would start past ``timeout_s``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    pause = 0.5
-    while True:
-        try:
-            return await opener()
-        except (StoreUnavailableError, BrokerError) as error:
-            if loop.time() + pause > deadline:
-                raise
-            logger.warning("cannot open %s yet (%s); retrying in %.1fs", what, error, pause)
+    unavailable = (StoreUnavailableError, BrokerError)
+
+    async def sleep(seconds: float) -> None:  # a signal ends the wait, and the retries
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), pause)
+            await asyncio.wait_for(stop.wait(), seconds)
         if stop.is_set():
-            return None
-        pause = min(5.0, pause * 2)
+            raise _Stopped
+
+    def log(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        logger.warning("cannot open %s yet (%s); retrying in %.1fs", what, error,
+                       state.upcoming_sleep)
+
+    def policy() -> AsyncRetrying:
+        return AsyncRetrying(
+            retry=retry_if_exception_type(unavailable), wait=wait_exponential(0.5, max=5.0),
+            stop=lambda state: loop.time() + state.upcoming_sleep > deadline,
+            before_sleep=log, sleep=sleep, reraise=True)
+
+    try:
+        return await retried(opener, policy, lambda error: isinstance(error, unavailable))
+    except _Stopped:
+        return None
 
 
 async def submit(config: MeshConfig, agent_name: str, text: str, *,

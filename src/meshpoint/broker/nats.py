@@ -54,7 +54,9 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
+from meshpoint._retry import retried
 from meshpoint.broker.base import (
     DEAD_LETTER_DELIVERIES,
     DEAD_LETTER_REASON,
@@ -253,22 +255,29 @@ class NatsBroker(Broker):
             raise
 
     async def _retrying(self, doing: str, attempt: Callable[[], Awaitable[None]]) -> None:
+        """``attempt()``, retried every 0.05 s, doubling up to 1 s, while NATS is not
+        reachable, until the next attempt would start past ``publish_timeout_s``; then
+        a BrokerError. A closed broker or a refusal by the server is not retried."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.publish_timeout_s
-        pause = 0.05
-        while True:
+
+        async def once() -> None:
             self._check_open()
-            try:
-                await attempt()
-                return
-            except _TRANSIENT as error:
-                if loop.time() + pause > deadline:
-                    raise BrokerError(f"NATS at {self.url}: could not {doing} within "
-                                      f"{self.publish_timeout_s:g}s ({error!r})") from None
-                await asyncio.sleep(pause)
-                pause = min(1.0, pause * 2)
-            except nats.js.errors.APIError as error:
-                raise BrokerError(f"NATS at {self.url}: could not {doing}: {error}") from None
+            await attempt()
+
+        def policy() -> AsyncRetrying:
+            return AsyncRetrying(
+                retry=retry_if_exception_type(_TRANSIENT), wait=wait_exponential(0.05, max=1.0),
+                stop=lambda state: loop.time() + state.upcoming_sleep > deadline,
+                reraise=True)
+
+        try:
+            await retried(once, policy, lambda error: isinstance(error, _TRANSIENT))
+        except _TRANSIENT as error:
+            raise BrokerError(f"NATS at {self.url}: could not {doing} within "
+                              f"{self.publish_timeout_s:g}s ({error!r})") from None
+        except nats.js.errors.APIError as error:
+            raise BrokerError(f"NATS at {self.url}: could not {doing}: {error}") from None
 
     async def subscribe(self, subject: str, queue: str, handler: Handler,
                         options: ConsumerOptions | None = None) -> Subscription:

@@ -81,10 +81,10 @@ def _deadlock_backoff(state: RetryCallState) -> float:
     return random.uniform(0, 0.002 * state.attempt_number)
 
 
-#: A transaction PostgreSQL picks as a deadlock victim is run again, up to 6 times.
-_DEADLOCK_RETRIES = AsyncRetrying(retry=retry_if_exception(is_retryable),
-                                  stop=stop_after_attempt(6), wait=_deadlock_backoff,
-                                  reraise=True)
+def _deadlock_retries() -> AsyncRetrying:
+    """A transaction PostgreSQL picks as a deadlock victim is run again, up to 6 times."""
+    return AsyncRetrying(retry=retry_if_exception(is_retryable), stop=stop_after_attempt(6),
+                         wait=_deadlock_backoff, reraise=True)
 
 
 class SqlStore(Store):
@@ -159,7 +159,7 @@ class SqlStore(Store):
         """Run ``attempt`` (a write), again if PostgreSQL picked it as a deadlock
         victim: nothing was committed then."""
         with translate(doing):
-            return await retried(attempt, _DEADLOCK_RETRIES, is_retryable)
+            return await retried(attempt, _deadlock_retries, is_retryable)
 
     async def _read(self, doing: str, body: Callable[[Connection], R], *,
                     short: bool = True) -> R:
