@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -40,6 +39,7 @@ from rich.table import Table
 
 from meshpoint import TaskExecutionContext, open_store
 from meshpoint.errors import StoreUnavailableError
+from meshpoint.runtime.stats import percentile
 from meshpoint.store import SqlStore
 
 POSTGRES_URL = os.environ.get("MESHPOINT_BENCH_POSTGRES_URL",
@@ -66,11 +66,10 @@ def context_20kb(task_id: str) -> TaskExecutionContext:
 
 
 def percentiles(samples_ms: list[float]) -> dict[str, float]:
-    ordered = sorted(samples_ms)
-    if len(ordered) == 1:  # quantiles need two points
-        return {"p50": ordered[0], "p99": ordered[0], "max": ordered[0], "runs": 1}
-    cut = statistics.quantiles(ordered, n=100, method="inclusive")
-    return {"p50": cut[49], "p99": cut[98], "max": ordered[-1], "runs": len(ordered)}
+    """p50, p99 (the runtime's one definition, meshpoint.runtime.stats.percentile),
+    max and the number of runs."""
+    return {"p50": percentile(samples_ms, 50) or 0.0, "p99": percentile(samples_ms, 99) or 0.0,
+            "max": max(samples_ms), "runs": len(samples_ms)}
 
 
 async def timed(samples: list[float], call: Callable[[], Awaitable[Any]],
