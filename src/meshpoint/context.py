@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from meshpoint._json import json_copy
 from meshpoint.errors import InvalidArgumentError
@@ -37,6 +37,68 @@ CORRELATION_KEYS = ("invocation_id", "function_call_id", "peer_agent_name", "pee
                     "timeout_s")
 
 _TOKEN_FIELDS = ("prompt_tokens", "completion_tokens", "cached_tokens")
+
+
+class TokenUsageDict(TypedDict):
+    """:class:`TokenUsage` in a checkpoint. Each count is a dict of ``prompt_tokens``,
+    ``completion_tokens`` and ``cached_tokens``."""
+
+    totals: dict[str, int]
+    """The task's tokens in all."""
+    by_model: dict[str, dict[str, int]]
+    """The same, by the model that spent them."""
+    by_source: dict[str, dict[str, int]]
+    """The same, by what spent them: the agent itself, or a peer (its tokens come back
+    with its answer)."""
+
+
+class ParallelCallsDict(TypedDict):
+    """:class:`ParallelCalls` in a checkpoint."""
+
+    call_order: list[str]
+    """The turn's function-call ids, in the order the model issued them."""
+    results: dict[str, Any]
+    """Function-call id -> the result of each call finished so far (any JSON value)."""
+
+
+class CheckpointDict(TypedDict):
+    """What a checkpoint persists of a task (:meth:`TaskExecutionContext.to_checkpoint_dict`),
+    field by field. Every value is JSON; the dict shares no object with the context."""
+
+    format: int
+    """The layout's version, :data:`CHECKPOINT_FORMAT`."""
+    task_id: str
+    """The logical task id, unique per tenant: the primary key of a paused task."""
+    a2a_context: dict[str, Any]
+    """The A2A addressing of the task: its request id, the subjects to answer and
+    report progress to, the context id, its caller."""
+    current_invocation_id: str | None
+    """The turn that paused: its calls are the join the task waits on."""
+    response_buffer: str
+    """Text the agent produced in earlier turns, to prefix its answer with."""
+    produced_artifacts: list[dict[str, Any]]
+    """A2A artifacts produced so far (the task's own, and its peers')."""
+    artifact_signals_to_return: list[dict[str, Any]]
+    """References to artifacts to include in the answer."""
+    flags: dict[str, Any]
+    """The agent's flags (meshpoint keeps ``model_calls``, ``paused_at`` and
+    ``paused_by`` here)."""
+    security_context: dict[str, Any]
+    """The platform's trust token, propagated to peers (seed 000 §8.4)."""
+    token_usage: TokenUsageDict
+    """The task's token usage."""
+    active_peer_sub_tasks: dict[str, dict[str, Any]]
+    """Sub-task id -> the correlation data of every item still outstanding (a peer
+    call: its peer, query, reply subjects, ``invocation_id``, ``function_call_id``,
+    ``timeout_s``)."""
+    parallel_tool_calls: dict[str, ParallelCallsDict]
+    """Invocation id -> the calls of that turn."""
+    session_events: list[dict[str, Any]]
+    """The conversation (:meth:`TaskExecutionContext.checkpoint_delta`: only the
+    events not yet stored)."""
+    session_events_persisted: int
+    """How many events of the conversation are stored: a checkpoint appends those
+    past this index."""
 
 
 def _zero_counts() -> dict[str, int]:
@@ -68,7 +130,7 @@ class TokenUsage:
             for name, amount in amounts.items():
                 counts[name] = counts.get(name, 0) + amount
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TokenUsageDict:
         """A deep copy in the checkpoint layout."""
         return {"totals": dict(self.totals),
                 "by_model": {k: dict(v) for k, v in self.by_model.items()},
@@ -108,7 +170,7 @@ class ParallelCalls:
         """``(function_call_id, result)`` pairs in call order, finished calls only."""
         return [(call, self.results[call]) for call in self.call_order if call in self.results]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ParallelCallsDict:
         return {"call_order": list(self.call_order), "results": json_copy(self.results)}
 
     @classmethod
@@ -265,7 +327,7 @@ class TaskExecutionContext:
 
     # -- checkpointing --------------------------------------------------------------
 
-    def to_checkpoint_dict(self) -> dict[str, Any]:
+    def to_checkpoint_dict(self) -> CheckpointDict:
         """A deep, JSON-only copy of everything a checkpoint persists.
 
         Taken under the lock so a concurrent register or claim is either wholly in
@@ -274,7 +336,7 @@ class TaskExecutionContext:
         """
         return self._snapshot(new_events_only=False)
 
-    def checkpoint_delta(self) -> dict[str, Any]:
+    def checkpoint_delta(self) -> CheckpointDict:
         """What a checkpoint writes: :meth:`to_checkpoint_dict`, except that
         ``session_events`` holds only the events past ``session_events_persisted``.
 
@@ -285,7 +347,7 @@ class TaskExecutionContext:
         """
         return self._snapshot(new_events_only=True)
 
-    def _snapshot(self, *, new_events_only: bool) -> dict[str, Any]:
+    def _snapshot(self, *, new_events_only: bool) -> CheckpointDict:
         with self.lock:
             events = self.session_events
             persisted = self.session_events_persisted
@@ -296,7 +358,7 @@ class TaskExecutionContext:
                         f"{len(events)} events: the conversation may only grow between "
                         "checkpoints")
                 events = events[persisted:]
-            raw = {
+            raw: CheckpointDict = {
                 "format": CHECKPOINT_FORMAT,
                 "task_id": self.task_id,
                 "a2a_context": self.a2a_context,
@@ -316,7 +378,7 @@ class TaskExecutionContext:
             return json_copy(raw, "context")  # type: ignore[no-any-return]
 
     @classmethod
-    def from_checkpoint_dict(cls, data: dict[str, Any]) -> TaskExecutionContext:
+    def from_checkpoint_dict(cls, data: CheckpointDict | dict[str, Any]) -> TaskExecutionContext:
         """Rebuild a context from :meth:`to_checkpoint_dict` output.
 
         The new context has a fresh lock and cancellation event, no event loop and
@@ -332,7 +394,7 @@ class TaskExecutionContext:
         return cls._from_owned_dict(json_copy(data, "checkpoint"))
 
     @classmethod
-    def _from_owned_dict(cls, data: dict[str, Any]) -> TaskExecutionContext:
+    def _from_owned_dict(cls, data: CheckpointDict | dict[str, Any]) -> TaskExecutionContext:
         """:meth:`from_checkpoint_dict` for a dict of JSON types that nobody else holds
         (the store's, just decoded from its rows): adopted as it is, not copied."""
         ctx = cls(_expect(data.get("task_id"), str, "task_id"),

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from meshpoint import _json
-from meshpoint.context import ParallelCalls, TaskExecutionContext
+from meshpoint.context import CheckpointDict, ParallelCalls, TaskExecutionContext
 from meshpoint.errors import (
     CorruptCheckpointError,
     InvalidArgumentError,
@@ -114,7 +114,7 @@ def check_ttl(ttl_s: Any) -> None:
         raise InvalidArgumentError(f"ttl_s must be a finite number > 0, got {ttl_s!r}")
 
 
-def plan_join(doc: dict[str, Any], status: str, default_timeout_s: float
+def plan_join(doc: CheckpointDict, status: str, default_timeout_s: float
               ) -> tuple[list[tuple[str, dict[str, Any], float]], dict[str, ParallelCalls]]:
     """Check that a checkpoint describes one join that can complete, and return
     ``(pending sub-tasks with their timeouts, invocations)``.
