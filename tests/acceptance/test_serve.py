@@ -19,6 +19,7 @@ from meshpoint.broker.nats import NatsBroker
 from meshpoint.runtime import Client
 from tests.cluster import Cluster, mesh_config
 from tests.conftest import pg_execute_async
+from tests.integration.mesh import eventually
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(300)]
 
@@ -94,13 +95,12 @@ async def test_sigterm_lets_the_work_in_hand_finish(
 
 async def held_by_flights(broker: NatsBroker, namespace: str, count: int) -> None:
     """Wait until the flights queue has ``count`` deliveries in hand, un-acked."""
-    for _ in range(300):
+    async def holding() -> bool:
         info = await broker.js.consumer_info(broker.stream_name(namespace),
                                              f"{namespace}-flights-requests")
-        if info.num_ack_pending == count:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"flights never held {count} requests")
+        return info.num_ack_pending == count
+
+    await eventually(holding, timeout_s=15, what=f"flights holding {count} requests")
 
 
 async def test_submit_and_serve_explain_what_is_wrong(

@@ -99,8 +99,10 @@ class Mesh:
 
 
 async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout_s: float = 10.0,
-                     what: str = "the condition") -> None:
-    """Wait until ``check()`` is true; fail the test with ``what`` after ``timeout_s``."""
+                     what: str = "the condition", interval_s: float = 0.02) -> None:
+    """Wait until ``check()`` is true, looking every ``interval_s``; fail the test
+    with ``what`` after ``timeout_s``. The way tests wait: on a condition, never on
+    a sleep that hopes it holds by then."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = check()
@@ -110,7 +112,7 @@ async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout_s: flo
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(interval_s)
 
 
 class ManualPeer:

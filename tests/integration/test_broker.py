@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
 from meshpoint.broker import Broker, ConsumerOptions, Delivery, InProcessBroker
 from meshpoint.broker.base import DEAD_LETTER_DELIVERIES, DEAD_LETTER_REASON, DEAD_LETTER_SUBJECT
 from meshpoint.errors import BrokerClosedError, InvalidArgumentError
+from tests.integration.mesh import eventually
 
 FAST = ConsumerOptions(ack_wait_s=0.2, max_deliver=3)
 
@@ -45,14 +46,6 @@ async def broker(request: pytest.FixtureRequest, ns: str) -> AsyncIterator[Broke
         cleanup = await NatsBroker.connect(url)
         await cleanup.delete_namespace(ns)
         await cleanup.close()
-
-
-async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
 
 
 class Recorder:
@@ -89,7 +82,7 @@ async def test_a_queue_delivers_each_message_to_exactly_one_member(broker: Broke
     for data in sent:
         await broker.publish(f"{ns}.req.coordinator", data)
     await eventually(lambda: sum(len(m.seen) for m in members) >= 300)
-    await asyncio.sleep(0.3)  # past ack_wait: nothing acked may come back
+    await asyncio.sleep(0.3)  # a window past ack_wait: nothing acked may come back
     got = Counter(p for m in members for p in m.payloads)
     assert got == Counter(sent)
     assert sum(1 for m in members if m.seen) >= 2  # the work is shared
@@ -104,8 +97,11 @@ async def test_each_queue_gets_its_own_copy_and_filters_match_like_nats(
     await broker.publish(f"{ns}.response.coordinator.s1", b"1")
     await broker.publish(f"{ns}.response.researcher.s1", b"2")
     await broker.publish(f"{ns}.response.coordinator.s1.extra", b"3")
-    await eventually(lambda: len(tail.seen) == 3)
-    await asyncio.sleep(0.05)
+    # A last message every queue takes: once each has it, each had all before it.
+    await broker.publish(f"{ns}.response.coordinator.s1", b"end")
+    await eventually(lambda: all(r.payloads[-1:] == [b"end"] for r in (exact, star, tail)))
+    for recorder in (exact, star, tail):
+        recorder.seen.pop()
     assert exact.payloads == [b"1"]
     assert sorted(star.payloads) == [b"1", b"2"]
     assert sorted(tail.payloads) == [b"1", b"2", b"3"]
@@ -135,7 +131,7 @@ async def test_nak_redelivers_after_its_delay(broker: Broker, ns: str) -> None:
     await broker.publish(f"{ns}.a", b"x")
     await eventually(lambda: len(seen) == 2)
     assert seen[1][1] - seen[0][1] >= 0.14
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # a window: the acked message must not come back
     assert len(seen) == 2
 
 
@@ -151,7 +147,7 @@ async def test_term_dead_letters_with_its_reason_and_never_redelivers(
     await broker.subscribe(f"{ns}.deadletter.q", "dlq-reader", dead_letters)
     await broker.publish(f"{ns}.a", b"garbage", {"trace": "t-1"})
     await eventually(lambda: len(dead) == 1)
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # a window past ack_wait: the terminated one stays gone
     assert len(poison.seen) == 1
     assert dead[0].data == b"garbage"
     assert dead[0].headers[DEAD_LETTER_SUBJECT] == f"{ns}.a"
@@ -218,7 +214,7 @@ async def test_settling_twice_and_late_settlements_are_harmless(broker: Broker, 
     await broker.publish(f"{ns}.a", b"x")
     await eventually(lambda: len(deliveries) == 2)
     await deliveries[0].ack()  # its ack wait expired: too late, already redelivered
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # a window past ack_wait: the acked redelivery stays gone
     assert len(deliveries) == 2
 
 
@@ -273,8 +269,8 @@ async def test_in_progress_restarts_the_ack_wait(broker: Broker, ns: str) -> Non
         await asyncio.sleep(0.1)
         await held[0].in_progress()
     assert len(held) == 1
-    await asyncio.sleep(0.35)  # no more progress: redelivered
-    assert len(held) == 2 and held[1].delivery_count == 2
+    await eventually(lambda: len(held) == 2)  # no more progress: redelivered
+    assert held[1].delivery_count == 2
     await held[1].ack()
 
 
@@ -299,7 +295,7 @@ async def test_an_ephemeral_queue_goes_away_with_its_last_member(broker: Broker,
     third = await broker.subscribe(f"{ns}.inbox.a", "inbox-b", take, options)
     await broker.publish(f"{ns}.inbox.a", b"4")
     await eventually(lambda: got[-1] == b"4")
-    await asyncio.sleep(0.2)
+    # A queue delivers in order: a "3" it took would have come before the "4".
     assert got == [b"1", b"2", b"4"]  # an ephemeral queue starts at new messages
     await third.stop()
 
@@ -326,9 +322,9 @@ async def test_a_repeated_msg_id_is_stored_once(broker: Broker, ns: str) -> None
     await broker.publish(f"{ns}.answers", b"other", msg_id="answer.t2")
     await broker.publish(f"{ns}.answers", b"plain")
     await broker.publish(f"{ns}.answers", b"plain")  # no msg_id: never deduplicated
-    await eventually(lambda: len(got.seen) == 4)
-    await asyncio.sleep(0.2)
-    assert sorted(got.payloads) == [b"first", b"other", b"plain", b"plain"]
+    await broker.publish(f"{ns}.answers", b"end")  # every message before it has come
+    await eventually(lambda: got.payloads[-1:] == [b"end"])
+    assert sorted(got.payloads[:-1]) == [b"first", b"other", b"plain", b"plain"]
     with pytest.raises(InvalidArgumentError, match="msg_id"):
         await broker.publish(f"{ns}.answers", b"x", msg_id="")
 
@@ -349,9 +345,9 @@ async def test_drain_lets_the_handlers_in_hand_finish_and_takes_nothing_new(
     await broker.publish(f"{ns}.jobs", b"in hand")
     await eventually(lambda: len(started.seen) == 1)
     draining = asyncio.create_task(member.drain(timeout_s=5))
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # the drain begins: the member stops taking messages
     await broker.publish(f"{ns}.jobs", b"after the drain began")
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # a window: the member takes nothing new while it drains
     assert not draining.done() and len(started.seen) == 1
     release.set()
     await draining
@@ -359,5 +355,5 @@ async def test_drain_lets_the_handlers_in_hand_finish_and_takes_nothing_new(
     later = Recorder()
     await broker.subscribe(f"{ns}.jobs", "workers", later)
     await eventually(lambda: later.payloads == [b"after the drain began"])
-    await asyncio.sleep(1.2)  # past the ack wait: the finished one never comes back
+    await asyncio.sleep(1.2)  # a window past the ack wait: the finished one stays gone
     assert later.payloads == [b"after the drain began"]

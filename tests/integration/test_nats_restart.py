@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+import nats.js.errors
 import pytest
 
 from meshpoint.broker import ConsumerOptions, Delivery
 from meshpoint.broker.nats import NatsBroker
+from tests.integration.mesh import eventually
 from tests.nats_server import PrivateNats
 
 pytestmark = pytest.mark.nats
@@ -37,22 +39,18 @@ async def test_a_restart_loses_nothing(private_nats: PrivateNats) -> None:
         before = [f"before-{n}".encode() for n in range(50)]
         for data in before:
             await broker.publish("ns.jobs", data)
-        for _ in range(200):
-            if len(seen) == 50 and held:
-                break
-            await asyncio.sleep(0.02)
+        await eventually(lambda: len(seen) == 50 and bool(held),
+                         what="the first 50 and the held one")
         private_nats.stop()
         during = [f"during-{n}".encode() for n in range(20)]
         publishing = asyncio.gather(*(broker.publish("ns.jobs", d) for d in during))
-        await asyncio.sleep(1.0)
-        assert not publishing.done()  # waiting for the server, not failing
+        await asyncio.sleep(1.0)  # a window: the publishes wait for the server, not fail
+        assert not publishing.done()
         private_nats.start()
         await asyncio.wait_for(publishing, 30)
         expected = Counter([*before, *during, b"held"])
-        for _ in range(1000):
-            if set(seen) >= set(expected):
-                break
-            await asyncio.sleep(0.02)
+        await eventually(lambda: set(seen) >= set(expected), timeout_s=20,
+                         what="every message, the held one again included")
         assert set(seen) == set(expected)  # nothing lost, the held message came back
         assert Counter(seen)[b"held"] >= 1
     finally:
@@ -83,17 +81,23 @@ async def test_a_queue_deleted_on_the_server_is_re_created(private_nats: Private
             await broker.subscribe(f"ns.{queue}", queue, take,
                                    ConsumerOptions(ephemeral=ephemeral))
             await broker.publish(f"ns.{queue}", b"before")
-            for _ in range(200):
-                if seen and seen[-1] == b"before":
-                    break
-                await asyncio.sleep(0.02)
+            await eventually(lambda: seen[-1:] == [b"before"], what="the first message")
             await broker.js.delete_consumer(broker.stream_name("ns"), queue)
-            await asyncio.sleep(1.0)
-            await broker.publish(f"ns.{queue}", f"after-{queue}".encode())
-            for _ in range(500):
-                if seen[-1] == f"after-{queue}".encode():
-                    break
-                await asyncio.sleep(0.02)
-            assert seen[-2:] == [b"before", f"after-{queue}".encode()]
+
+            async def re_created(queue: str = queue) -> bool:
+                try:
+                    await broker.js.consumer_info(broker.stream_name("ns"), queue)
+                except nats.js.errors.NotFoundError:
+                    return False
+                return True
+
+            # The member finds its queue gone and creates it again, from new messages
+            # on: what is published from then on reaches it.
+            await eventually(re_created, what=f"queue {queue} re-created")
+            after = f"after-{queue}".encode()
+            await broker.publish(f"ns.{queue}", after)
+            await eventually(lambda after=after: seen[-1:] == [after],  # type: ignore[misc]
+                             what="the message after the re-creation")
+            assert seen[-2:] == [b"before", after]
     finally:
         await broker.close()

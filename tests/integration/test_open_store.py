@@ -20,6 +20,7 @@ from meshpoint.errors import (
 )
 from meshpoint.store import SqlStore, open_store
 from meshpoint.store.sqlite import WAL_RESTART_FRAMES, SqliteDatabase, WalCheckpointer
+from tests.integration.mesh import eventually
 
 
 @pytest.mark.parametrize(("url", "match"), [
@@ -108,7 +109,7 @@ async def test_writes_wait_while_the_checkpointer_holds_the_gate(tmp_path: Path)
         with gate.closed(timeout_s=1) as idle:
             assert idle
             held = asyncio.ensure_future(store.checkpoint_task(_paused("gate-1"), "agent"))
-            await asyncio.sleep(0.3)
+            await eventually(lambda: gate.held == 1, what="the write held at the gate")
             assert not held.done()
             assert (await store.stats()).total_paused == 1  # a read passes
         await asyncio.wait_for(held, 5)
@@ -153,16 +154,21 @@ async def test_a_reader_pinning_the_log_does_not_hold_writes_back(
             reader.execute("SELECT count(*) FROM agent_paused_tasks").fetchone()
             for n in range(1, 400):  # ~28 MB of log, past the 16 MB threshold
                 await store.checkpoint_task(_paused(f"pinned-{n}", messages=20), "agent")
-            await asyncio.sleep(0.8)  # three checkpointer passes, the log past it
+            passes = checkpointer.passes
+            await eventually(lambda: checkpointer.passes >= passes + 3,
+                             what="three checkpointer passes with the log past it")
             assert closings == 0 and checkpointer.restarts == 0
         finally:
             reader.close()
-        for n in range(400, 2000):
-            await store.checkpoint_task(_paused(f"pinned-{n}", messages=20), "agent")
-            if checkpointer.restarts:
-                break
-            await asyncio.sleep(0.001)
-        assert checkpointer.restarts >= 1 and closings >= 1
+        more = iter(range(400, 2000))
+
+        async def restarted() -> bool:  # writing on until the log is started over
+            await store.checkpoint_task(_paused(f"pinned-{next(more)}", messages=20), "agent")
+            return checkpointer.restarts >= 1
+
+        await eventually(restarted, timeout_s=30, interval_s=0.001,
+                         what="a RESTART once the reader is gone")
+        assert closings >= 1
 
 
 @pytest.mark.postgres

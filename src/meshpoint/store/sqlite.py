@@ -205,6 +205,8 @@ class WriteGate:
         self._cond = threading.Condition(threading.Lock())
         self._writers = 0  # write transactions of this process under way
         self._closed = False
+        #: Write transactions waiting for the gate to open (for tests and stats).
+        self.held = 0
 
     def try_enter(self) -> bool:
         """Count a write transaction in if the gate is open; never waits."""
@@ -225,7 +227,11 @@ class WriteGate:
     def writer(self) -> Iterator[None]:
         """Hold a write transaction while the gate is closed, then count it in."""
         with self._cond:
-            self._cond.wait_for(lambda: not self._closed)
+            self.held += 1
+            try:
+                self._cond.wait_for(lambda: not self._closed)
+            finally:
+                self.held -= 1
             self._writers += 1
         try:
             yield
@@ -280,6 +286,7 @@ class WalCheckpointer:
         self._interval_s = interval_s
         self._restart_frames = restart_frames
         self._stop = threading.Event()
+        self.passes = 0  # passes made, whatever they did (for tests and stats)
         self.restarts = 0  # RESTART checkpoints that completed (for tests and stats)
         self.gate = WriteGate()  # passed by the write transactions of this process
         self._thread = threading.Thread(target=self._run, name="meshpoint-wal-checkpoint",
@@ -295,19 +302,22 @@ class WalCheckpointer:
         try:
             while not self._stop.wait(self._interval_s):
                 with contextlib.suppress(sqlite3.Error):  # busy or locked: next time
-                    _busy, frames, copied = conn.execute(
-                        "PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                    # Frames left uncopied mean a reader still uses them: a RESTART
-                    # would wait for it with writers held back, so not this pass.
-                    if frames >= self._restart_frames and copied == frames:
-                        with self.gate.closed(timeout_s=0.1) as idle:
-                            if not idle:
-                                continue
-                            busy, _frames, _copied = conn.execute(
-                                "PRAGMA wal_checkpoint(RESTART)").fetchone()
-                        self.restarts += not busy
+                    self._pass(conn)
+                self.passes += 1
         finally:
             conn.close()
+
+    def _pass(self, conn: sqlite3.Connection) -> None:
+        _busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        # Frames left uncopied mean a reader still uses them: a RESTART would wait for
+        # it with writers held back, so not this pass.
+        if frames >= self._restart_frames and copied == frames:
+            with self.gate.closed(timeout_s=0.1) as idle:
+                if not idle:
+                    return
+                busy, _frames, _copied = conn.execute(
+                    "PRAGMA wal_checkpoint(RESTART)").fetchone()
+            self.restarts += not busy
 
     def stop(self) -> None:
         self._stop.set()
