@@ -30,12 +30,14 @@ lint: $(STAMP)
 sql: $(STAMP)
 	$(BIN)/python -m meshpoint.store.render
 
-## bench: meshpoint beside LangGraph's savers, claim throughput, RSS (BENCH_MODE=quick,
-## about 3 minutes); BENCH_MODE=full adds the store and scale-out benchmarks and 100k tasks
+## bench: meshpoint beside LangGraph's savers, claim throughput, each PostgreSQL fast path
+## beside its portable body, RSS (BENCH_MODE=quick, about 3 minutes); BENCH_MODE=full adds
+## the store and scale-out benchmarks and 100k tasks
 BENCH_MODE ?= quick
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_compare.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_claims.py --mode $(BENCH_MODE)
+	$(BIN)/python benchmarks/bench_hooks.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_runtime.py $(if $(filter full,$(BENCH_MODE)),--paused 30000,--tasks 100)
 	if [ "$(BENCH_MODE)" = full ]; then \
 	  $(BIN)/python benchmarks/bench_store.py && $(BIN)/python benchmarks/bench_scaleout.py; fi

@@ -21,10 +21,8 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from meshpoint.store import queries as q
 from meshpoint.store.records import Resolution
 from meshpoint.store.rows import RestoreRows
-from meshpoint.store.statement import Statement
 
 
 class Portable(enum.Enum):
@@ -62,10 +60,6 @@ class FastPaths:
         :class:`Resolution`, ``None`` if it was already resolved; raise
         UnknownSubTaskError for an unknown one."""
         return PORTABLE
-
-    #: The statement of a sweep, run inside the sweep's transaction with the
-    #: parameters of :data:`meshpoint.store.queries.SWEEP_EXPIRED`.
-    sweep_expired: Statement = q.SWEEP_EXPIRED
 
     async def restore(self, params: dict[str, Any]) -> RestoreRows | Portable:
         """Read a task's row and its children as of one moment."""

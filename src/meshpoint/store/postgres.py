@@ -30,7 +30,6 @@ from sqlalchemy import (
     Float,
     Integer,
     String,
-    any_,
     bindparam,
     cast,
     column,
@@ -177,30 +176,6 @@ RESOLVE_ONE = Statement(
     "pg_resolve_one", "Resolves one sub-task in one statement: resolve_pending, "
     "advance_invocation and, if that completes the join, mark_resuming.",
     _resolve_one(), dialects=ONLY)
-#: The picked rows' physical addresses (``ctid``) in one array computed once, which
-#: PostgreSQL reads with a TID scan whatever its estimates. The portable sweep joins
-#: the picked rows back by key, which PostgreSQL without statistics ran as a scan of
-#: all the tenant's sub-tasks, compared with every picked row. A picked row that
-#: another transaction changed after this statement began (a claim, a deadline reset)
-#: is locked in its new version, which the UPDATE's snapshot does not see: it is left
-#: as it is, and a sweep may return fewer rows than it picked. Nothing is lost: the
-#: row is still open, and the next sweep finds it if it is still due.
-SWEEP_EXPIRED = Statement(
-    "pg_sweep_expired", "Resolves up to p_limit of an agent's expired open sub-tasks "
-    "with the timeout result, as sweep_expired does, picking them by ctid.",
-    update(S)
-    .where(literal_column("ctid") == any_(func.array(
-        select(literal_column("ctid"))
-        .where(S.c.tenant_id == q.tenant, S.c.agent_name == q.agent, q.OPEN,
-               S.c.timeout_deadline <= q.now)
-        .order_by(S.c.timeout_deadline, S.c.sub_task_id)
-        .limit(q.limit)
-        .with_for_update(skip_locked=True)
-        .scalar_subquery())))
-    .values(status="resolved", resolved_by="timeout", result=q.result, resolved_at=q.now)
-    .returning(*q.SUB_COLUMNS), dialects=ONLY, row=SubTaskRow)
-
-
 def _restore() -> Any:
     """A paused task's row with its children as JSON arrays of arrays (``[seq, data]``
     per event row, ``[invocation_id, call_order, results]`` per invocation, a
@@ -235,7 +210,6 @@ class PostgresFastPaths(FastPaths):
     """PostgreSQL's hooks (see :mod:`meshpoint.store.hooks`)."""
 
     name = "postgresql"
-    sweep_expired = SWEEP_EXPIRED
 
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db

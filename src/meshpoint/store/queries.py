@@ -29,6 +29,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    tuple_,
     update,
 )
 
@@ -224,9 +225,12 @@ QUARANTINE = Statement(
 #: sweeper (or a resolver) holds. The pick is a MATERIALIZED CTE, evaluated once: as
 #: an ``IN (subquery)`` PostgreSQL may re-run it and, with tied deadlines, update more
 #: than ``p_limit`` rows. The rows picked are locked (or the transaction holds the
-#: write lock), so they are still open: the UPDATE finds them by primary key alone.
+#: write lock), so they are still open: the UPDATE takes them by their whole primary
+#: key from the pick, and tests no tenant of its own: given ``tenant_id = :p_tenant``
+#: as well, PostgreSQL without statistics scanned the tenant's rows by that prefix of
+#: the key and compared each with every picked row.
 _PICK_EXPIRED = (
-    select(S.c.sub_task_id)
+    select(S.c.tenant_id, S.c.sub_task_id)
     .where(S.c.tenant_id == tenant, S.c.agent_name == agent, OPEN,
            S.c.timeout_deadline <= now)
     .order_by(S.c.timeout_deadline, S.c.sub_task_id)
@@ -238,7 +242,8 @@ SWEEP_EXPIRED = Statement(
     "sweep_expired", "Resolves up to p_limit of an agent's open sub-tasks whose deadline "
     "passed with the timeout result.",
     update(S)
-    .where(S.c.tenant_id == tenant, S.c.sub_task_id == _PICK_EXPIRED.c.sub_task_id)
+    .where(tuple_(S.c.tenant_id, S.c.sub_task_id).in_(
+        select(_PICK_EXPIRED.c.tenant_id, _PICK_EXPIRED.c.sub_task_id)))
     .values(status="resolved", resolved_by="timeout", result=result, resolved_at=now)
     .returning(*SUB_COLUMNS), row=SubTaskRow)
 _TIMEOUT = bindparam("p_timeout", type_=Float)

@@ -358,7 +358,7 @@ class SqlStore(Store):
         self._check_lease(lease_owner, lease_ttl_s)
 
         def body(conn: Connection) -> list[Resolution]:
-            rows = self._fast.sweep_expired.rows(conn, self._keys(
+            rows = q.SWEEP_EXPIRED.rows(conn, self._keys(
                 p_agent=agent_name, p_now=self._clock(), p_limit=limit,
                 p_result=TIMEOUT_RESULT))
             return self._advance(conn, [sub_task(row) for row in rows], lease_owner,

@@ -1,6 +1,7 @@
 -- Resolves up to p_limit of an agent's open sub-tasks whose deadline passed with the timeout result.
 WITH expired AS MATERIALIZED
-  (SELECT agent_peer_sub_tasks.sub_task_id AS sub_task_id
+  (SELECT agent_peer_sub_tasks.tenant_id AS tenant_id,
+     agent_peer_sub_tasks.sub_task_id AS sub_task_id
    FROM agent_peer_sub_tasks
    WHERE agent_peer_sub_tasks.tenant_id = :p_tenant
      AND agent_peer_sub_tasks.agent_name = :p_agent
@@ -11,7 +12,7 @@ WITH expired AS MATERIALIZED
    OFFSET 0)
 UPDATE agent_peer_sub_tasks
 SET status='resolved', resolved_by='timeout', result=:p_result, resolved_at=:p_now
-FROM expired
-WHERE agent_peer_sub_tasks.tenant_id = :p_tenant
-  AND agent_peer_sub_tasks.sub_task_id = expired.sub_task_id RETURNING sub_task_id, logical_task_id, agent_name, invocation_id, function_call_id, peer_agent_name,
+WHERE (agent_peer_sub_tasks.tenant_id, agent_peer_sub_tasks.sub_task_id) IN
+    (SELECT expired.tenant_id, expired.sub_task_id
+     FROM expired) RETURNING sub_task_id, logical_task_id, agent_name, invocation_id, function_call_id, peer_agent_name,
   peer_task_id, correlation_data, timeout_deadline, status, resolved_by, result;
