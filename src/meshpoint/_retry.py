@@ -2,14 +2,13 @@
 
 Every retry loop of meshpoint (a deadlock victim's transaction, a store operation
 during a database outage, a publish while NATS restarts, ``serve`` waiting for its
-services) is a tenacity policy. tenacity's asyncio machinery costs about 50 µs per
-call even when the first attempt succeeds (measured here: 0.8 µs for a plain call,
-51 µs through ``AsyncRetrying``): a quarter of a SQLite checkpoint, paid on every
-write and every publish. So :func:`retried` makes the first attempt itself and
-hands over to the policy only when it fails with an error worth retrying; the
-policy's first attempt then re-raises that failure, so its waits and its count of
-attempts are exactly what it says. (Building a policy costs 8 µs more, so it is
-built then too.)
+services) is a tenacity policy. tenacity's asyncio machinery costs as much as a
+quarter of a SQLite checkpoint per call, even when the first attempt succeeds
+(docs/store.md), and would be paid on every write and every publish. So
+:func:`retried` makes the first attempt itself and builds the policy and hands over
+to it only when that attempt fails with an error worth retrying; the policy's first
+attempt then re-raises that failure, so its waits and its count of attempts are
+exactly what it says.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ Children are written with their task and deleted with it in one transaction
 (``cleanup_task``), which the race test proves leaves no row behind. A foreign
 key would add an index probe per child row, and PostgreSQL caches the plan of
 that probe per connection: planned while the parent table was still empty, it
-scans the table, and on a fresh database a checkpoint's median grew from 3.1 to
-6.9 ms over its first 2,000 checkpoints.
+scans the table, and on a fresh database every checkpoint slowed as the table grew
+(docs/store.md, *Performance*).
 """
 
 from __future__ import annotations

@@ -2,11 +2,10 @@
 write-ahead log is kept short.
 
 SQLite runs on the standard library's sqlite3 driver. The whole transaction runs
-on a worker thread: one thread hop per operation. (aiosqlite hops threads for every
-cursor call, several per statement; measured here, a one-statement transaction
-cost 1.15 ms through it, most of the SQLite budget.) A short transaction runs on
-the caller's thread instead when the lock it needs is free (see
-:class:`SqliteDatabase`).
+on a worker thread: one thread hop per operation, where aiosqlite hops threads for
+every cursor call. A short transaction runs on the caller's thread instead when
+the lock it needs is free (see :class:`SqliteDatabase`). What each of these choices
+measured is in docs/store.md, *Performance*.
 
 SQLite must also be correct across processes on one host. Each connection uses
 WAL (readers never block the writer), a busy timeout (a writer waits for the lock
@@ -97,8 +96,8 @@ class SqliteDatabase(Database):
     """SQLite through sqlite3; each transaction runs whole on a worker thread, or,
     if it is short and nobody holds the lock it needs, on the caller's thread.
 
-    The hop to a worker thread and back cost 0.06-0.18 ms and most of the jitter of
-    a checkpoint that takes 0.2 ms of SQLite's time. So a ``short`` transaction of a
+    The hop to a worker thread and back costs about what SQLite's own work on a
+    checkpoint does, and most of its jitter. So a ``short`` transaction of a
     file database first tries an *inline* connection whose busy timeout is zero:
     if the write lock (or that connection) is taken, SQLite says so at once and the
     transaction runs on a worker thread instead, where it waits for the lock as
@@ -122,7 +121,7 @@ class SqliteDatabase(Database):
         self._wal_checkpointer = wal_checkpointer
         self._inline = inline
         # The inline connection stays checked out: a pool checkout, a Connection and
-        # a pool return per transaction cost 20 µs of an empty transaction's 31.
+        # a pool return per transaction were most of an empty transaction's time.
         # The lock says whether a thread is using it (never waited for).
         self._inline_conn: Connection | None = None
         self._inline_busy = threading.Lock()
@@ -191,10 +190,10 @@ class WriteGate:
 
     A RESTART must find no writer at all. Back-to-back writes of one process leave
     it gaps of microseconds between a commit and the next BEGIN, which SQLite's busy
-    handler, polling every few milliseconds, rarely hits: on a loaded CI machine
-    3,000 checkpoints in a row let one RESTART in and the log grew to 98 MB. So the
-    checkpointer *closes* the gate: write transactions not yet begun wait for it to
-    open again (the inline path hands them to a worker thread, which waits here),
+    handler, polling every few milliseconds, rarely hits, and the log grew without
+    bound on a loaded machine. So the checkpointer *closes* the gate: write
+    transactions not yet begun wait for it to open again (the inline path hands
+    them to a worker thread, which waits here),
     those already running finish, and the RESTART then competes only with other
     processes' writers. Each of those holds SQLite's lock for one transaction, and
     once the RESTART has the lock their busy timeouts queue them behind it.
@@ -259,8 +258,8 @@ class WalCheckpointer:
     and keeps the log short.
 
     SQLite's automatic checkpoint runs inside whichever commit fills the log past
-    1,000 pages, so one write in ~150 checkpoints paid 5-6 ms for it: that was the
-    p99. Connections therefore raise the automatic threshold to a safety net
+    1,000 pages, and that commit paid for the copy: it was the p99 of a write.
+    Connections therefore raise the automatic threshold to a safety net
     (:data:`WAL_AUTOCHECKPOINT_PAGES`), and this thread runs a PASSIVE checkpoint,
     which never waits for readers or writers, every ``interval_s`` on a connection
     of its own. sqlite3 releases the GIL while it copies, so the event loop runs on.
@@ -269,9 +268,8 @@ class WalCheckpointer:
     A PASSIVE checkpoint copies the log but never rewinds it: SQLite starts the log
     over only when a writer begins while every frame is already copied, which a
     steady stream of writes never allows (the writes made during the copy are always
-    left). Measured: 3,000 checkpoints in a row grew the log to 234 MB, and every
-    read and commit slowed as the log's index grew (a commit p50 0.16 → 0.48 ms).
-    So when the log holds ``restart_frames`` frames or more after a PASSIVE pass
+    left), so the log grew by every write, and every read and commit slowed as its
+    index grew. So when the log holds ``restart_frames`` frames or more after a PASSIVE pass
     that copied them all (none is pinned by a reader, which a RESTART would wait
     for), this thread runs a RESTART checkpoint behind a closed :class:`WriteGate`: it
     waits for this process's writers to finish (other processes' for the write
@@ -341,8 +339,8 @@ def _install_hooks(engine: Engine, *, memory: bool, busy_timeout_s: float,
             cursor.execute(f"PRAGMA wal_autocheckpoint={autocheckpoint_pages}")
             cursor.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
             # Reads through the OS page cache, shared by every connection and process,
-            # instead of each connection's own 2 MB cache: with 100,000 paused tasks the
-            # default cache turned a restore into page-sized read() calls.
+            # instead of each connection's own small cache, which a large database
+            # turned into page-sized read() calls for every restore.
             cursor.execute(f"PRAGMA mmap_size={SQLITE_MMAP_BYTES}")
         cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
         cursor.close()
