@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,3 +27,18 @@ def test_the_readme_examples_run(index: int, expected: str, tmp_path: Path,
     finally:
         os.chdir(cwd)
     assert expected in capsys.readouterr().out
+
+
+def test_the_benchmark_results_kept_are_those_the_readme_cites() -> None:
+    """benchmarks/results/ keeps a run only while the README cites it (new runs are
+    ignored by git); every file the README cites is there."""
+    results = README.parent / "benchmarks" / "results"
+    cited = set(re.findall(r"\d{4}-\d\d-\d\dT\d{6}Z-[a-z-]+\.json", README.read_text()))
+    assert cited, "the README cites no benchmark result"
+    missing = sorted(name for name in cited if not (results / name).is_file())
+    assert missing == [], f"the README cites results that are not in {results}: {missing}"
+    listed = subprocess.run(["git", "-C", str(README.parent), "ls-files", "benchmarks/results"],
+                            capture_output=True, text=True, check=False)
+    tracked = listed.stdout.split() if listed.returncode == 0 else []
+    if tracked:  # a git checkout: nothing else is committed
+        assert {Path(name).name for name in tracked} == cited
