@@ -38,7 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_compare.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_claims.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_hooks.py --mode $(BENCH_MODE)
-	$(BIN)/python benchmarks/bench_runtime.py $(if $(filter full,$(BENCH_MODE)),--paused 30000,--tasks 100)
+	$(BIN)/python benchmarks/bench_runtime.py $(if $(filter full,$(BENCH_MODE)),--paused 30000,--tasks 300)
 	if [ "$(BENCH_MODE)" = full ]; then \
 	  $(BIN)/python benchmarks/bench_store.py && $(BIN)/python benchmarks/bench_scaleout.py; fi
 
