@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from meshpoint import a2a
@@ -28,25 +29,22 @@ from meshpoint.store.base import Store
 logger = logging.getLogger("meshpoint.runtime")
 
 
+@dataclass(frozen=True)
 class Answers:
     """The handlers of one instance's answer, status and inbox subjects.
     ``resume(task_id, owner)`` continues a task whose join an answer completed."""
 
-    def __init__(self, instance_id: str, store: Store, outages: Outages, memory: MemoryPath,
-                 in_hand: InHand, owners: LeaseOwners, dead_letters: DeadLetters,
-                 stats: InstanceStats, lease_ttl_s: float, max_message_bytes: int,
-                 resume: Callable[[str, str], Awaitable[None]]) -> None:
-        self._instance_id = instance_id
-        self._store = store
-        self._outages = outages
-        self._memory = memory
-        self._in_hand = in_hand
-        self._owners = owners
-        self._dead_letters = dead_letters
-        self._stats = stats
-        self._lease_ttl_s = lease_ttl_s
-        self._max_message_bytes = max_message_bytes
-        self._resume = resume
+    instance_id: str
+    store: Store
+    outages: Outages
+    memory: MemoryPath
+    in_hand: InHand
+    owners: LeaseOwners
+    dead_letters: DeadLetters
+    stats: InstanceStats
+    lease_ttl_s: float
+    max_message_bytes: int
+    resume: Callable[[str, str], Awaitable[None]]
 
     async def on_response(self, delivery: Delivery) -> None:
         parsed = await self._parse(delivery)
@@ -57,25 +55,25 @@ class Answers:
         if result is None:  # progress on the answer subject: treat as a status update
             await self._refresh_deadline(sub_task_id, response, delivery)
             return
-        owner = self._owners.next()
+        owner = self.owners.next()
         try:
-            resolution = await self._outages.outlast(delivery, lambda: (
-                self._store.resolve_peer_sub_task(sub_task_id, result, lease_owner=owner,
-                                                  lease_ttl_s=self._lease_ttl_s)))
+            resolution = await self.outages.outlast(delivery, lambda: (
+                self.store.resolve_peer_sub_task(sub_task_id, result, lease_owner=owner,
+                                                  lease_ttl_s=self.lease_ttl_s)))
         except UnknownSubTaskError:
             resolution = None  # its task already ended (a late answer)
         except StoreError as error:
             logger.warning("%s: could not record the answer to %s (%s); retrying later",
-                           self._instance_id, sub_task_id, error)
+                           self.instance_id, sub_task_id, error)
             await delivery.nak(1.0)
             return
         # The resolution is committed: only now may the message go.
         await delivery.ack()
         if resolution is None:
-            self._stats.note("ignored_answer", sub_task_id)
+            self.stats.note("ignored_answer", sub_task_id)
             return
         if resolution.join_complete and resolution.lease_owner == owner:
-            await self._resume(resolution.sub_task.task_id, owner)
+            await self.resume(resolution.sub_task.task_id, owner)
 
     async def on_status(self, delivery: Delivery) -> None:
         parsed = await self._parse(delivery)
@@ -88,31 +86,31 @@ class Answers:
         if parsed is None:
             return
         sub_task_id, response = parsed
-        run = self._in_hand.waiting_for(sub_task_id)
+        run = self.in_hand.waiting_for(sub_task_id)
         await delivery.ack()
         if run is None:
-            self._stats.note("ignored_answer", sub_task_id)
+            self.stats.note("ignored_answer", sub_task_id)
             return
         result = wire.as_result(response)
         if result is None:
-            self._memory.progress(run, sub_task_id, wire.progress_task_id(response))
+            self.memory.progress(run, sub_task_id, wire.progress_task_id(response))
             return
-        self._memory.resolve(run, sub_task_id, result)
+        self.memory.resolve(run, sub_task_id, result)
 
     async def _refresh_deadline(self, sub_task_id: str, response: Any,
                                 delivery: Delivery) -> None:
         """A status update restarts the sub-task's deadline; it claims nothing."""
         try:
-            await self._outages.outlast(delivery, lambda: self._store.reset_timeout_deadline(
+            await self.outages.outlast(delivery, lambda: self.store.reset_timeout_deadline(
                 sub_task_id, peer_task_id=wire.progress_task_id(response)))
         except UnknownSubTaskError:
             pass
         except InvalidArgumentError as error:  # e.g. a peer task id that is too long
-            await self._dead_letters.reject(delivery,
+            await self.dead_letters.reject(delivery,
                                             BadMessageError(f"bad status update: {error}"))
             return
         except StoreError as error:
-            logger.warning("%s: could not refresh %s (%s)", self._instance_id, sub_task_id,
+            logger.warning("%s: could not refresh %s (%s)", self.instance_id, sub_task_id,
                            error)
             await delivery.nak(1.0)
             return
@@ -124,12 +122,12 @@ class Answers:
         sub_task_id = delivery.message.subject.rsplit(".", 1)[-1]
         try:
             response = a2a.parse_response(delivery.message.data,
-                                          max_bytes=self._max_message_bytes)
+                                          max_bytes=self.max_message_bytes)
             if response.id is not None and str(response.id) != sub_task_id:
                 raise BadMessageError(
                     f"response id {response.id!r} does not match the sub-task "
                     f"{sub_task_id!r} of its subject")
         except BadMessageError as error:
-            await self._dead_letters.reject(delivery, error)
+            await self.dead_letters.reject(delivery, error)
             return None
         return sub_task_id, response

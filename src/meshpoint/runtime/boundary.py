@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from meshpoint.errors import (
@@ -37,42 +38,39 @@ from meshpoint.store.base import Store
 logger = logging.getLogger("meshpoint.runtime")
 
 
+@dataclass(frozen=True)
 class PauseBoundary:
     """Pauses the tasks of one instance. ``cancel_stored(task_id)`` cancels a stored
     task (for a cancel that reached the task during its boundary)."""
 
-    def __init__(self, agent_name: str, instance_id: str, checkpointing: bool, store: Store,
-                 kinds: CallKinds, memory: MemoryPath, in_hand: InHand,
-                 stats: InstanceStats, background: Background,
-                 cancel_stored: Callable[[str], Awaitable[str]]) -> None:
-        self._agent_name = agent_name
-        self._instance_id = instance_id
-        self._checkpointing = checkpointing
-        self._store = store
-        self._kinds = kinds
-        self._memory = memory
-        self._in_hand = in_hand
-        self._stats = stats
-        self._background = background
-        self._cancel_stored = cancel_stored
+    agent_name: str
+    instance_id: str
+    checkpointing: bool
+    store: Store
+    kinds: CallKinds
+    memory: MemoryPath
+    in_hand: InHand
+    stats: InstanceStats
+    background: Background
+    cancel_stored: Callable[[str], Awaitable[str]]
 
     async def pause(self, run: TaskRun, sub_task_ids: list[str]) -> None:
         """Pause ``run``, whose turn opened the items ``sub_task_ids``."""
         ctx = run.ctx
         ctx.flags["paused_at"] = time.time()
-        ctx.flags["paused_by"] = self._instance_id
-        if not self._checkpointing or not await self._checkpoint(run, sub_task_ids):
-            await self._memory.wait(run, sub_task_ids)
+        ctx.flags["paused_by"] = self.instance_id
+        if not self.checkpointing or not await self._checkpoint(run, sub_task_ids):
+            await self.memory.wait(run, sub_task_ids)
 
     async def _checkpoint(self, run: TaskRun, sub_task_ids: list[str]) -> bool:
         """Steps 2-5; False if the task must wait in memory instead."""
         ctx = run.ctx
         started = time.perf_counter()
-        status = self._kinds.pause_status([ctx.active_peer_sub_tasks[s] for s in sub_task_ids])
+        status = self.kinds.pause_status([ctx.active_peer_sub_tasks[s] for s in sub_task_ids])
         # Shielded so that a write still in flight when this instance is killed is
         # counted once it commits (it commits either way: it runs in the database).
-        write = asyncio.ensure_future(self._store.checkpoint_task(
-            ctx, self._agent_name, status=status, lease_owner=run.lease_owner))
+        write = asyncio.ensure_future(self.store.checkpoint_task(
+            ctx, self.agent_name, status=status, lease_owner=run.lease_owner))
         write.add_done_callback(self._count_checkpoint)
         try:
             await asyncio.shield(write)
@@ -81,40 +79,40 @@ class PauseBoundary:
             return True
         except StoreError as error:
             logger.warning("%s: checkpoint of %s failed (%s); it waits in memory",
-                           self._instance_id, ctx.task_id, error)
+                           self.instance_id, ctx.task_id, error)
             run.maybe_stored = run.lease_owner is None and isinstance(
                 error, StoreUnavailableError)
             return False
-        self._stats.checkpoint_ms.append((time.perf_counter() - started) * 1000)
-        self._stats.note("paused", ctx.task_id)
+        self.stats.checkpoint_ms.append((time.perf_counter() - started) * 1000)
+        self.stats.note("paused", ctx.task_id)
         for sub_task_id in sub_task_ids:
             corr = ctx.active_peer_sub_tasks[sub_task_id]
             try:
-                await self._kinds.announce(ctx, sub_task_id, corr)
+                await self.kinds.announce(ctx, sub_task_id, corr)
             except Exception as error:
                 # The checkpoint holds the item: it times out and the task goes on.
                 logger.error("%s: %s of task %s not announced (%s); it will time out",
-                             self._instance_id, sub_task_id, ctx.task_id, error)
+                             self.instance_id, sub_task_id, ctx.task_id, error)
         if run.delivery is not None:
             await run.delivery.ack()
-        self._in_hand.forget(run)
+        self.in_hand.forget(run)
         if ctx.cancellation_event.is_set():
             # A cancel reached us during the boundary: apply it to the stored task.
-            self._background.spawn(self._cancel_after_boundary(ctx.task_id))
+            self.background.spawn(self._cancel_after_boundary(ctx.task_id))
         return True
 
     async def _refused(self, run: TaskRun, error: StoreError) -> None:
         """Another instance has this task: a redelivered request ran twice, or our
         lease expired and was taken over. Theirs is the live copy."""
         ctx = run.ctx
-        logger.info("%s: dropping task %s: %s", self._instance_id, ctx.task_id, error)
-        self._stats.note("dropped", ctx.task_id)
-        self._in_hand.forget(run)
+        logger.info("%s: dropping task %s: %s", self.instance_id, ctx.task_id, error)
+        self.stats.note("dropped", ctx.task_id)
+        self.in_hand.forget(run)
         if isinstance(error, CheckpointConflictError):
             if run.lease_owner is not None:
                 # Refused (e.g. calls still open after a cancel): let it go.
                 with contextlib.suppress(StoreError):
-                    await self._store.release_resume_lease(ctx.task_id, run.lease_owner)
+                    await self.store.release_resume_lease(ctx.task_id, run.lease_owner)
             else:
                 # Our request was redelivered: its first run checkpointed but may have
                 # died before announcing. Announce the stored items again (a peer that
@@ -125,19 +123,19 @@ class PauseBoundary:
 
     async def _announce_stored(self, run: TaskRun) -> None:
         try:
-            stored = await self._store.get_peer_sub_tasks_for_task(run.ctx.task_id)
+            stored = await self.store.get_peer_sub_tasks_for_task(run.ctx.task_id)
         except StoreError:
             return  # the items still time out
         for sub in stored:
             if sub.status == "pending":
-                await self._kinds.announce(run.ctx, sub.sub_task_id, sub.correlation_data)
+                await self.kinds.announce(run.ctx, sub.sub_task_id, sub.correlation_data)
 
     async def _cancel_after_boundary(self, task_id: str) -> None:
         try:
-            await self._cancel_stored(task_id)
+            await self.cancel_stored(task_id)
         except StoreError as error:
-            logger.warning("%s: cancel of %s failed: %s", self._instance_id, task_id, error)
+            logger.warning("%s: cancel of %s failed: %s", self.instance_id, task_id, error)
 
     def _count_checkpoint(self, write: asyncio.Future[Any]) -> None:
         if not write.cancelled() and write.exception() is None:
-            self._stats.counts["checkpoints"] += 1
+            self.stats.counts["checkpoints"] += 1

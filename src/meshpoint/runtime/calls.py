@@ -73,6 +73,7 @@ class CallKind(Protocol):
         ...
 
 
+@dataclass(frozen=True)
 class LocalTools:
     """The agent's local tools: run at once, their result (or error) is the call's.
     Registered last, it takes every call no other kind did: a tool the agent does
@@ -80,8 +81,7 @@ class LocalTools:
 
     pause_status = "working"
 
-    def __init__(self, agent: Agent) -> None:
-        self._agent = agent
+    agent: Agent
 
     def handles(self, call: ToolCall) -> bool:
         return True
@@ -91,7 +91,7 @@ class LocalTools:
 
     async def open(self, ctx: TaskExecutionContext, invocation_id: str,
                    call: ToolCall) -> Opened:
-        tool = self._agent.local_tool(call.name)
+        tool = self.agent.local_tool(call.name)
         if tool is None:
             return Opened(result={"error": f"unknown tool {call.name!r}"})
         try:

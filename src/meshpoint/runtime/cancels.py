@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from dataclasses import dataclass
 from typing import Protocol
 
 from meshpoint import a2a
@@ -39,73 +40,71 @@ class Answering(Protocol):
     async def finish_canceled(self, run: TaskRun) -> None: ...
 
 
+@dataclass(frozen=True)
 class Cancels:
     """Cancels the tasks of one instance's agent."""
 
-    def __init__(self, agent_name: str, namespace: str, instance_id: str, store: Store,
-                 broker: Broker, kinds: CallKinds, endings: Answering, outages: Outages,
-                 in_hand: InHand, owners: LeaseOwners, dead_letters: DeadLetters,
-                 stats: InstanceStats, lease_ttl_s: float, max_deliver: int) -> None:
-        self._agent_name = agent_name
-        self._control = wire.control_subject(namespace, agent_name)
-        self._instance_id = instance_id
-        self._store = store
-        self._broker = broker
-        self._kinds = kinds
-        self._endings = endings
-        self._outages = outages
-        self._in_hand = in_hand
-        self._owners = owners
-        self._dead_letters = dead_letters
-        self._stats = stats
-        self._lease_ttl_s = lease_ttl_s
-        self._max_deliver = max_deliver
+    agent_name: str
+    namespace: str
+    instance_id: str
+    store: Store
+    broker: Broker
+    kinds: CallKinds
+    endings: Answering
+    outages: Outages
+    in_hand: InHand
+    owners: LeaseOwners
+    dead_letters: DeadLetters
+    stats: InstanceStats
+    lease_ttl_s: float
+    max_deliver: int
 
     async def on_cancel(self, task_id: str, delivery: Delivery) -> None:
         """A ``tasks/cancel`` request for one of this agent's tasks."""
-        run = self._in_hand.get(task_id)
+        run = self.in_hand.get(task_id)
         if run is not None:
             await self.cancel_local(run)
             await delivery.ack()
             return
         try:
-            outcome = await self._outages.outlast(delivery, lambda: self.cancel_stored(task_id))
+            outcome = await self.outages.outlast(delivery, lambda: self.cancel_stored(task_id))
         except StoreError as error:
-            logger.warning("%s: cancel of %s failed (%s); retrying", self._instance_id,
+            logger.warning("%s: cancel of %s failed (%s); retrying", self.instance_id,
                            task_id, error)
             await delivery.nak(1.0)
             return
         if outcome == "canceled":
             await delivery.ack()
             return
-        await self._broker.publish(self._control, json.dumps({"cancel": task_id}).encode())
-        if outcome == "leased" and delivery.delivery_count < self._max_deliver:
+        await self.broker.publish(wire.control_subject(self.namespace, self.agent_name),
+                                 json.dumps({"cancel": task_id}).encode())
+        if outcome == "leased" and delivery.delivery_count < self.max_deliver:
             # Resuming elsewhere: if that instance is dead, its lease will expire and
             # the next attempt cancels the stored task itself.
-            await delivery.nak(self._lease_ttl_s)
+            await delivery.nak(self.lease_ttl_s)
         else:
             await delivery.ack()
 
     async def cancel_stored(self, task_id: str) -> str:
         """Cancel a stored task: ``canceled``, ``leased`` (another owner resumes it)
         or ``unknown`` (not stored: running before its first checkpoint, or ended)."""
-        owner = self._owners.next()
+        owner = self.owners.next()
         try:
-            lease = await self._store.take_resume_lease(
-                task_id, owner, self._lease_ttl_s, statuses=TASK_STATUSES)
+            lease = await self.store.take_resume_lease(
+                task_id, owner, self.lease_ttl_s, statuses=TASK_STATUSES)
         except UnknownTaskError:
             return "unknown"
         if lease is None:
             return "leased"
-        ctx = (await self._store.restore_task(task_id, lease_owner=owner)).context
+        ctx = (await self.store.restore_task(task_id, lease_owner=owner)).context
         # Rows first: once they are gone no answer, sweep or recovery can revive the
         # task. The withdrawals and the answer are then published (at most lost, never
         # half-applied: the peers' own deadlines end their work).
-        await self._store.cleanup_task(task_id, lease_owner=owner)
-        self._stats.note("canceled", task_id)
+        await self.store.cleanup_task(task_id, lease_owner=owner)
+        self.stats.note("canceled", task_id)
         for sub_task_id, corr in list(ctx.active_peer_sub_tasks.items()):
-            await self._kinds.withdraw(sub_task_id, corr)
-        await self._endings.answer(ctx, a2a.TaskState.CANCELED, "canceled")
+            await self.kinds.withdraw(sub_task_id, corr)
+        await self.endings.answer(ctx, a2a.TaskState.CANCELED, "canceled")
         return "canceled"
 
     async def on_control(self, delivery: Delivery) -> None:
@@ -116,11 +115,11 @@ class Cancels:
             if type(task_id) is not str or not task_id:
                 raise ValueError("'cancel' must name a task id")
         except (ValueError, KeyError, TypeError) as error:
-            await self._dead_letters.reject(delivery,
+            await self.dead_letters.reject(delivery,
                                             BadMessageError(f"bad control message: {error}"))
             return
         await delivery.ack()
-        run = self._in_hand.get(task_id)
+        run = self.in_hand.get(task_id)
         if run is not None:
             await self.cancel_local(run)
         else:
@@ -133,4 +132,4 @@ class Cancels:
         run.ctx.cancellation_event.set()
         if run.waiting:
             run.waiting = False
-            await self._endings.finish_canceled(run)
+            await self.endings.finish_canceled(run)

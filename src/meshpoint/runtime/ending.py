@@ -11,6 +11,7 @@ replaced, and the replacement answers.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from meshpoint import a2a
 from meshpoint.broker.base import Broker
@@ -25,20 +26,18 @@ from meshpoint.store.base import Store
 logger = logging.getLogger("meshpoint.runtime")
 
 
+@dataclass(frozen=True)
 class Endings:
     """Ends the tasks of one instance of agent ``agent_name``."""
 
-    def __init__(self, agent_name: str, instance_id: str, store: Store, broker: Broker,
-                 kinds: CallKinds, in_hand: InHand, stats: InstanceStats,
-                 lease_ttl_s: float) -> None:
-        self._agent_name = agent_name
-        self._instance_id = instance_id
-        self._store = store
-        self._broker = broker
-        self._kinds = kinds
-        self._in_hand = in_hand
-        self._stats = stats
-        self._lease_ttl_s = lease_ttl_s
+    agent_name: str
+    instance_id: str
+    store: Store
+    broker: Broker
+    kinds: CallKinds
+    in_hand: InHand
+    stats: InstanceStats
+    lease_ttl_s: float
 
     async def finish(self, run: TaskRun, state: a2a.TaskState, text: str) -> None:
         """Answer the caller, then delete the task's rows, then ack its request."""
@@ -46,41 +45,41 @@ class Endings:
         if run.lease_owner is not None and not run.lost:
             # Fence: answer only while still holding the lease.
             try:
-                lease = await self._store.renew_resume_lease(ctx.task_id, run.lease_owner,
-                                                             self._lease_ttl_s)
+                lease = await self.store.renew_resume_lease(ctx.task_id, run.lease_owner,
+                                                             self.lease_ttl_s)
             except UnknownTaskError:
                 lease = None
             run.lost = lease is None
         if run.lost:
-            self._stats.note("dropped", ctx.task_id)
-            self._in_hand.forget(run)
+            self.stats.note("dropped", ctx.task_id)
+            self.in_hand.forget(run)
             return
         if state is a2a.TaskState.COMPLETED:
-            ctx.produced_artifacts.append(wire.answer_artifact(ctx.task_id, self._agent_name,
+            ctx.produced_artifacts.append(wire.answer_artifact(ctx.task_id, self.agent_name,
                                                                text))
         await self.answer(ctx, state, text)
-        self._stats.note(state.value, ctx.task_id)
+        self.stats.note(state.value, ctx.task_id)
         try:
             if run.lease_owner is not None:
-                await self._store.cleanup_task(ctx.task_id, lease_owner=run.lease_owner)
+                await self.store.cleanup_task(ctx.task_id, lease_owner=run.lease_owner)
             elif run.maybe_stored:
-                await self._store.cleanup_task(ctx.task_id)
+                await self.store.cleanup_task(ctx.task_id)
         except (LeaseNotHeldError, UnknownTaskError):
             pass
         except StoreError as error:
             # The lease expires and another instance re-runs the turn: it answers
             # again (a duplicate the caller ignores) and removes the rows.
-            logger.warning("%s: cleanup of %s failed: %s", self._instance_id, ctx.task_id,
+            logger.warning("%s: cleanup of %s failed: %s", self.instance_id, ctx.task_id,
                            error)
         finally:
-            self._in_hand.forget(run)
+            self.in_hand.forget(run)
         if run.delivery is not None:
             await run.delivery.ack()
 
     async def finish_canceled(self, run: TaskRun) -> None:
         """End a canceled task: its outstanding items are withdrawn first."""
         for sub_task_id, corr in list(run.ctx.active_peer_sub_tasks.items()):
-            await self._kinds.withdraw(sub_task_id, corr)
+            await self.kinds.withdraw(sub_task_id, corr)
         await self.finish(run, a2a.TaskState.CANCELED, "canceled")
 
     async def answer(self, ctx: TaskExecutionContext, state: a2a.TaskState, text: str) -> None:
@@ -91,10 +90,10 @@ class Endings:
         # One final answer per task: a turn re-run after a take-over (the first run
         # answered, then died before its cleanup) publishes the same msg_id, which the
         # broker drops within its dedupe window.
-        await self._broker.publish(reply_to, wire.final_task(
+        await self.broker.publish(reply_to, wire.final_task(
             ctx.a2a_context.get("request_id") or ctx.task_id, ctx.task_id,
             ctx.a2a_context.get("context_id") or ctx.task_id, state, text,
             ctx.produced_artifacts, {"token_usage": ctx.token_usage.to_dict(),
-                                     "agent": self._agent_name,
-                                     "instance": self._instance_id}),
+                                     "agent": self.agent_name,
+                                     "instance": self.instance_id}),
             msg_id=wire.answer_msg_id(ctx.task_id))

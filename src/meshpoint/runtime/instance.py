@@ -62,7 +62,7 @@ logger = logging.getLogger("meshpoint.runtime")
 def call_kinds(agent: Agent, broker: Broker, namespace: str) -> list[CallKind]:
     """The kinds of call an instance makes, in the order they claim a call: where a
     new kind (an approval, say) is registered."""
-    return [PeerCalls(agent, broker, namespace), LocalTools(agent)]
+    return [PeerCalls(agent=agent, broker=broker, namespace=namespace), LocalTools(agent=agent)]
 
 
 def turn_checks(agent: Agent) -> list[TurnCheck]:
@@ -90,28 +90,44 @@ class AgentInstance:
         self._in_hand = in_hand = InHand()
         self._background = background = Background(name)
         owners, dead_letters = LeaseOwners(name), DeadLetters(name, stats)
-        outages = Outages(name, lifecycle)
+        outages = Outages(instance_id=name, lifecycle=lifecycle)
         kinds = CallKinds(call_kinds(agent, broker, o.namespace))
-        endings = Endings(agent.name, name, store, broker, kinds, in_hand, stats, o.lease_ttl_s)
+        endings = Endings(agent_name=agent.name, instance_id=name, store=store, broker=broker,
+                          kinds=kinds, in_hand=in_hand, stats=stats,
+                          lease_ttl_s=o.lease_ttl_s)
         self._cancels = cancels = Cancels(
-            agent.name, o.namespace, name, store, broker, kinds, endings, outages, in_hand,
-            owners, dead_letters, stats, o.lease_ttl_s, o.max_deliver)
+            agent_name=agent.name, namespace=o.namespace, instance_id=name, store=store,
+            broker=broker, kinds=kinds, endings=endings, outages=outages, in_hand=in_hand,
+            owners=owners, dead_letters=dead_letters, stats=stats, lease_ttl_s=o.lease_ttl_s,
+            max_deliver=o.max_deliver)
         # The in-memory path continues a task through the turn loop, built below.
-        memory = MemoryPath(in_hand, kinds, stats, background,
-                            wire.inbox_prefix(o.namespace, name),
+        memory = MemoryPath(in_hand=in_hand, kinds=kinds, stats=stats, background=background,
+                            inbox=wire.inbox_prefix(o.namespace, name),
                             go_on=lambda run: turns.go_on(run))
-        boundary = PauseBoundary(agent.name, name, agent.stateless_checkpointing, store, kinds,
-                                 memory, in_hand, stats, background, cancels.cancel_stored)
-        self._turns = turns = TurnLoop(agent, name, store, kinds, turn_checks(agent), boundary,
-                                       endings, in_hand, stats, background)
-        self._answers = Answers(name, store, outages, memory, in_hand, owners, dead_letters,
-                                stats, o.lease_ttl_s, o.max_message_bytes, turns.resume)
+        boundary = PauseBoundary(
+            agent_name=agent.name, instance_id=name,
+            checkpointing=agent.stateless_checkpointing, store=store, kinds=kinds,
+            memory=memory, in_hand=in_hand, stats=stats, background=background,
+            cancel_stored=cancels.cancel_stored)
+        self._turns = turns = TurnLoop(
+            agent=agent, instance_id=name, store=store, kinds=kinds,
+            checks=turn_checks(agent), pauses=boundary, ends=endings, in_hand=in_hand,
+            stats=stats, background=background)
+        self._answers = Answers(
+            instance_id=name, store=store, outages=outages, memory=memory, in_hand=in_hand,
+            owners=owners, dead_letters=dead_letters, stats=stats, lease_ttl_s=o.lease_ttl_s,
+            max_message_bytes=o.max_message_bytes, resume=turns.resume)
         self._dead_letters = dead_letters
-        self._sweeper = Sweeper(agent.name, name, store, kinds, owners, stats, background,
-                                o.lease_ttl_s, turns.resume)
-        self._recovery = Recovery(agent.name, store, in_hand, owners, stats, background,
-                                  o.lease_ttl_s, turns.resume)
-        self._keeper = LeaseKeeper(name, store, in_hand, o.lease_ttl_s, o.request_ack_wait_s)
+        self._sweeper = Sweeper(
+            agent_name=agent.name, instance_id=name, store=store, kinds=kinds, owners=owners,
+            stats=stats, background=background, lease_ttl_s=o.lease_ttl_s,
+            resume=turns.resume)
+        self._recovery = Recovery(
+            agent_name=agent.name, store=store, in_hand=in_hand, owners=owners, stats=stats,
+            background=background, lease_ttl_s=o.lease_ttl_s, resume=turns.resume)
+        self._keeper = LeaseKeeper(instance_id=name, store=store, in_hand=in_hand,
+                                   lease_ttl_s=o.lease_ttl_s,
+                                   request_ack_wait_s=o.request_ack_wait_s)
         #: The agent's shared queues (new work: requests, answers, status updates), and
         #: this instance's own (its inbox and the control subject).
         self._work_queues: list[Subscription] = []

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from meshpoint.runtime.calls import CallKinds
@@ -24,30 +25,28 @@ from meshpoint.store.base import TIMEOUT_RESULT
 logger = logging.getLogger("meshpoint.runtime")
 
 
+@dataclass(frozen=True)
 class MemoryPath:
     """Tasks waiting in one instance's memory. ``go_on(run)`` continues a task whose
     join completed (the instance wires it to the turn loop)."""
 
-    def __init__(self, in_hand: InHand, kinds: CallKinds, stats: InstanceStats,
-                 background: Background, inbox: str,
-                 go_on: Callable[[TaskRun], None]) -> None:
-        self._in_hand = in_hand
-        self._kinds = kinds
-        self._stats = stats
-        self._background = background
-        self._inbox = inbox
-        self._go_on = go_on
+    in_hand: InHand
+    kinds: CallKinds
+    stats: InstanceStats
+    background: Background
+    inbox: str
+    go_on: Callable[[TaskRun], None]
 
     async def wait(self, run: TaskRun, sub_task_ids: list[str]) -> None:
         """Keep ``run`` in memory until its items are resolved; announce them."""
         ctx = run.ctx
         run.waiting = True
-        self._stats.note("paused_in_memory", ctx.task_id)
+        self.stats.note("paused_in_memory", ctx.task_id)
         for sub_task_id in sub_task_ids:
             corr = ctx.active_peer_sub_tasks[sub_task_id]
-            self._in_hand.memory_subs[sub_task_id] = ctx.task_id
+            self.in_hand.memory_subs[sub_task_id] = ctx.task_id
             self.schedule_timeout(run, sub_task_id, corr["timeout_s"])
-            await self._kinds.announce(ctx, sub_task_id, corr, inbox=self._inbox)
+            await self.kinds.announce(ctx, sub_task_id, corr, inbox=self.inbox)
 
     def schedule_timeout(self, run: TaskRun, sub_task_id: str, timeout_s: float) -> None:
         old = run.timers.pop(sub_task_id, None)
@@ -55,7 +54,7 @@ class MemoryPath:
             old.cancel()
         loop = asyncio.get_running_loop()
         run.timers[sub_task_id] = loop.call_later(
-            timeout_s, lambda: self._background.spawn(self._timeout(run, sub_task_id)))
+            timeout_s, lambda: self.background.spawn(self._timeout(run, sub_task_id)))
 
     def progress(self, run: TaskRun, sub_task_id: str, peer_task_id: str | None) -> None:
         """A status update for an item waited on in memory: its deadline restarts."""
@@ -69,8 +68,8 @@ class MemoryPath:
     async def _timeout(self, run: TaskRun, sub_task_id: str) -> None:
         corr = run.ctx.active_peer_sub_tasks.get(sub_task_id)
         if self.resolve(run, sub_task_id, dict(TIMEOUT_RESULT)) and corr:
-            self._stats.note("timeout", run.ctx.task_id)
-            await self._kinds.withdraw(sub_task_id, corr)
+            self.stats.note("timeout", run.ctx.task_id)
+            await self.kinds.withdraw(sub_task_id, corr)
 
     def resolve(self, run: TaskRun, sub_task_id: str, result: dict[str, Any]) -> bool:
         """Claim under the context's lock, record, and go on when the join is done.
@@ -78,9 +77,9 @@ class MemoryPath:
         ctx = run.ctx
         corr = ctx.claim_sub_task_completion(sub_task_id)
         if corr is None:
-            self._stats.note("ignored_answer", sub_task_id)
+            self.stats.note("ignored_answer", sub_task_id)
             return False
-        self._in_hand.memory_subs.pop(sub_task_id, None)
+        self.in_hand.memory_subs.pop(sub_task_id, None)
         handle = run.timers.pop(sub_task_id, None)
         if handle is not None:
             handle.cancel()
@@ -88,5 +87,5 @@ class MemoryPath:
                                                       corr["function_call_id"], result)
         if completed == total and run.waiting:
             run.waiting = False
-            self._go_on(run)
+            self.go_on(run)
         return True

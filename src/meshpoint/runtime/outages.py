@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
@@ -28,12 +29,12 @@ R = TypeVar("R")
 OUTAGE_PATIENCE_S = 60.0
 
 
+@dataclass(frozen=True)
 class Outages:
     """Retries a message's store operations through outages, while the instance runs."""
 
-    def __init__(self, instance_id: str, lifecycle: Lifecycle) -> None:
-        self._instance_id = instance_id
-        self._lifecycle = lifecycle
+    instance_id: str
+    lifecycle: Lifecycle
 
     async def outlast(self, delivery: Delivery, operation: Callable[[], Awaitable[R]]) -> R:
         """``await operation()`` for ``delivery``: retried every 0.25 s, doubling up to
@@ -43,11 +44,11 @@ class Outages:
 
         def stop(state: RetryCallState) -> bool:
             late = asyncio.get_running_loop().time() + state.upcoming_sleep > give_up
-            return late or not self._lifecycle.running
+            return late or not self.lifecycle.running
 
         async def before_sleep(state: RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
-            logger.warning("%s: %s; retrying in %.2fs", self._instance_id, error,
+            logger.warning("%s: %s; retrying in %.2fs", self.instance_id, error,
                            state.upcoming_sleep)
             await delivery.in_progress()
 

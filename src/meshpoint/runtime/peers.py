@@ -11,6 +11,7 @@ instance's memory.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from meshpoint.broker.base import Broker
@@ -21,36 +22,36 @@ from meshpoint.runtime.agent import Agent
 from meshpoint.runtime.calls import Opened
 
 
+@dataclass(frozen=True)
 class PeerCalls:
     """The :class:`~meshpoint.runtime.calls.CallKind` of calls to peer agents."""
 
     pause_status = "waiting_peers"
 
-    def __init__(self, agent: Agent, broker: Broker, namespace: str) -> None:
-        self._agent = agent
-        self._broker = broker
-        self._ns = namespace
+    agent: Agent
+    broker: Broker
+    namespace: str
 
     def handles(self, call: ToolCall) -> bool:
-        return self._agent.peer_for_tool(call.name) is not None
+        return self.agent.peer_for_tool(call.name) is not None
 
     def owns(self, correlation: dict[str, Any]) -> bool:
         return bool(correlation.get("peer_agent_name"))
 
     async def open(self, ctx: TaskExecutionContext, invocation_id: str,
                    call: ToolCall) -> Opened:
-        peer = self._agent.peer_for_tool(call.name)
+        peer = self.agent.peer_for_tool(call.name)
         assert peer is not None, "handles() said this call is a peer's"
         sub_task_id = wire.new_id()
         query = call.arguments.get("query")
-        name = self._agent.name
+        name = self.agent.name
         ctx.register_peer_sub_task(sub_task_id, {
             "invocation_id": invocation_id, "function_call_id": call.id,
             "peer_agent_name": peer.agent, "peer_tool_name": call.name,
             "timeout_s": peer.timeout_s,
             "query": query if isinstance(query, str) else json.dumps(call.arguments),
-            "reply_to": wire.response_subject(self._ns, name, sub_task_id),
-            "status_to": wire.status_subject(self._ns, name, sub_task_id)})
+            "reply_to": wire.response_subject(self.namespace, name, sub_task_id),
+            "status_to": wire.status_subject(self.namespace, name, sub_task_id)})
         return Opened(sub_task_id=sub_task_id)
 
     async def announce(self, ctx: TaskExecutionContext, sub_task_id: str,
@@ -60,10 +61,10 @@ class PeerCalls:
         if inbox is not None:
             correlation["reply_to"] = f"{inbox}.response.{sub_task_id}"
             correlation["status_to"] = f"{inbox}.status.{sub_task_id}"
-        await self._broker.publish(
-            wire.request_subject(self._ns, correlation["peer_agent_name"]),
+        await self.broker.publish(
+            wire.request_subject(self.namespace, correlation["peer_agent_name"]),
             wire.send_request(sub_task_id, correlation["query"], metadata={
-                "meshpoint_caller": {"agent": self._agent.name, "task_id": ctx.task_id}}),
+                "meshpoint_caller": {"agent": self.agent.name, "task_id": ctx.task_id}}),
             wire.reply_headers(correlation["reply_to"], correlation["status_to"]))
 
     async def withdraw(self, sub_task_id: str, correlation: dict[str, Any]) -> None:
@@ -72,5 +73,5 @@ class PeerCalls:
         peer = correlation["peer_agent_name"]
         peer_task_id = correlation.get("peer_task_id") or wire.derive_task_id(
             peer, correlation.get("reply_to"), sub_task_id)
-        await self._broker.publish(wire.request_subject(self._ns, peer),
+        await self.broker.publish(wire.request_subject(self.namespace, peer),
                                    wire.cancel_request(peer_task_id))

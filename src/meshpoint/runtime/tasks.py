@@ -142,16 +142,16 @@ class LeaseOwners:
         return f"{self._instance_id}#{self._attempt}"
 
 
+@dataclass(frozen=True)
 class DeadLetters:
     """Where a malformed message goes: dead-lettered with its reason, logged, counted.
     It never crashes an instance or changes a task (DESIGN.md invariant 11)."""
 
-    def __init__(self, instance_id: str, stats: InstanceStats) -> None:
-        self._instance_id = instance_id
-        self._stats = stats
+    instance_id: str
+    stats: InstanceStats
 
     async def reject(self, delivery: Delivery, error: BadMessageError) -> None:
-        logger.warning("%s: dead-lettering a message on %s: %s", self._instance_id,
+        logger.warning("%s: dead-lettering a message on %s: %s", self.instance_id,
                        delivery.message.subject, error)
-        self._stats.note("dead_lettered", delivery.message.subject)
+        self.stats.note("dead_lettered", delivery.message.subject)
         await delivery.term(str(error))

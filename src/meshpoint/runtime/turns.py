@@ -76,40 +76,38 @@ class Ends(Protocol):
     async def finish_canceled(self, run: TaskRun) -> None: ...
 
 
+@dataclass(frozen=True)
 class TurnLoop:
     """Runs the turns of one instance's tasks."""
 
-    def __init__(self, agent: Agent, instance_id: str, store: Store, kinds: CallKinds,
-                 checks: Sequence[TurnCheck], pauses: Pauses, ends: Ends, in_hand: InHand,
-                 stats: InstanceStats, background: Background) -> None:
-        self._agent = agent
-        self._instance_id = instance_id
-        self._store = store
-        self._kinds = kinds
-        self._checks = tuple(checks)
-        self._pauses = pauses
-        self._ends = ends
-        self._in_hand = in_hand
-        self._stats = stats
-        self._background = background
+    agent: Agent
+    instance_id: str
+    store: Store
+    kinds: CallKinds
+    checks: Sequence[TurnCheck]
+    pauses: Pauses
+    ends: Ends
+    in_hand: InHand
+    stats: InstanceStats
+    background: Background
 
     async def start(self, run: TaskRun) -> None:
         """A new task, from its request."""
-        self._in_hand.add(run)
-        self._stats.note("started", run.ctx.task_id)
+        self.in_hand.add(run)
+        self.stats.note("started", run.ctx.task_id)
         await self.drive(run)
 
     async def resume(self, task_id: str, owner: str) -> None:
         """Continue a stored task whose join completed, under ``owner``'s lease."""
         try:
-            restored = await self._store.restore_task(task_id, lease_owner=owner)
+            restored = await self.store.restore_task(task_id, lease_owner=owner)
         except (LeaseNotHeldError, UnknownTaskError):
             return  # taken over or canceled meanwhile
         except StoreError as error:
-            logger.error("%s: cannot restore task %s: %s", self._instance_id, task_id, error)
+            logger.error("%s: cannot restore task %s: %s", self.instance_id, task_id, error)
             return
         run = TaskRun(restored.context, lease_owner=owner)
-        self._in_hand.add(run)
+        self.in_hand.add(run)
         self._note_resumed(run.ctx)
         inject_results(run.ctx)
         await self.drive(run)
@@ -118,7 +116,7 @@ class TurnLoop:
         """Continue a task whose join completed in this instance's memory."""
         self._note_resumed(run.ctx)
         inject_results(run.ctx)
-        self._background.spawn(self.drive(run))
+        self.background.spawn(self.drive(run))
 
     async def drive(self, run: TaskRun) -> None:
         """Run turns until the task ends or pauses. Failures end the task as ``failed``."""
@@ -126,39 +124,39 @@ class TurnLoop:
         try:
             while True:
                 if ctx.cancellation_event.is_set():
-                    await self._ends.finish_canceled(run)
+                    await self.ends.finish_canceled(run)
                     return
-                verdict = next((v for check in self._checks
+                verdict = next((v for check in self.checks
                                 if (v := check.before_model_call(ctx)) is not None), None)
                 if verdict is not None:
-                    await self._ends.finish(run, verdict.state, verdict.text)
+                    await self.ends.finish(run, verdict.state, verdict.text)
                     return
                 response = await self._call_model(ctx)
                 if run.lost:
-                    self._in_hand.forget(run)
+                    self.in_hand.forget(run)
                     return
                 if ctx.cancellation_event.is_set():
-                    await self._ends.finish_canceled(run)
+                    await self.ends.finish_canceled(run)
                     return
                 if not response.tool_calls:
-                    await self._ends.finish(run, a2a.TaskState.COMPLETED, response.text or "")
+                    await self.ends.finish(run, a2a.TaskState.COMPLETED, response.text or "")
                     return
                 outstanding = await self._open_calls(ctx, response)
                 if outstanding:
-                    await self._pauses.pause(run, outstanding)
+                    await self.pauses.pause(run, outstanding)
                     return
                 inject_results(ctx)
         except asyncio.CancelledError:
             raise
         except MeshpointError as error:
-            logger.warning("%s: task %s failed: %s", self._instance_id, ctx.task_id, error)
-            await self._ends.finish(run, a2a.TaskState.FAILED, f"{type(error).__name__}: {error}")
+            logger.warning("%s: task %s failed: %s", self.instance_id, ctx.task_id, error)
+            await self.ends.finish(run, a2a.TaskState.FAILED, f"{type(error).__name__}: {error}")
         except Exception as error:
-            logger.exception("%s: task %s failed", self._instance_id, ctx.task_id)
-            await self._ends.finish(run, a2a.TaskState.FAILED, f"{type(error).__name__}: {error}")
+            logger.exception("%s: task %s failed", self.instance_id, ctx.task_id)
+            await self.ends.finish(run, a2a.TaskState.FAILED, f"{type(error).__name__}: {error}")
 
     async def _call_model(self, ctx: TaskExecutionContext) -> ModelResponse:
-        agent = self._agent
+        agent = self.agent
         messages = list(ctx.session_events)
         if agent.system_prompt:
             messages.insert(0, {"role": "system", "content": agent.system_prompt})
@@ -186,7 +184,7 @@ class TurnLoop:
         ctx.begin_parallel_calls(invocation, [c.id for c in response.tool_calls])
         outstanding: list[str] = []
         for call in response.tool_calls:
-            opened = await self._kinds.for_call(call).open(ctx, invocation, call)
+            opened = await self.kinds.for_call(call).open(ctx, invocation, call)
             if opened.sub_task_id is not None:
                 outstanding.append(opened.sub_task_id)
             else:
@@ -197,10 +195,10 @@ class TurnLoop:
         """Count a resume, how long the task was paused, and whether elsewhere."""
         paused_at = ctx.flags.get("paused_at")
         if isinstance(paused_at, float | int):
-            self._stats.pause_resume_ms.append(max(0.0, (time.time() - paused_at) * 1000))
-        if ctx.flags.get("paused_by") != self._instance_id:
-            self._stats.resumed_elsewhere += 1
-        self._stats.note("resumed", ctx.task_id)
+            self.stats.pause_resume_ms.append(max(0.0, (time.time() - paused_at) * 1000))
+        if ctx.flags.get("paused_by") != self.instance_id:
+            self.stats.resumed_elsewhere += 1
+        self.stats.note("resumed", ctx.task_id)
 
 
 def model_calls(ctx: TaskExecutionContext) -> int:
