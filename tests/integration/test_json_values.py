@@ -10,7 +10,8 @@ PostgreSQL, four with its fast paths off, four on SQLite).
 SQLite once stored the text of a bare number as a number (a column declared JSON
 has NUMERIC affinity) and refused to read it back; PostgreSQL's JSONB turned
 ``1e300`` into 301 digits that no 64-bit JSON reader takes back. Both are fixed by
-migration 0005; this test fails without it.
+migration 0005; this test fails without it. PostgreSQL's fast paths once parsed the
+caller's JSON with json_to_recordset, which refuses a ``\u0000`` its json type stores.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ async def shared_store(store_url: str, store_options: dict[str, Any],
 @example(answered=1, recorded=2.5, local=0, carried=-3, said=1.0)
 @example(answered=1e300, recorded=1e16, local=2**64 - 1, carried=-(2**63),
          said={"b": 1, "a": [1e-300, -0.0]})
+@example(answered="\x00", recorded={"\x00": "\x00"}, local="a\x00b", carried={"\x00": None},
+         said=["\x00"])  # PostgreSQL's JSON functions refuse \u0000; its json type keeps it
 async def test_any_json_value_comes_back_as_written(
         shared_store: SqlStore, answered: Any, recorded: Any, local: Any, carried: Any,
         said: Any) -> None:

@@ -30,6 +30,7 @@ from sqlalchemy import (
     Float,
     Integer,
     String,
+    Text,
     bindparam,
     cast,
     column,
@@ -73,21 +74,32 @@ ONLY = ("postgresql",)
 # -- the statements of the fast paths -------------------------------------------------
 
 # A checkpoint's children travel as JSON arrays (p_subs, p_invs), expanded by
-# json_to_recordset, so that a checkpoint is one statement however many it has. (json,
-# not jsonb: the caller's values are stored as written, see schema.JSONText.)
+# json_to_recordset, so that a checkpoint is one statement however many it has. The
+# caller's JSON in them (correlation data, results, call order) travels as JSON text,
+# cast to json: PostgreSQL's JSON functions de-escape every string of what they parse
+# and refuse a \u0000 in any of them, which the json type stores (the portable body
+# binds each value as json and stores it). As text inside the array it is never NUL:
+# JSON text escapes it.
 _SUB_FIELDS = (("sub_task_id", String), ("invocation_id", String),
                ("function_call_id", String), ("peer_agent_name", String),
-               ("peer_task_id", String), ("correlation_data", PG_JSON), ("timeout_s", Float),
+               ("peer_task_id", String), ("correlation_data", Text), ("timeout_s", Float),
                ("timeout_deadline", Float))
 _INVOCATION_FIELDS = (("invocation_id", String), ("total_expected", Integer),
-                      ("completed_count", Integer), ("call_order", PG_JSON),
-                      ("results", PG_JSON))
+                      ("completed_count", Integer), ("call_order", Text), ("results", Text))
+#: The fields of p_subs and p_invs that hold the caller's JSON, as JSON text.
+_JSON_TEXT = {"p_subs": ("correlation_data",), "p_invs": ("call_order", "results")}
 
 
 def _records(param: str, fields: tuple[tuple[str, Any], ...]) -> Any:
     return (func.json_to_recordset(bindparam(param, type_=PG_JSON))
             .table_valued(*(column(name, kind) for name, kind in fields))
             .render_derived(name=param.removeprefix("p_"), with_types=True))
+
+
+def _columns(records: Any, param: str, fields: tuple[tuple[str, Any], ...]) -> list[Any]:
+    """The recordset's columns, the caller's JSON cast from its text to json."""
+    return [cast(records.c[name], PG_JSON) if name in _JSON_TEXT[param] else records.c[name]
+            for name, _ in fields]
 
 
 def _child_inserts() -> tuple[Any, ...]:
@@ -97,11 +109,11 @@ def _child_inserts() -> tuple[Any, ...]:
     inv_names = [name for name, _ in _INVOCATION_FIELDS]
     insert_subs = insert(S).from_select(
         ["tenant_id", "logical_task_id", "agent_name", *sub_names, "status", "created_at"],
-        select(q.tenant, q.task, q.agent, *(subs.c[name] for name in sub_names),
+        select(q.tenant, q.task, q.agent, *_columns(subs, "p_subs", _SUB_FIELDS),
                literal("pending"), q.now))
     insert_invs = insert(I).from_select(
         ["tenant_id", "logical_task_id", *inv_names, "created_at"],
-        select(q.tenant, q.task, *(invs.c[name] for name in inv_names), q.now))
+        select(q.tenant, q.task, *_columns(invs, "p_invs", _INVOCATION_FIELDS), q.now))
     return (insert_subs.cte("new_sub_tasks"), insert_invs.cte("new_invocations"),
             q.APPEND_EVENTS.clause.cte("new_events"))
 
@@ -219,11 +231,11 @@ class PostgresFastPaths(FastPaths):
             return await fetch(statement, conn, self._db.engine.dialect, params)
 
     async def first_checkpoint(self, params: dict[str, Any]) -> int:
-        await self._fetch(FIRST_CHECKPOINT, params)
+        await self._fetch(FIRST_CHECKPOINT, _children_as_text(params))
         return 1
 
     def insert_children(self, conn: Connection, params: dict[str, Any]) -> None:
-        INSERT_CHILDREN.rows(conn, params)
+        INSERT_CHILDREN.rows(conn, _children_as_text(params))
 
     async def resolve_one(self, params: dict[str, Any],
                           lease_owner: str | None) -> Resolution | Portable | None:
@@ -259,6 +271,15 @@ class PostgresFastPaths(FastPaths):
                            [EventRow(*r) for r in row.event_rows],
                            [InvocationRow(*r) for r in row.invocation_rows],
                            [SubTaskRow(*r) for r in row.sub_task_rows])
+
+
+def _children_as_text(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with the caller's JSON in p_subs and p_invs as JSON text (see
+    _SUB_FIELDS)."""
+    return {**params, **{
+        param: [{**row, **{name: _json.dumps(row[name]) for name in names}}
+                for row in params[param]]
+        for param, names in _JSON_TEXT.items()}}
 
 
 # -- the database ----------------------------------------------------------------------

@@ -6,18 +6,17 @@ WITH
                   function_call_id, peer_agent_name, peer_task_id, correlation_data, timeout_s, timeout_deadline,
                   status, created_at) SELECT :p_tenant::VARCHAR AS anon_1, :p_task::VARCHAR AS anon_2, :p_agent::VARCHAR AS anon_3,
      subs.sub_task_id AS sub_task_id, subs.invocation_id AS invocation_id, subs.function_call_id AS function_call_id,
-     subs.peer_agent_name AS peer_agent_name, subs.peer_task_id AS peer_task_id, subs.correlation_data AS correlation_data,
-     subs.timeout_s AS timeout_s, subs.timeout_deadline AS timeout_deadline, 'pending' AS anon_4, :p_now::FLOAT AS anon_5
-   FROM json_to_recordset(:p_subs::JSON) AS subs(sub_task_id VARCHAR, invocation_id VARCHAR, function_call_id VARCHAR, peer_agent_name VARCHAR, peer_task_id VARCHAR, correlation_data
-                                              JSON, timeout_s FLOAT, timeout_deadline FLOAT)),
+     subs.peer_agent_name AS peer_agent_name, subs.peer_task_id AS peer_task_id,
+     CAST(subs.correlation_data AS JSON) AS correlation_data, subs.timeout_s AS timeout_s, subs.timeout_deadline AS timeout_deadline,
+     'pending' AS anon_4, :p_now::FLOAT AS anon_5
+   FROM json_to_recordset(:p_subs::JSON) AS subs(sub_task_id VARCHAR, invocation_id VARCHAR, function_call_id VARCHAR, peer_agent_name VARCHAR, peer_task_id VARCHAR, correlation_data TEXT, timeout_s FLOAT, timeout_deadline FLOAT)),
   new_invocations AS
   (INSERT INTO agent_parallel_invocations (
                   tenant_id, logical_task_id, invocation_id, total_expected, completed_count,
                   call_order, results, created_at) SELECT :p_tenant::VARCHAR AS anon_1, :p_task::VARCHAR AS anon_2,
      invs.invocation_id AS invocation_id, invs.total_expected AS total_expected, invs.completed_count AS completed_count,
-     invs.call_order AS call_order, invs.results AS results, :p_now::FLOAT AS anon_5
-   FROM json_to_recordset(:p_invs::JSON) AS invs(invocation_id VARCHAR, total_expected INTEGER, completed_count INTEGER, call_order
-                                              JSON, results JSON)),
+     CAST(invs.call_order AS JSON) AS call_order, CAST(invs.results AS JSON) AS results, :p_now::FLOAT AS anon_5
+   FROM json_to_recordset(:p_invs::JSON) AS invs(invocation_id VARCHAR, total_expected INTEGER, completed_count INTEGER, call_order TEXT, results TEXT)),
   new_events AS
   (INSERT INTO agent_session_events (
                   tenant_id, logical_task_id, seq, data, created_at) SELECT :p_tenant::VARCHAR AS anon_1, :p_task::VARCHAR AS anon_2, :p_first::INTEGER AS anon_6,
