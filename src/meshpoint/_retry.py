@@ -1,8 +1,10 @@
 """Retries with tenacity, at no cost to the attempts that succeed.
 
-Every retry loop of meshpoint (a deadlock victim's transaction, a store operation
-during a database outage, a publish while NATS restarts, ``serve`` waiting for its
-services) is a tenacity policy. tenacity's asyncio machinery costs as much as a
+Every operation meshpoint retries (a deadlock victim's transaction, a store
+operation during a database outage, a publish or subscribe while NATS restarts,
+``serve`` opening its services) is retried by a tenacity policy. (A NATS queue
+member's pull loop paces itself on errors too; it never gives up, so it is a loop,
+not a retry.) tenacity's asyncio machinery costs as much as a
 quarter of a SQLite checkpoint per call, even when the first attempt succeeds
 (docs/store.md), and would be paid on every write and every publish. So
 :func:`retried` makes the first attempt itself and builds the policy and hands over

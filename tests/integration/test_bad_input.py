@@ -16,6 +16,9 @@ from meshpoint.errors import (
     CorruptCheckpointError,
     InvalidArgumentError,
     MeshpointError,
+    NotFoundError,
+    UnknownCallError,
+    UnknownInvocationError,
     UnknownSubTaskError,
     UnknownTaskError,
 )
@@ -143,6 +146,11 @@ def _with_sub(correlation_data: dict[str, object]) -> TaskExecutionContext:
     (lambda s: s.sweep_expired_timeouts(AGENT, limit=0), "limit"),
     (lambda s: s.take_resume_lease("t1", "o", ttl_s=-5), "ttl_s"),
     (lambda s: s.take_resume_lease("t1", "o", 5, statuses=["asleep"]), "statuses"),
+    (lambda s: s.take_resume_lease("t1", "o", 5, statuses=[["resuming"]]), "statuses"),
+    (lambda s: s.take_resume_lease("t1", "o", 5, statuses=[]), "statuses"),
+    (lambda s: s.list_paused_tasks(limit=None), "limit"),
+    (lambda s: s.resumable_tasks(AGENT, limit=0), "limit"),
+    (lambda s: s.next_deadlines(limit=-1), "limit"),
     (lambda s: s.reset_timeout_deadline("t1/sub-0", timeout_s=float("nan")), "timeout_s"),
     (lambda s: s.checkpoint_task(_with_sub({"peer_agent_name": ""}), AGENT),
      "peer_agent_name of sub-task 't/odd'"),
@@ -276,3 +284,16 @@ async def test_more_pending_sub_tasks_than_the_join_expects_resolve_only_what_fi
     statuses = sorted([(await store.get_peer_sub_task(f"t1/sub-{n}")).status
                        for n in (0, 1, 2)])
     assert statuses == ["pending", "pending", "resolved"]
+
+
+async def test_an_unknown_invocation_or_call_of_a_known_task_is_not_found(
+        store: SqlStore) -> None:
+    """The one rule for ids: unknown -> NotFoundError, whichever id it is."""
+    await store.checkpoint_task(fan_out("t1"), AGENT)
+    error = await expect_unchanged(store, lambda s: s.get_parallel_results("t1", "inv-9"),
+                                   UnknownInvocationError, "no parallel invocation 'inv-9'")
+    assert isinstance(error, NotFoundError)
+    error = await expect_unchanged(
+        store, lambda s: s.record_parallel_result("t1", "inv-1", "call-9", "x"),
+        UnknownCallError, "no peer call 'call-9'")
+    assert isinstance(error, NotFoundError)

@@ -10,7 +10,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, inspect, select
 
-from meshpoint.errors import SchemaError
+from meshpoint.errors import SchemaError, StoreError
 from meshpoint.store import SqlStore, open_database, open_store
 from meshpoint.store.engine import current_revision, downgrade, head_revision, migrate
 from meshpoint.store.schema import metadata, session_events
@@ -205,5 +205,24 @@ async def test_0005_keeps_stored_values_readable_both_ways(
         # As an older version stored them: SQLite's NUMERIC affinity takes the numbers
         # back (1.0 as the integer 1, the defect 0005 mends).
         assert await store.run(kinds) == (["real", "integer"] if sqlite else ["jsonb"] * 2)
+    finally:
+        await store.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("backend", ["postgres"])  # SQLite's TEXT takes any JSON back
+async def test_0005_down_refuses_a_value_jsonb_cannot_store_and_says_why(
+        empty_database: tuple[str, dict[str, Any]]) -> None:
+    url, options = empty_database
+    db = open_database(url, busy_timeout_s=5, schema=options.get("schema"), pool_size=1)
+    store = SqlStore(db, tenant_id="default")
+    try:
+        await migrate(db)
+        await store.checkpoint_task(fan_out("t1", peers=1), "agent")
+        await store.resolve_peer_sub_task("t1/sub-0", {"text": "a\x00b"})
+        with pytest.raises(StoreError, match=r"jsonb cannot store"):
+            await downgrade(db, "0004")
+        assert await current_revision(db) == head_revision()  # nothing changed
+        assert (await store.get_peer_sub_task("t1/sub-0")).result == {"text": "a\x00b"}
     finally:
         await store.close()

@@ -25,8 +25,7 @@ from meshpoint.runtime.calls import CallKinds
 from meshpoint.runtime.outages import Outages
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.tasks import DeadLetters, InHand, LeaseOwners, TaskRun
-from meshpoint.store.base import Store
-from meshpoint.store.schema import TASK_STATUSES
+from meshpoint.store.base import TASK_STATUSES, Store
 
 logger = logging.getLogger("meshpoint.runtime")
 

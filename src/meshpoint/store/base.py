@@ -40,6 +40,9 @@ from meshpoint.store.records import (
     RestoredTask,
     StoreStats,
 )
+from meshpoint.store.schema import TASK_STATUSES
+
+__all__ = ["TASK_STATUSES", "TIMEOUT_RESULT", "Store"]
 
 #: The result a sub-task resolved by its deadline carries.
 TIMEOUT_RESULT: dict[str, Any] = {"status": "timeout",

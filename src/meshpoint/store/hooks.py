@@ -17,6 +17,7 @@ drifts from its portable body fails a test. Each hook is kept only while
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Connection
@@ -54,11 +55,13 @@ class FastPaths:
         transaction ``conn`` (a re-checkpoint; its task row is already written)."""
         return PORTABLE
 
-    async def resolve_one(self, params: dict[str, Any],
+    async def resolve_one(self, params: Callable[[], dict[str, Any]],
                           lease_owner: str | None) -> Resolution | Portable | None:
         """Resolve one sub-task as :meth:`SqlStore.resolve_peer_sub_task` does: its
         :class:`Resolution`, ``None`` if it was already resolved; raise
-        UnknownSubTaskError for an unknown one."""
+        UnknownSubTaskError for an unknown one. ``params()`` builds the parameters,
+        reading the clock: call it when the statement is about to run, so that a
+        lease granted starts no earlier than it is."""
         return PORTABLE
 
     async def restore(self, params: dict[str, Any]) -> RestoreRows | Portable:

@@ -11,10 +11,10 @@ each one statement here, chained through data-modifying CTEs or subqueries, and
 run natively: :class:`PostgresFastPaths` awaits asyncpg on a pooled connection of
 its own (:meth:`PostgresDatabase.native`), with no BEGIN and COMMIT around a
 statement that is atomic by itself. Every statement is a network round trip, so
-one instead of five or six is most of what a pause costs (docs/store.md). Two more
-hooks exist for the query planner rather than for round trips (the sweep) and for
-a re-checkpoint's children. Each is kept only while ``benchmarks/bench_hooks.py``
-shows it pays, and the suite runs with them on and off.
+one instead of five or six is most of what a pause costs (docs/store.md). A fourth
+hook writes a re-checkpoint's children in one statement, inside its transaction.
+Each is kept only while ``benchmarks/bench_hooks.py`` shows it pays, and the suite
+runs with them on and off.
 """
 
 from __future__ import annotations
@@ -237,21 +237,22 @@ class PostgresFastPaths(FastPaths):
     def insert_children(self, conn: Connection, params: dict[str, Any]) -> None:
         INSERT_CHILDREN.rows(conn, _children_as_text(params))
 
-    async def resolve_one(self, params: dict[str, Any],
+    async def resolve_one(self, params: Callable[[], dict[str, Any]],
                           lease_owner: str | None) -> Resolution | Portable | None:
         dialect = self._db.engine.dialect
         async with self._db.native() as conn:
+            values = params()  # once the connection is ours: the clock starts the lease
             try:
-                rows = await fetch(RESOLVE_ONE, conn, dialect, params)
+                rows = await fetch(RESOLVE_ONE, conn, dialect, values)
             except exc.DBAPIError as error:
                 if getattr(error.orig, "sqlstate", None) == "22012":  # resolved, not counted
                     return PORTABLE  # rolled back
                 raise
             if not rows:
                 # A late or duplicate answer is told here, without a second transaction.
-                status = await fetch(q.SUB_TASK_STATUS, conn, dialect, params)
+                status = await fetch(q.SUB_TASK_STATUS, conn, dialect, values)
                 if not status:
-                    raise UnknownSubTaskError(params["p_sub"])
+                    raise UnknownSubTaskError(values["p_sub"])
                 # Still pending: a join whose rows are inconsistent, which the portable
                 # body explains.
                 return PORTABLE if status[0].status == "pending" else None

@@ -109,6 +109,11 @@ def check_timeout(name: str, value: Any) -> None:
         raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
+def check_limit(limit: Any) -> None:
+    if type(limit) is not int or limit < 1:
+        raise InvalidArgumentError(f"limit must be a positive int, got {limit!r}")
+
+
 def check_ttl(ttl_s: Any) -> None:
     if type(ttl_s) not in (int, float) or not math.isfinite(ttl_s) or ttl_s <= 0:
         raise InvalidArgumentError(f"ttl_s must be a finite number > 0, got {ttl_s!r}")

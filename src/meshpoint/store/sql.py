@@ -53,6 +53,7 @@ from meshpoint.store.records import (
 from meshpoint.store.rows import (
     RestoreRows,
     check_id,
+    check_limit,
     check_timeout,
     check_ttl,
     plan_join,
@@ -288,16 +289,20 @@ class SqlStore(Store):
         value = _json.json_copy(result, "result")
         self._check_lease(lease_owner, lease_ttl_s)
         doing = f"resolving sub-task {sub_task_id!r}"
-        now = self._clock()
-        params = self._keys(p_sub=sub_task_id, p_resolved_by=resolved_by, p_result=value,
-                            p_now=now, p_owner=lease_owner,
-                            p_lease_until=None if lease_owner is None else now + lease_ttl_s)
+
+        def params() -> dict[str, Any]:  # read when the statement runs: its clock too
+            now = self._clock()
+            return self._keys(
+                p_sub=sub_task_id, p_resolved_by=resolved_by, p_result=value, p_now=now,
+                p_owner=lease_owner,
+                p_lease_until=None if lease_owner is None else now + lease_ttl_s)
+
         done = await self._retried(doing, lambda: self._fast.resolve_one(params, lease_owner))
         if not isinstance(done, Portable):
             return done
 
         def body(conn: Connection) -> Resolution | None:
-            row = q.RESOLVE_PENDING.first(conn, {**params, "p_now": self._clock()})
+            row = q.RESOLVE_PENDING.first(conn, params())
             if row is None:
                 self._raise_if_unknown_sub_task(conn, sub_task_id)
                 return None
@@ -353,8 +358,7 @@ class SqlStore(Store):
                                      lease_owner: str | None = None,
                                      lease_ttl_s: float = 30.0) -> list[Resolution]:
         check_id("agent_name", agent_name)
-        if type(limit) is not int or limit < 1:
-            raise InvalidArgumentError(f"limit must be a positive int, got {limit!r}")
+        check_limit(limit)
         self._check_lease(lease_owner, lease_ttl_s)
 
         def body(conn: Connection) -> list[Resolution]:
@@ -442,9 +446,9 @@ class SqlStore(Store):
         check_id("task_id", task_id)
         check_id("owner", owner)
         check_ttl(ttl_s)
-        wanted = list(dict.fromkeys(statuses))
-        if not wanted or any(s not in TASK_STATUSES for s in wanted):
+        if not statuses or any(s not in TASK_STATUSES for s in statuses):
             raise InvalidArgumentError(f"statuses must be non-empty, from {TASK_STATUSES}")
+        wanted = list(dict.fromkeys(statuses))
         slots = dict(zip(q.STATUS_SLOTS, wanted + [None] * len(q.STATUS_SLOTS), strict=False))
 
         def body(conn: Connection) -> Lease | None:
@@ -570,6 +574,7 @@ class SqlStore(Store):
     async def list_paused_tasks(self, *, agent_name: str | None = None,
                                 status: str | None = None,
                                 limit: int = 100) -> list[PausedTaskSummary]:
+        check_limit(limit)
         params = self._keys(p_agent=agent_name, p_any_agent=agent_name is None,
                             p_status=status, p_any_status=status is None, p_limit=limit)
 
@@ -583,6 +588,7 @@ class SqlStore(Store):
 
     async def resumable_tasks(self, agent_name: str, *, limit: int = 100) -> list[str]:
         check_id("agent_name", agent_name)
+        check_limit(limit)
         params = self._keys(p_agent=agent_name, p_now=self._clock(), p_limit=limit)
 
         def body(conn: Connection) -> list[str]:
@@ -592,6 +598,7 @@ class SqlStore(Store):
 
     async def next_deadlines(self, *, agent_name: str | None = None,
                              limit: int = 10) -> list[PeerSubTask]:
+        check_limit(limit)
         statement = q.NEXT_DEADLINES if agent_name is None else q.NEXT_DEADLINES_OF_AGENT
         params = self._keys(p_agent=agent_name, p_limit=limit)
 

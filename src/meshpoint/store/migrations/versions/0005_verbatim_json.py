@@ -17,6 +17,8 @@ unrestorable; and object keys came back reordered. The live tables' columns of
 the caller's JSON become ``json``, which keeps the text; values already stored keep
 JSONB's form of them. ``agent_checkpoints.data`` stays JSONB, for its GIN index.
 The type change resets a column's compression, so the columns of 0003 get lz4 again.
+Going down, a value holding ``\u0000`` (which json stores and jsonb cannot) stops the
+downgrade with an error that says so; nothing is changed then.
 
 Revision ID: 0005
 Revises: 0004
@@ -77,8 +79,20 @@ def _sqlite(new: Any, old: Any) -> None:
 
 def _postgres(new: str) -> None:
     for table, columns in POSTGRES_COLUMNS.items():
-        op.execute(f"ALTER TABLE {table} " + ", ".join(
-            f"ALTER COLUMN {column} TYPE {new} USING {column}::{new}" for column in columns))
+        alter = f"ALTER TABLE {table} " + ", ".join(
+            f"ALTER COLUMN {column} TYPE {new} USING {column}::{new}" for column in columns)
+        # Down to jsonb, a value holding \u0000 (json keeps it) cannot be converted:
+        # say so rather than leave PostgreSQL's bare escape error (22P05).
+        op.execute(f"""
+            DO $$
+            BEGIN
+                EXECUTE '{alter}';
+            EXCEPTION WHEN untranslatable_character THEN
+                RAISE EXCEPTION 'meshpoint: cannot change % to %: a stored value holds '
+                                '\\u0000, which jsonb cannot store; end or change the tasks '
+                                'that hold it, then migrate down again', '{table}', '{new}';
+            END
+            $$""")
     set_compression(COMPRESSED, "lz4")
 
 
