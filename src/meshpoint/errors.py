@@ -18,6 +18,7 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     │   │   └── UnknownCallError
     │   ├── ConflictError           the write would break an invariant
     │   │   ├── CheckpointConflictError   the task or a sub-task id is already stored
+    │   │   │   └── TaskEndedError        the task already ended (a late copy of its request)
     │   │   └── LeaseNotHeldError         the caller does not hold the task's resume lease
     │   └── CorruptCheckpointError  a stored row does not decode; it was not used
     ├── BrokerError                 the message broker refused or failed an operation
@@ -128,6 +129,20 @@ class ConflictError(StoreError):
 
 class CheckpointConflictError(ConflictError):
     """The task or one of its sub-task ids is already stored and not leased to the caller."""
+
+
+class TaskEndedError(CheckpointConflictError):
+    """A first checkpoint of a task that already ended: its request was delivered
+    again after the task finished (the instance that paused it died before
+    acknowledging it). Nothing was written; the late copy is to be dropped."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(
+            f"task {task_id!r} has already ended (cleanup_task) and is remembered until "
+            "forget_ended_tasks: a late copy of its request, or a reused task id; nothing "
+            "was written"
+        )
+        self.task_id = task_id
 
 
 class LeaseNotHeldError(ConflictError):

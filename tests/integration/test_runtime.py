@@ -15,7 +15,6 @@ from meshpoint.llm import ScriptedModel, ToolSpec
 from meshpoint.llm.base import ModelResponse
 from meshpoint.runtime import Agent, AgentInstance, LocalTool, Peer, RuntimeOptions, wire
 from meshpoint.store import SqlStore
-from tests.conftest import row_counts
 from tests.integration.mesh import FAST, ManualPeer, Mesh, eventually
 
 TRIP = "Plan a trip: flights, hotels, weather"
@@ -42,9 +41,8 @@ async def no_rows_left(store: SqlStore) -> None:
     counts: dict[str, int] = {}
 
     async def empty() -> bool:
-        counts.update(await row_counts(store))
-        return all(n == 0 for k, n in counts.items()
-                   if k not in ("agent_checkpoints", "agent_events"))
+        counts.update(await store.live_row_counts())
+        return all(n == 0 for n in counts.values())
 
     try:
         await eventually(empty, timeout_s=5)
@@ -239,6 +237,29 @@ async def test_a_checkpoint_committed_but_reported_failed_leaves_no_rows(mesh: M
 
 
 # -- duplicates, late answers, status updates -------------------------------------------------
+
+async def test_a_late_copy_of_an_ended_tasks_request_starts_nothing(mesh: Mesh) -> None:
+    """The instance that paused a task died before acknowledging its request, so the
+    broker delivers it again, after the task ended: the copy runs its first turn,
+    finds at its checkpoint that the task ended, and is dropped. Its peers are not
+    asked again, and its caller is answered once."""
+    (instance,) = await mesh.run(coordinator("flights", "hotels"))
+    await mesh.run(simple("flights"))
+    await mesh.run(simple("hotels"))
+    rid = await mesh.client.submit("coordinator", TRIP2)
+    first = await mesh.client.wait(rid, 10)
+    assert first.status.state is a2a.TaskState.COMPLETED
+    await no_rows_left(mesh.store)
+    ns = mesh.options.namespace
+    requests = len(mesh.broker.published(wire.request_subject(ns, "flights")))
+    await mesh.client.submit("coordinator", TRIP2, request_id=rid)  # the late copy
+    await eventually(lambda: len(mesh.events("dropped", "coordinator")) == 1,
+                     what="the copy dropped")
+    assert len(mesh.broker.published(wire.request_subject(ns, "flights"))) == requests
+    assert len(mesh.client.answers[rid]) == 1
+    assert mesh.events("started", "coordinator") == [(instance.instance_id, first.id)] * 2
+    await no_rows_left(mesh.store)
+
 
 async def test_duplicate_and_late_answers_are_acked_and_ignored(mesh: Mesh) -> None:
     await mesh.run(coordinator("flights", "hotels", timeout_s=0.5), 2)

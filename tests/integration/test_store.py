@@ -14,6 +14,7 @@ from meshpoint.errors import (
     LeaseNotHeldError,
     StoreError,
     StoreUnavailableError,
+    TaskEndedError,
     UnknownCallError,
 )
 from meshpoint.store import TIMEOUT_RESULT, SqlStore, open_store
@@ -292,9 +293,9 @@ async def test_cleanup_removes_every_live_row(store: SqlStore) -> None:
     counts = await row_counts(store)
     assert counts == {"agent_paused_tasks": 1, "agent_peer_sub_tasks": 3,
                       "agent_parallel_invocations": 1, "agent_session_events": 1,
-                      "agent_checkpoints": 0, "agent_events": 0}
+                      "agent_checkpoints": 0, "agent_events": 0, "agent_ended_tasks": 1}
     await store.cleanup_task("t2")
-    assert set((await row_counts(store)).values()) == {0}
+    assert await row_counts(store) == {**dict.fromkeys(counts, 0), "agent_ended_tasks": 2}
 
 
 async def test_cleanup_under_a_lease_is_reserved_to_its_holder(store: SqlStore) -> None:
@@ -304,7 +305,8 @@ async def test_cleanup_under_a_lease_is_reserved_to_its_holder(store: SqlStore) 
         await store.cleanup_task("t1", lease_owner="b")
     assert (await row_counts(store))["agent_paused_tasks"] == 1
     await store.cleanup_task("t1", lease_owner="a")
-    assert set((await row_counts(store)).values()) == {0}
+    assert set((await store.live_row_counts()).values()) == {0}
+    assert (await row_counts(store))["agent_ended_tasks"] == 1
 
 
 async def test_operator_listing_and_counts(store: SqlStore, clock: FakeClock) -> None:
@@ -447,7 +449,7 @@ async def test_concurrent_calls_on_a_small_pool_all_finish(
     store = await open_store(postgres_url, schema=pg_schema, pool_size=pool_size)
 
     async def life(n: int) -> None:
-        task = f"small-pool-{n}"
+        task = f"small-pool-{pool_size}-{n}"  # ids are unique per tenant, ended ones too
         await store.checkpoint_task(fan_out(task, peers=2, local=False), AGENT)  # native
         for k in range(2):
             await store.resolve_peer_sub_task(f"{task}/sub-{k}", {"n": n})  # native
@@ -461,3 +463,26 @@ async def test_concurrent_calls_on_a_small_pool_all_finish(
         assert await store.live_row_counts() == before
     finally:
         await store.close()
+
+
+async def test_an_ended_task_cannot_be_stored_again_until_forgotten(
+        store: SqlStore, clock: FakeClock) -> None:
+    """A late copy of an ended task's request (its instance died between the first
+    checkpoint and its ack of the request) must not store the task anew: the ledger
+    remembers that it ended until the agent's instances forget it."""
+    await store.checkpoint_task(fan_out("t1", peers=1), AGENT)
+    await store.cleanup_task("t1")
+    before = await snapshot(store)
+    with pytest.raises(TaskEndedError, match="'t1' has already ended"):
+        await store.checkpoint_task(fan_out("t1", peers=1), AGENT)
+    assert await snapshot(store) == before  # nothing written, on any path
+    await store.checkpoint_task(fan_out("t2", peers=1), "other-agent")
+    await store.cleanup_task("t2")
+    clock.advance(60)
+    assert await store.forget_ended_tasks(AGENT, older_than_s=120) == 0
+    assert await store.forget_ended_tasks(AGENT, older_than_s=30) == 1  # its agent's only
+    await store.checkpoint_task(fan_out("t1", peers=1), AGENT)  # forgotten: a new task
+    with pytest.raises(TaskEndedError):
+        await store.checkpoint_task(fan_out("t2", peers=1), "other-agent")
+    with pytest.raises(InvalidArgumentError, match="older_than_s"):
+        await store.forget_ended_tasks(AGENT, older_than_s=-1)

@@ -153,6 +153,13 @@ class RuntimeOptions:
     max_in_flight: int = 16
     max_message_bytes: int = 1 << 20
 
+    @property
+    def ended_task_memory_s(self) -> float:
+        """How long the store remembers that a task ended: twice the longest a copy of
+        its request can still be delivered (every delivery's ack wait). A copy that
+        comes later than that would start the task again."""
+        return 2 * self.request_ack_wait_s * self.max_deliver
+
     def __post_init__(self) -> None:
         check_name("namespace", self.namespace)
         for name in ("lease_ttl_s", "sweep_interval_s", "recovery_interval_s",

@@ -9,7 +9,9 @@
 If the checkpoint fails, or the agent does not checkpoint, the task waits in
 memory instead (:mod:`meshpoint.runtime.memory`) and its message stays
 un-acknowledged. If the checkpoint is refused because the task is stored already,
-another run of it is the live one.
+another run of it is the live one; if because the task already ended, this run
+came from a late copy of its request (the instance that paused it died before
+acknowledging it) and is dropped.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from meshpoint.errors import (
     LeaseNotHeldError,
     StoreError,
     StoreUnavailableError,
+    TaskEndedError,
     UnknownTaskError,
 )
 from meshpoint.runtime.calls import CallKinds
@@ -108,7 +111,9 @@ class PauseBoundary:
         logger.info("%s: dropping task %s: %s", self.instance_id, ctx.task_id, error)
         self.stats.note("dropped", ctx.task_id)
         self.in_hand.forget(run)
-        if isinstance(error, CheckpointConflictError):
+        if isinstance(error, TaskEndedError):
+            pass  # a late copy of the request of a task that ended: nothing to redo
+        elif isinstance(error, CheckpointConflictError):
             if run.lease_owner is not None:
                 # Refused (e.g. calls still open after a cancel): let it go.
                 with contextlib.suppress(StoreError):

@@ -40,7 +40,7 @@ from meshpoint.runtime.boundary import PauseBoundary
 from meshpoint.runtime.calls import CallKind, CallKinds, LocalTools
 from meshpoint.runtime.cancels import Cancels
 from meshpoint.runtime.ending import Endings
-from meshpoint.runtime.loops import LeaseKeeper, Recovery, Sweeper, forever
+from meshpoint.runtime.loops import EndedTasks, LeaseKeeper, Recovery, Sweeper, forever
 from meshpoint.runtime.memory import MemoryPath
 from meshpoint.runtime.outages import Outages
 from meshpoint.runtime.peers import PeerCalls
@@ -125,6 +125,8 @@ class AgentInstance:
         self._recovery = Recovery(
             agent_name=agent.name, store=store, in_hand=in_hand, owners=owners, stats=stats,
             background=background, lease_ttl_s=o.lease_ttl_s, resume=turns.resume)
+        self._ledger = EndedTasks(agent_name=agent.name, store=store,
+                                  memory_s=o.ended_task_memory_s)
         self._keeper = LeaseKeeper(instance_id=name, store=store, in_hand=in_hand,
                                    lease_ttl_s=o.lease_ttl_s,
                                    request_ack_wait_s=o.request_ack_wait_s)
@@ -187,6 +189,7 @@ class AgentInstance:
             # to sweep and no leases to recover, and spare the database the polling.
             loop("sweeper", self._sweeper.step, o.sweep_interval_s)
             loop("recovery", self._recovery.step, o.recovery_interval_s)
+            loop("ledger", self._ledger.step, self._ledger.period_s)
 
     async def drain(self, timeout_s: float = 20.0) -> None:
         """Stop gracefully (SIGTERM): take no new tasks, answers or recoveries; let the

@@ -6,6 +6,8 @@
   but their lease expired (``recovery_interval_s``).
 * The **keeper** renews the leases and ack waits of the tasks in hand; a lease it
   can no longer renew was taken over, and its run stops quietly.
+* The **ledger** loop forgets the agent's ended tasks once no copy of their
+  requests can come back (``RuntimeOptions.ended_task_memory_s``).
 
 A failing pass is logged and tried again next period: a loop never dies of one bad
 row.
@@ -98,6 +100,22 @@ class Recovery:
             if lease is not None:
                 self.stats.note("recovered", task_id)
                 self.background.spawn(self.resume(task_id, owner))
+
+
+@dataclass(frozen=True)
+class EndedTasks:
+    """Prunes an agent's ledger of ended tasks (see Store.forget_ended_tasks)."""
+
+    agent_name: str
+    store: Store
+    memory_s: float
+
+    @property
+    def period_s(self) -> float:
+        return self.memory_s / 4
+
+    async def step(self) -> None:
+        await self.store.forget_ended_tasks(self.agent_name, older_than_s=self.memory_s)
 
 
 @dataclass(frozen=True)

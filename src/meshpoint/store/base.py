@@ -66,7 +66,9 @@ class Store(Protocol):
         events appended since the previous checkpoint.
 
         A first checkpoint inserts the task (:class:`~meshpoint.errors.
-        CheckpointConflictError` if it or a sub-task id is already stored); a stored
+        CheckpointConflictError` if it or a sub-task id is already stored,
+        :class:`~meshpoint.errors.TaskEndedError` if the task already ended and is
+        still remembered, see :meth:`forget_ended_tasks`); a stored
         task is checkpointed again only by the holder of its resume lease
         (``lease_owner``), once its join completed, and the write releases the
         lease (UnknownTaskError if it is not stored, LeaseNotHeldError if the lease
@@ -183,9 +185,16 @@ class Store(Protocol):
     # -- ending a task, and operators ---------------------------------------------------
 
     async def cleanup_task(self, task_id: str, *, lease_owner: str | None = None) -> None:
-        """Delete every live row of a task (it completed, failed or was canceled).
-        UnknownTaskError for an unknown task; with ``lease_owner``, only that lease
-        holder may do it (LeaseNotHeldError otherwise)."""
+        """Delete every live row of a task (it completed, failed or was canceled), and
+        remember that it ended, so that a late copy of its request cannot store it
+        again. UnknownTaskError for an unknown task; with ``lease_owner``, only that
+        lease holder may do it (LeaseNotHeldError otherwise)."""
+        ...
+
+    async def forget_ended_tasks(self, agent_name: str, *, older_than_s: float) -> int:
+        """Forget ``agent_name``'s tasks that ended more than ``older_than_s`` ago
+        (once no copy of their requests can come back); returns how many. Until then
+        a first checkpoint of such a task raises TaskEndedError."""
         ...
 
     async def resumable_tasks(self, agent_name: str, *, limit: int = 100) -> list[str]:

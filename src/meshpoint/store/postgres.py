@@ -102,7 +102,8 @@ def _columns(records: Any, param: str, fields: tuple[tuple[str, Any], ...]) -> l
             for name, _ in fields]
 
 
-def _child_inserts() -> tuple[Any, ...]:
+def _child_inserts(*where: Any) -> tuple[Any, ...]:
+    """The CTEs inserting a checkpoint's children, each under ``where``."""
     subs = _records("p_subs", _SUB_FIELDS)
     invs = _records("p_invs", _INVOCATION_FIELDS)
     sub_names = [name for name, _ in _SUB_FIELDS]
@@ -110,19 +111,29 @@ def _child_inserts() -> tuple[Any, ...]:
     insert_subs = insert(S).from_select(
         ["tenant_id", "logical_task_id", "agent_name", *sub_names, "status", "created_at"],
         select(q.tenant, q.task, q.agent, *_columns(subs, "p_subs", _SUB_FIELDS),
-               literal("pending"), q.now))
+               literal("pending"), q.now).where(*where))
     insert_invs = insert(I).from_select(
         ["tenant_id", "logical_task_id", *inv_names, "created_at"],
-        select(q.tenant, q.task, *_columns(invs, "p_invs", _INVOCATION_FIELDS), q.now))
+        select(q.tenant, q.task, *_columns(invs, "p_invs", _INVOCATION_FIELDS), q.now)
+        .where(*where))
     return (insert_subs.cte("new_sub_tasks"), insert_invs.cte("new_invocations"),
-            q.APPEND_EVENTS.clause.cte("new_events"))
+            q.append_events(*where).cte("new_events"))
+
+
+def _first_checkpoint() -> Any:
+    """The task row and its children; the children only if the task row was written
+    (insert_task writes none for a task that already ended). Returns how many task
+    rows it wrote: 0 means the portable body must say why."""
+    new_task = q.INSERT_TASK.clause.cte("new_task")
+    written = select(new_task.c.logical_task_id).exists()
+    return (select(func.count()).select_from(new_task)
+            .add_cte(new_task, *_child_inserts(written)))
 
 
 FIRST_CHECKPOINT = Statement(
     "pg_first_checkpoint", "Writes a first checkpoint in one statement: the task row "
-    "(insert_task), its sub-tasks, invocations and new events.",
-    select(literal(1)).add_cte(q.INSERT_TASK.clause.cte("new_task"), *_child_inserts()),
-    dialects=ONLY)
+    "(insert_task), and if it was written its sub-tasks, invocations and new events.",
+    _first_checkpoint(), dialects=ONLY)
 INSERT_CHILDREN = Statement(
     "pg_insert_children", "Inserts a re-checkpoint's sub-tasks, invocations and new events "
     "in one statement.",
@@ -230,9 +241,9 @@ class PostgresFastPaths(FastPaths):
         async with self._db.native() as conn:
             return await fetch(statement, conn, self._db.engine.dialect, params)
 
-    async def first_checkpoint(self, params: dict[str, Any]) -> int:
-        await self._fetch(FIRST_CHECKPOINT, _children_as_text(params))
-        return 1
+    async def first_checkpoint(self, params: dict[str, Any]) -> int | Portable:
+        (written,), = await self._fetch(FIRST_CHECKPOINT, _children_as_text(params))
+        return 1 if written else PORTABLE  # not written: the task ended, as the body says
 
     def insert_children(self, conn: Connection, params: dict[str, Any]) -> None:
         INSERT_CHILDREN.rows(conn, _children_as_text(params))

@@ -15,6 +15,8 @@ any deadlock PostgreSQL still detects is retried whole by the store.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     Boolean,
     Float,
@@ -26,6 +28,7 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    literal,
     or_,
     select,
     text,
@@ -40,6 +43,7 @@ from meshpoint.store.schema import (
     RESUMING_PREDICATE,
     TASK_STATUSES,
     JSONText,
+    ended_tasks,
     parallel_invocations,
     paused_tasks,
     peer_sub_tasks,
@@ -49,6 +53,7 @@ from meshpoint.store.statement import Statement
 
 # Short names keep the statements readable.
 T, S, I, E = paused_tasks, peer_sub_tasks, parallel_invocations, session_events  # noqa: E741
+N = ended_tasks
 
 tenant = bindparam("p_tenant", type_=String)
 task = bindparam("p_task", type_=String)
@@ -81,15 +86,25 @@ SUB_COLUMNS = (S.c.sub_task_id, S.c.logical_task_id, S.c.agent_name, S.c.invocat
 
 # -- checkpoint ------------------------------------------------------------------------
 
+#: A task id the ledger of ended tasks still holds.
+ENDED = (select(literal(1))
+         .where(N.c.tenant_id == tenant, N.c.logical_task_id == task).exists())
+_NEW_TASK = {  # column -> the value a first checkpoint gives it
+    "tenant_id": tenant, "logical_task_id": task, "agent_name": agent,
+    "status": bindparam("p_status", type_=String), "current_invocation_id": invocation,
+    "context": bindparam("p_context", type_=T.c.context.type),
+    "context_encoding": bindparam("p_encoding", type_=String),
+    "context_sha256": bindparam("p_sha256", type_=String),
+    "session_event_count": bindparam("p_event_count", type_=Integer),
+    "version": literal(1), "created_at": now, "checkpointed_at": now,
+    "expires_at": bindparam("p_expires_at", type_=Float)}
+#: It inserts nothing (and returns no row) for a task that already ended: a late
+#: copy of its request must not store it again.
 INSERT_TASK = Statement(
-    "insert_task", "Inserts the task row of a first checkpoint (version 1, no lease).",
-    insert(T).values(
-        tenant_id=tenant, logical_task_id=task, agent_name=agent,
-        status=bindparam("p_status"), current_invocation_id=invocation,
-        context=bindparam("p_context"), context_encoding=bindparam("p_encoding"),
-        context_sha256=bindparam("p_sha256"), session_event_count=bindparam("p_event_count"),
-        version=1, created_at=now, checkpointed_at=now,
-        expires_at=bindparam("p_expires_at", type_=Float)))
+    "insert_task", "Inserts the task row of a first checkpoint (version 1, no lease), "
+    "unless the task already ended.",
+    insert(T).from_select(list(_NEW_TASK), select(*_NEW_TASK.values()).where(~ENDED))
+    .returning(T.c.logical_task_id))
 INSERT_SUB_TASK = Statement(
     "insert_sub_task", "Inserts one pending peer sub-task of a checkpoint (one parameter "
     "set per sub-task).",
@@ -127,18 +142,21 @@ RECHECKPOINT_TASK = Statement(
             owner=None, lease_expires_at=None, version=T.c.version + 1,
             checkpointed_at=now, expires_at=bindparam("p_expires_at", type_=Float))
     .returning(T.c.version))
-#: One row per checkpoint rather than per event: ``seq`` is the index of its first
-#: event, ``data`` the JSON array of them. Written only if there are any
-#: (``p_has_events``), so a later checkpoint's batch can start at the same index. The
-#: rows (and index entries) a checkpoint writes were its cost (docs/store.md).
-APPEND_EVENTS = Statement(
-    "append_events", "Appends the conversation events of one checkpoint as one row, if "
-    "it has any.",
-    insert(E).from_select(
+def append_events(*where: Any) -> Any:
+    """One row per checkpoint rather than per event: ``seq`` is the index of its first
+    event, ``data`` the JSON array of them. Written only if there are any
+    (``p_has_events``, and ``where``), so a later checkpoint's batch can start at the
+    same index. The rows (and index entries) a checkpoint writes were its cost."""
+    return insert(E).from_select(
         ["tenant_id", "logical_task_id", "seq", "data", "created_at"],
         select(tenant, task, bindparam("p_first", type_=Integer),
                bindparam("p_events", type_=JSONText), now)
-        .where(bindparam("p_has_events", type_=Boolean))))
+        .where(bindparam("p_has_events", type_=Boolean), *where))
+
+
+APPEND_EVENTS = Statement(
+    "append_events", "Appends the conversation events of one checkpoint as one row, if "
+    "it has any.", append_events())
 COUNT_OPEN_SUB_TASKS = Statement(
     "count_open_sub_tasks", "Counts a task's sub-tasks that can still be resolved.",
     select(func.count()).where(OF_TASK[S], OPEN))
@@ -150,10 +168,20 @@ DELETE_TASK_INVOCATIONS = Statement(
 DELETE_TASK_EVENTS = Statement(
     "delete_task_events", "Deletes a task's conversation.", delete(E).where(OF_TASK[E]))
 DELETE_TASK = Statement(
-    "delete_task", "Deletes a task's row.", delete(T).where(TASK_KEY).returning(T.c.version))
+    "delete_task", "Deletes a task's row.",
+    delete(T).where(TASK_KEY).returning(T.c.agent_name))
 DELETE_TASK_OF_OWNER = Statement(
     "delete_task_of_owner", "Deletes a task's row if the caller holds its lease.",
-    delete(T).where(TASK_KEY, T.c.owner == owner).returning(T.c.version))
+    delete(T).where(TASK_KEY, T.c.owner == owner).returning(T.c.agent_name))
+RECORD_ENDED = Statement(
+    "record_ended", "Records in the ledger of ended tasks that a task ended.",
+    insert(N).from_select(["tenant_id", "logical_task_id", "agent_name", "ended_at"],
+                          select(tenant, task, agent, now).where(~ENDED)))
+FORGET_ENDED = Statement(
+    "forget_ended", "Forgets an agent's tasks that ended before p_before.",
+    delete(N).where(N.c.agent_name == agent, N.c.tenant_id == tenant,
+                    N.c.ended_at < bindparam("p_before", type_=Float))
+    .returning(N.c.logical_task_id))
 TASK_STATE = Statement(
     "task_state", "Reads a task's status, lease and stored event count (to explain a "
     "refusal).",

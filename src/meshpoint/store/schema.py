@@ -225,5 +225,21 @@ events = Table(
     Index("ix_agent_events_agent", "tenant_id", "agent_name", "created_at"),
 )
 
+#: Tasks that ended after a checkpoint, remembered for a while (see
+#: ``SqlStore.forget_ended_tasks``): a request the broker delivers again after its
+#: task ended (an instance died between the task's first checkpoint and its ack of
+#: the request) then cannot store the task anew, so its peers are not asked twice.
+#: Not live state: a task's end leaves this row and no other.
+ended_tasks = Table(
+    "agent_ended_tasks",
+    metadata,
+    Column("tenant_id", TENANT, primary_key=True),
+    Column("logical_task_id", ID, primary_key=True),
+    Column("agent_name", ID, nullable=False),
+    Column("ended_at", Float, nullable=False),
+    # Led by the agent, as the others (0004): each agent's instances prune their own.
+    Index("ix_agent_ended_tasks_agent", "agent_name", "tenant_id", "ended_at"),
+)
+
 #: Tables holding a paused task's live state, children first (the delete order).
 LIVE_TABLES = (peer_sub_tasks, parallel_invocations, session_events, paused_tasks)

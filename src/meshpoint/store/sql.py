@@ -32,6 +32,7 @@ from meshpoint.errors import (
     CorruptCheckpointError,
     InvalidArgumentError,
     LeaseNotHeldError,
+    TaskEndedError,
     UnknownCallError,
     UnknownInvocationError,
     UnknownSubTaskError,
@@ -227,7 +228,8 @@ class SqlStore(Store):
         def body(conn: Connection) -> int:
             try:
                 if lease_owner is None:
-                    q.INSERT_TASK.rows(conn, params)
+                    if q.INSERT_TASK.first(conn, params) is None:
+                        raise TaskEndedError(ctx.task_id)
                     version = 1
                 else:
                     version = self._rewrite_task(conn, params)
@@ -565,11 +567,26 @@ class SqlStore(Store):
                               q.DELETE_TASK_EVENTS):
                 statement.rows(conn, keys)
             delete = q.DELETE_TASK if lease_owner is None else q.DELETE_TASK_OF_OWNER
-            if delete.first(conn, keys) is None:
+            deleted = delete.first(conn, keys)
+            if deleted is None:
                 self._raise_if_unknown_task(conn, task_id)
                 raise LeaseNotHeldError(task_id, lease_owner)
+            q.RECORD_ENDED.rows(conn, {**keys, "p_agent": deleted.agent_name,
+                                       "p_now": self._clock()})
 
         await self._write(f"cleaning up task {task_id!r}", body)
+
+    async def forget_ended_tasks(self, agent_name: str, *, older_than_s: float) -> int:
+        check_id("agent_name", agent_name)
+        check_timeout("older_than_s", older_than_s)
+
+        def body(conn: Connection) -> int:
+            before = self._clock() - older_than_s
+            return len(q.FORGET_ENDED.rows(conn, self._keys(p_agent=agent_name,
+                                                            p_before=before)))
+
+        return await self._write(f"forgetting ended tasks of {agent_name!r}", body,
+                                 one_statement=True, short=False)
 
     async def list_paused_tasks(self, *, agent_name: str | None = None,
                                 status: str | None = None,

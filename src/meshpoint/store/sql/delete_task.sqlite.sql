@@ -2,4 +2,4 @@
 DELETE
 FROM agent_paused_tasks
 WHERE agent_paused_tasks.tenant_id = :p_tenant
-  AND agent_paused_tasks.logical_task_id = :p_task RETURNING version;
+  AND agent_paused_tasks.logical_task_id = :p_task RETURNING agent_name;

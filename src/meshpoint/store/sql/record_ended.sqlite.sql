@@ -1,0 +1,9 @@
+-- Records in the ledger of ended tasks that a task ended.
+INSERT INTO agent_ended_tasks (
+               tenant_id, logical_task_id, agent_name, ended_at)
+SELECT :p_tenant AS anon_1, :p_task AS anon_2, :p_agent AS anon_3, :p_now AS anon_4
+WHERE NOT (EXISTS
+             (SELECT 1 AS anon_5
+              FROM agent_ended_tasks
+              WHERE agent_ended_tasks.tenant_id = :p_tenant
+                AND agent_ended_tasks.logical_task_id = :p_task));
