@@ -98,13 +98,12 @@ _NEW_TASK = {  # column -> the value a first checkpoint gives it
     "session_event_count": bindparam("p_event_count", type_=Integer),
     "version": literal(1), "created_at": now, "checkpointed_at": now,
     "expires_at": bindparam("p_expires_at", type_=Float)}
-#: It inserts nothing (and returns no row) for a task that already ended: a late
-#: copy of its request must not store it again.
+#: It inserts nothing for a task that already ended: a late copy of its request must
+#: not store it again (the store reads the driver's row count).
 INSERT_TASK = Statement(
     "insert_task", "Inserts the task row of a first checkpoint (version 1, no lease), "
     "unless the task already ended.",
-    insert(T).from_select(list(_NEW_TASK), select(*_NEW_TASK.values()).where(~ENDED))
-    .returning(T.c.logical_task_id))
+    insert(T).from_select(list(_NEW_TASK), select(*_NEW_TASK.values()).where(~ENDED)))
 INSERT_SUB_TASK = Statement(
     "insert_sub_task", "Inserts one pending peer sub-task of a checkpoint (one parameter "
     "set per sub-task).",

@@ -228,7 +228,7 @@ class SqlStore(Store):
         def body(conn: Connection) -> int:
             try:
                 if lease_owner is None:
-                    if q.INSERT_TASK.first(conn, params) is None:
+                    if not q.INSERT_TASK.rowcount(conn, params):
                         raise TaskEndedError(ctx.task_id)
                     version = 1
                 else:

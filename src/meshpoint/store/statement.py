@@ -174,6 +174,22 @@ class Statement:
         rows = self.rows(conn, params)
         return rows[0][0] if rows else None
 
+    def rowcount(self, conn: Connection, params: dict[str, Any]) -> int:
+        """Execute a statement that returns no rows; how many rows it changed (the
+        driver's count: cheaper than a RETURNING clause, which on SQLite cost an
+        INSERT ... SELECT as much again)."""
+        compiled = self.compiled(conn.dialect)
+        args = self.bind(compiled, params)
+        count = 0
+
+        def call(cursor: Any) -> None:
+            nonlocal count
+            cursor.execute(compiled.sql, args)
+            count = cursor.rowcount
+
+        self._execute(conn, compiled, call, args)
+        return count
+
     def execute_many(self, conn: Connection, params: Sequence[dict[str, Any]]) -> None:
         """Execute once per parameter dict (an INSERT of several rows)."""
         compiled = self.compiled(conn.dialect)

@@ -11,4 +11,4 @@ WHERE NOT (EXISTS
              (SELECT 1 AS anon_13
               FROM agent_ended_tasks
               WHERE agent_ended_tasks.tenant_id = :p_tenant::VARCHAR
-                AND agent_ended_tasks.logical_task_id = :p_task::VARCHAR)) RETURNING agent_paused_tasks.logical_task_id;
+                AND agent_ended_tasks.logical_task_id = :p_task::VARCHAR));

@@ -10,4 +10,4 @@ WHERE NOT (EXISTS
              (SELECT 1 AS anon_13
               FROM agent_ended_tasks
               WHERE agent_ended_tasks.tenant_id = :p_tenant
-                AND agent_ended_tasks.logical_task_id = :p_task)) RETURNING logical_task_id;
+                AND agent_ended_tasks.logical_task_id = :p_task));
