@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from meshpoint.store import render
@@ -30,3 +32,20 @@ def test_each_file_opens_with_one_line_on_what_it_does() -> None:
             text = (render.SQL_DIR / f"{statement.name}.{dialect}.sql").read_text()
             first, _, sql = text.partition("\n")
             assert first == f"-- {statement.doc}" and sql.strip().endswith(";")
+
+
+def test_the_dialect_modules_build_their_statements_whatever_ran_before() -> None:
+    """Statements built on a portable clause (the PostgreSQL first checkpoint adds
+    RETURNING to insert_task's) must not inherit what compiling that clause memoized:
+    a process that ran SQLite statements before it first opened PostgreSQL could not
+    import the PostgreSQL module (its first checkpoint saw no returned column)."""
+    script = (
+        "from sqlalchemy.dialects import sqlite\n"
+        "from meshpoint.store.statement import registered\n"
+        "import meshpoint.store.queries\n"
+        "for s in registered():\n"
+        "    if 'sqlite' in s.dialects: s.compiled(sqlite.dialect())\n"
+        "import meshpoint.store.postgres\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -124,7 +124,7 @@ def _first_checkpoint() -> Any:
     """The task row and its children; the children only if the task row was written
     (insert_task writes none for a task that already ended). Returns how many task
     rows it wrote: 0 means the portable body must say why."""
-    new_task = q.INSERT_TASK.clause.returning(T.c.logical_task_id).cte("new_task")
+    new_task = q.insert_task().returning(T.c.logical_task_id).cte("new_task")
     written = select(new_task.c.logical_task_id).exists()
     return (select(func.count()).select_from(new_task)
             .add_cte(new_task, *_child_inserts(written)))

@@ -35,6 +35,7 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy.sql.dml import Insert
 
 from meshpoint.store.rows import EventRow, InvocationRow, SubTaskRow, TaskRow
 from meshpoint.store.schema import (
@@ -100,10 +101,19 @@ _NEW_TASK = {  # column -> the value a first checkpoint gives it
     "expires_at": bindparam("p_expires_at", type_=Float)}
 #: It inserts nothing for a task that already ended: a late copy of its request must
 #: not store it again (the store reads the driver's row count).
+
+
+def insert_task() -> Insert:
+    """A new copy of insert_task's clause, for a statement built on it (the PostgreSQL
+    first checkpoint adds RETURNING): a clause a Statement has compiled carries
+    memoized state, such as its exported columns, that generative copies inherit."""
+    return insert(T).from_select(list(_NEW_TASK),
+                                 select(*_NEW_TASK.values()).where(~ENDED))
+
+
 INSERT_TASK = Statement(
     "insert_task", "Inserts the task row of a first checkpoint (version 1, no lease), "
-    "unless the task already ended.",
-    insert(T).from_select(list(_NEW_TASK), select(*_NEW_TASK.values()).where(~ENDED)))
+    "unless the task already ended.", insert_task())
 INSERT_SUB_TASK = Statement(
     "insert_sub_task", "Inserts one pending peer sub-task of a checkpoint (one parameter "
     "set per sub-task).",
