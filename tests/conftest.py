@@ -21,6 +21,7 @@ from sqlalchemy import Connection
 
 from meshpoint.store import SqlStore, open_store
 from meshpoint.store.schema import metadata
+from tests.integration.mesh import Mesh
 
 POSTGRES_URL = os.environ.get("MESHPOINT_TEST_POSTGRES_URL",
                               "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
@@ -245,3 +246,14 @@ async def live_store(backend: str, store_url: str,
     (for the runtime, whose leases and deadlines must really expire)."""
     async with await _empty_store(backend, store_url, store_options) as opened:
         yield opened
+
+
+@pytest.fixture
+async def mesh(live_store: SqlStore) -> AsyncIterator[Mesh]:
+    """A started :class:`~tests.integration.mesh.Mesh` on an empty store of the
+    parametrised backend."""
+    started = await Mesh(live_store).start()
+    try:
+        yield started
+    finally:
+        await started.close()

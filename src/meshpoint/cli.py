@@ -1,4 +1,5 @@
-"""The ``meshpoint`` command line: ``demo``, ``serve``, ``submit``, ``migrate``, ``stats``."""
+"""The ``meshpoint`` command line: ``demo``, ``serve``, ``submit``, ``migrate``, ``stats``,
+and ``tasks`` (:mod:`meshpoint.cli_tasks`)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from rich.table import Table
 
 from meshpoint import a2a
+from meshpoint.cli_tasks import tasks_app
 from meshpoint.errors import MeshpointError
 
 app = typer.Typer(help="meshpoint: AI agents that are stateless while they wait.",
                   no_args_is_help=True, add_completion=False)
+app.add_typer(tasks_app, name="tasks")
 console = Console()
 err = Console(stderr=True)
 

@@ -31,7 +31,7 @@ from pydantic import (
     model_validator,
 )
 
-from meshpoint.errors import ConfigurationError, MeshpointError
+from meshpoint.errors import ConfigurationError, InvalidArgumentError, MeshpointError
 from meshpoint.llm.base import Model
 from meshpoint.runtime.agent import Agent, LocalTool, Peer, RuntimeOptions
 
@@ -142,12 +142,22 @@ class PeerConfig(_Strict):
     tool_name: str | None = Field(default=None, pattern=_NAME)
 
 
+_IMPORT_PATH = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+
+
 class ToolConfig(_Strict):
     """A local tool: a Python callable named ``package.module:function``."""
 
     name: str = Field(pattern=_NAME)
-    function: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    function: str = Field(pattern=_IMPORT_PATH)
     description: str = ""
+    #: true: every call waits for a human's approval; ``package.module:function``: a
+    #: predicate on the call's arguments says which calls do.
+    needs_approval: bool | Annotated[str, Field(pattern=_IMPORT_PATH)] = False
+    #: Seconds a call waits for approval before it is denied ("timed out").
+    approval_timeout_s: float = Field(default=3600.0, gt=0)
+    #: The JSON schema of the arguments (edited arguments must satisfy it).
+    parameters: dict[str, Any] | None = None
 
 
 class AgentConfig(_Strict):
@@ -201,6 +211,12 @@ class MeshConfig(_Strict):
     def build_agent(self, name: str) -> Agent:
         """The :class:`Agent` called ``name``, with its model and tools built."""
         spec = self.agent_config(name)
+        try:
+            return self._build_agent(name, spec)
+        except InvalidArgumentError as error:
+            raise ConfigurationError(f"agents.{name}: {error}") from None
+
+    def _build_agent(self, name: str, spec: AgentConfig) -> Agent:
         return Agent(
             name=name, model=_build_model(name, spec.model), description=spec.description,
             tools=[_build_tool(name, tool) for tool in spec.tools],
@@ -243,13 +259,24 @@ def _build_model(agent: str, spec: ScriptedModelConfig | OpenAIModelConfig) -> M
 
 
 def _build_tool(agent: str, spec: ToolConfig) -> LocalTool:
-    module_name, _, attribute = spec.function.partition(":")
     where = f"agents.{agent}.tools ({spec.name})"
+    fn = _import(where, spec.function)
+    needs = spec.needs_approval
+    extra: dict[str, Any] = {} if spec.parameters is None else {"parameters": spec.parameters}
     try:
-        fn = getattr(importlib.import_module(module_name), attribute)
+        return LocalTool(spec.name, spec.description or (fn.__doc__ or "").strip(), fn,
+                         needs_approval=_import(where, needs) if isinstance(needs, str)
+                         else needs, approval_timeout_s=spec.approval_timeout_s, **extra)
+    except InvalidArgumentError as error:
+        raise ConfigurationError(f"{where}: {error}") from None
+
+
+def _import(where: str, path: str) -> Any:
+    module_name, _, attribute = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as error:
-        raise ConfigurationError(f"{where}: cannot import {spec.function!r} ({error})") from None
-    return LocalTool(spec.name, spec.description or (fn.__doc__ or "").strip(), fn)
+        raise ConfigurationError(f"{where}: cannot import {path!r} ({error})") from None
 
 
 def load_config(path: str | Path) -> MeshConfig:

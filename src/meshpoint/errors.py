@@ -23,6 +23,10 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     │   └── CorruptCheckpointError  a stored row does not decode; it was not used
     ├── BrokerError                 the message broker refused or failed an operation
     │   └── BrokerClosedError       the broker was closed
+    ├── AnswerRefusedError          a human's answer to a waiting task was refused
+    │   ├── AlreadyAnsweredError    the call was answered first (its ``decision``)
+    │   ├── NotPendingError         the task does not wait on that call, or on any input
+    │   └── ArgumentsRejectedError  edited arguments fail the tool's JSON schema
     ├── BadMessageError             a message is malformed, unknown or too large
     └── ModelError                  a model endpoint failed or answered nonsense
 
@@ -35,6 +39,8 @@ and is taken over like any lease of a crashed owner.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class MeshpointError(Exception):
@@ -171,6 +177,38 @@ class BrokerError(MeshpointError):
 
 class BrokerClosedError(BrokerError):
     """The broker was closed; open a new one."""
+
+
+class AnswerRefusedError(MeshpointError):
+    """An answer to a task waiting for a human (approve, deny, reply) was refused;
+    nothing was written. ``code`` is its JSON-RPC error code on the wire; ``decision``
+    the answer that stands, if there is one."""
+
+    code = -32050
+
+    def __init__(self, message: str, *, decision: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.decision = decision
+
+
+class AlreadyAnsweredError(AnswerRefusedError):
+    """The call was answered first, by someone else or by its deadline: the first
+    answer wins. ``decision`` is the winning one."""
+
+    code = -32051
+
+
+class NotPendingError(AnswerRefusedError):
+    """The task is not waiting for that call (or for any input): the call id is
+    wrong, names a peer's call, or the task has moved on."""
+
+    code = -32052
+
+
+class ArgumentsRejectedError(AnswerRefusedError, InvalidArgumentError):
+    """Edited arguments do not satisfy the tool's JSON schema; the message says where."""
+
+    code = -32602
 
 
 class BadMessageError(MeshpointError):

@@ -16,6 +16,8 @@ EXAMPLES = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 @pytest.mark.parametrize(("index", "expected"), [
     (0, "('task-42/a', {'text': 'A is...'})"),   # the store
     (1, "completed Answer to 'Plan a trip: flights, hotels'"),  # the runtime
+    (2, "refund {'query': 'Refund order 1042'}\ncompleted Answer to 'Refund order 1042':\n"
+        "- refund(Refund order 1042) = refunded half of order 1042"),  # approvals
 ])
 def test_the_readme_examples_run(index: int, expected: str, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:

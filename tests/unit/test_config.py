@@ -131,3 +131,46 @@ def test_an_openai_model_needs_its_key_variable(tmp_path: Path,
         config.build_agent("flights")
     monkeypatch.setenv("MY_KEY", "sk-test")
     assert config.build_agent("flights").model.name == "gpt-4o-mini"
+
+
+def big_amount(arguments: dict[str, Any]) -> bool:
+    return int(arguments.get("amount", 0)) > 100
+
+
+def test_tools_can_need_approval_always_or_by_a_predicate(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MINIMAL + """
+  payer:
+    tools:
+      - {name: pay, function: "tests.unit.test_config:lookup_tool",
+         needs_approval: "tests.unit.test_config:big_amount", approval_timeout_s: 60,
+         parameters: {type: object, properties: {amount: {type: integer}}}}
+      - {name: send, function: "tests.unit.test_config:lookup_tool", needs_approval: true}
+"""))
+    pay, send = config.build_agent("payer").tools
+    assert pay.requires_approval({"amount": 500}) and not pay.requires_approval({"amount": 5})
+    assert pay.approval_timeout_s == 60 and pay.parameters["properties"]["amount"]
+    assert send.needs_approval is True
+
+
+@pytest.mark.parametrize(("tool", "expected"), [
+    ("needs_approval: 'not a path'", "needs_approval"),
+    ("needs_approval: true, approval_timeout_s: 0", "approval_timeout_s: Input should be "
+                                                     "greater than 0"),
+])
+def test_approval_mistakes_name_their_key(tmp_path: Path, tool: str, expected: str) -> None:
+    path = write(tmp_path, MINIMAL + f"""
+  payer:
+    tools: [{{name: pay, function: "tests.unit.test_config:lookup_tool", {tool}}}]
+""")
+    with pytest.raises(ConfigurationError, match=expected):
+        load_config(path)
+
+
+def test_approval_tools_without_checkpointing_fail_when_built(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + """
+  payer:
+    stateless_checkpointing: false
+    tools: [{name: pay, function: "tests.unit.test_config:lookup_tool", needs_approval: true}]
+""")
+    with pytest.raises(ConfigurationError, match=r"agents\.payer: .*needs stateless_checkpointing"):
+        load_config(path).build_agent("payer")

@@ -3,24 +3,35 @@
 An :class:`Agent` is a definition, shared by all of its instances. Each peer is
 offered to the model as one more tool (``ask_<peer>`` unless named otherwise); a
 turn may call several peers at once (a fan-out) and mix them with local tools,
-which return at once.
+which return at once, unless a tool needs a human's approval
+(``LocalTool(..., needs_approval=True)``): then the task pauses until a human
+approves, edits or denies the call (:mod:`meshpoint.runtime.approvals`).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
+import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
 from meshpoint.errors import InvalidArgumentError
 from meshpoint.llm.base import Model, ToolSpec
 
+logger = logging.getLogger("meshpoint.runtime")
+
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
-ToolFunction = Callable[[dict[str, Any]], Any | Awaitable[Any]]
+ToolFunction = Callable[..., Any | Awaitable[Any]]
+#: Whether a call needs approval, from its arguments.
+ApprovalPredicate = Callable[[dict[str, Any]], bool]
 
 
 def check_name(what: str, value: Any) -> str:
@@ -32,11 +43,37 @@ def check_name(what: str, value: Any) -> str:
 
 
 @dataclass(frozen=True)
+class ToolCallInfo:
+    """What a tool may know of the call it makes: pass a function of two parameters,
+    ``fn(arguments, call)``, to get it.
+
+    ``idempotency_key`` is the same every time this call runs, on any instance: a
+    tool with side effects outside meshpoint can use it to make a repeated run (a
+    turn re-run after a crash) change nothing.
+    """
+
+    task_id: str
+    #: The model's id of the call.
+    call_id: str
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.task_id}/{self.call_id}"
+
+
+@dataclass(frozen=True)
 class LocalTool:
     """A function the model can call that returns at once (sync or async).
 
-    It gets the call's arguments (a dict) and returns any JSON value; an exception
-    becomes an ``{"error": ...}`` result the model sees, not a failed task.
+    It gets the call's arguments (a dict), and the :class:`ToolCallInfo` if it takes
+    a second parameter, and returns any JSON value; an exception becomes an
+    ``{"error": ...}`` result the model sees, not a failed task.
+
+    ``needs_approval`` (True, or a predicate on the call's arguments) makes a call
+    wait for a human's decision first: the task pauses as ``input_required`` for up
+    to ``approval_timeout_s`` (then the call is denied, "timed out"), and the tool
+    runs when the call is approved, with the arguments as the human left them,
+    which must satisfy ``parameters`` (a JSON schema).
     """
 
     name: str
@@ -44,15 +81,63 @@ class LocalTool:
     fn: ToolFunction
     parameters: dict[str, Any] = field(default_factory=lambda: {
         "type": "object", "properties": {"query": {"type": "string"}}})
+    needs_approval: bool | ApprovalPredicate = False
+    approval_timeout_s: float = 3600.0
+    _takes_call: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
         check_name("a tool name", self.name)
         if not callable(self.fn):
             raise InvalidArgumentError(f"tool {self.name!r}: fn must be callable")
+        if not (type(self.needs_approval) is bool or callable(self.needs_approval)):
+            raise InvalidArgumentError(
+                f"tool {self.name!r}: needs_approval must be a bool or a function of the "
+                f"call's arguments, got {self.needs_approval!r}")
+        if not (type(self.approval_timeout_s) in (int, float)
+                and 0 < self.approval_timeout_s < math.inf):
+            raise InvalidArgumentError(
+                f"tool {self.name!r}: approval_timeout_s must be a number > 0, "
+                f"got {self.approval_timeout_s!r}")
+        try:
+            Draft202012Validator.check_schema(self.parameters)
+        except SchemaError as error:
+            raise InvalidArgumentError(
+                f"tool {self.name!r}: parameters is not a valid JSON schema: "
+                f"{error.message}") from None
+        object.__setattr__(self, "_takes_call", _takes_second_argument(self.fn))
 
-    async def call(self, arguments: dict[str, Any]) -> Any:
-        value = self.fn(arguments)
+    @property
+    def may_need_approval(self) -> bool:
+        """Whether any call of this tool can wait for approval."""
+        return self.needs_approval is not False
+
+    def requires_approval(self, arguments: dict[str, Any]) -> bool:
+        """Whether this call waits for a human. A predicate that fails says yes."""
+        if type(self.needs_approval) is bool:
+            return self.needs_approval
+        try:
+            return bool(self.needs_approval(arguments))
+        except Exception:
+            logger.exception("tool %r: its needs_approval predicate failed; the call "
+                             "waits for approval", self.name)
+            return True
+
+    async def call(self, arguments: dict[str, Any], info: ToolCallInfo | None = None) -> Any:
+        if self._takes_call:
+            value = self.fn(arguments, info)
+        else:
+            value = self.fn(arguments)
         return await value if inspect.isawaitable(value) else value
+
+
+def _takes_second_argument(fn: Callable[..., Any]) -> bool:
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    positional = [p for p in parameters
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in parameters)
 
 
 @dataclass(frozen=True)
@@ -116,6 +201,18 @@ class Agent:
             raise InvalidArgumentError(f"agent {self.name!r}: tool names {twice} are used twice")
         if self.max_turns < 1:
             raise InvalidArgumentError(f"agent {self.name!r}: max_turns must be >= 1")
+        approving = [t.name for t in self.tools if t.may_need_approval]
+        if approving and not self.stateless_checkpointing:
+            raise InvalidArgumentError(
+                f"agent {self.name!r}: tools {approving} need approval, which needs "
+                "stateless_checkpointing: the human's answer may reach any instance, so "
+                "the waiting task must be in the store")
+
+    @property
+    def pauses(self) -> bool:
+        """Whether a task of this agent can ever pause (it calls peers, or has a tool
+        that needs approval): only then do its instances sweep and recover."""
+        return bool(self.peers) or any(t.may_need_approval for t in self.tools)
 
     @functools.cached_property
     def tool_specs(self) -> list[ToolSpec]:

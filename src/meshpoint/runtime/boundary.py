@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import (
     CheckpointConflictError,
     LeaseNotHeldError,
@@ -88,14 +89,12 @@ class PauseBoundary:
             return False
         self.stats.checkpoint_ms.append((time.perf_counter() - started) * 1000)
         self.stats.note("paused", ctx.task_id)
-        for sub_task_id in sub_task_ids:
-            corr = ctx.active_peer_sub_tasks[sub_task_id]
-            try:
-                await self.kinds.announce(ctx, sub_task_id, corr)
-            except Exception as error:
-                # The checkpoint holds the item: it times out and the task goes on.
-                logger.error("%s: %s of task %s not announced (%s); it will time out",
-                             self.instance_id, sub_task_id, ctx.task_id, error)
+        try:
+            await self.kinds.announce(ctx, sub_task_ids)
+        except Exception as error:
+            # The checkpoint holds the items: each times out and the task goes on.
+            logger.error("%s: items of task %s not announced (%s); they will time out",
+                         self.instance_id, ctx.task_id, error)
         if run.delivery is not None:
             await run.delivery.ack()
         self.in_hand.forget(run)
@@ -131,9 +130,11 @@ class PauseBoundary:
             stored = await self.store.get_peer_sub_tasks_for_task(run.ctx.task_id)
         except StoreError:
             return  # the items still time out
-        for sub in stored:
-            if sub.status == "pending":
-                await self.kinds.announce(run.ctx, sub.sub_task_id, sub.correlation_data)
+        # The stored items, not this run's (its turn opened items of its own).
+        stored_ctx = TaskExecutionContext(run.ctx.task_id, run.ctx.a2a_context)
+        stored_ctx.active_peer_sub_tasks = {sub.sub_task_id: sub.correlation_data
+                                            for sub in stored if sub.status == "pending"}
+        await self.kinds.announce(stored_ctx, list(stored_ctx.active_peer_sub_tasks))
 
     async def _cancel_after_boundary(self, task_id: str) -> None:
         try:

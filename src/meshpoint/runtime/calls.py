@@ -7,12 +7,18 @@ place, :func:`meshpoint.runtime.instance.call_kinds`):
 * an *immediate* kind returns the call's result at once: :class:`LocalTools`;
 * a *waiting* kind opens an outstanding item of the turn's join instead, a
   sub-task registered in the context: a peer's answer
-  (:class:`~meshpoint.runtime.peers.PeerCalls`), and next a human's approval. The
-  task then pauses: the boundary checkpoints it, then asks each item's kind to
-  :meth:`~CallKind.announce` it (publish the request, tell the caller what it
-  waits for), and any instance resolves the item exactly once, by its answer or
-  its deadline, in the store. An item that ends without its answer (a timeout, a
-  cancel) is :meth:`~CallKind.withdraw`-n from whoever was to answer it.
+  (:class:`~meshpoint.runtime.peers.PeerCalls`), a human's approval
+  (:class:`~meshpoint.runtime.approvals.ApprovalCalls`). The task then pauses: the
+  boundary checkpoints it, then asks each kind to :meth:`~CallKind.announce` its
+  items (publish the request, tell the caller what it waits for), and any instance
+  resolves each item exactly once, by its answer or its deadline, in the store. An
+  item that ends without its answer (a timeout, a cancel) is
+  :meth:`~CallKind.withdraw`-n from whoever was to answer it.
+
+When every call of the turn has its result, each kind :meth:`~CallKind.settle` s
+its calls' results into what the model is shown (a peer's answer becomes its text
+and its artifacts are kept; an approved call runs its tool now), and the turn goes
+on.
 
 The store knows nothing of kinds: to it every outstanding item is a sub-task with
 correlation data and a deadline. A kind recognises its own items by their
@@ -25,9 +31,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from meshpoint._json import json_copy
 from meshpoint.context import TaskExecutionContext
 from meshpoint.llm.base import ToolCall
-from meshpoint.runtime.agent import Agent
+from meshpoint.runtime.agent import Agent, LocalTool, ToolCallInfo
+
+#: An outstanding item: its sub-task id and correlation data.
+Item = tuple[str, dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -60,16 +70,23 @@ class CallKind(Protocol):
         it waits on with ``ctx.register_peer_sub_task``."""
         ...
 
-    async def announce(self, ctx: TaskExecutionContext, sub_task_id: str,
-                       correlation: dict[str, Any], *, inbox: str | None) -> None:
-        """Send what makes the item answerable, once nothing can be lost: after the
-        checkpoint that holds it committed, or (``inbox``) when the task waits in
-        this instance's memory and the answer must come to that subject prefix."""
+    async def announce(self, ctx: TaskExecutionContext, items: Sequence[Item], *,
+                       inbox: str | None) -> None:
+        """Send what makes ``items`` (this kind's, as ``(sub_task_id, correlation)``)
+        answerable, once nothing can be lost: after the checkpoint that holds them
+        committed, or (``inbox``) when the task waits in this instance's memory and
+        the answers must come to that subject prefix."""
         ...
 
     async def withdraw(self, sub_task_id: str, correlation: dict[str, Any]) -> None:
         """The item ended without its answer (its deadline passed, or its task was
         canceled): tell whoever was to answer it that it need not."""
+        ...
+
+    async def settle(self, ctx: TaskExecutionContext, call: ToolCall, result: Any) -> Any:
+        """What the model is shown for ``call``, one of this kind's, given the result
+        its item was resolved with (any JSON value). Runs when the turn's join is
+        complete, on the instance that continues the task."""
         ...
 
 
@@ -94,17 +111,26 @@ class LocalTools:
         tool = self.agent.local_tool(call.name)
         if tool is None:
             return Opened(result={"error": f"unknown tool {call.name!r}"})
-        try:
-            return Opened(result=await tool.call(call.arguments))
-        except Exception as error:
-            return Opened(result={"error": f"{type(error).__name__}: {error}"})
+        return Opened(result=await run_tool(tool, ctx, call, call.arguments))
 
-    async def announce(self, ctx: TaskExecutionContext, sub_task_id: str,
-                       correlation: dict[str, Any], *, inbox: str | None) -> None:
+    async def announce(self, ctx: TaskExecutionContext, items: Sequence[Item], *,
+                       inbox: str | None) -> None:
         raise AssertionError("a local call is never outstanding")
 
     async def withdraw(self, sub_task_id: str, correlation: dict[str, Any]) -> None:
         raise AssertionError("a local call is never outstanding")
+
+    async def settle(self, ctx: TaskExecutionContext, call: ToolCall, result: Any) -> Any:
+        return result
+
+
+async def run_tool(tool: LocalTool, ctx: TaskExecutionContext, call: ToolCall,
+                   arguments: dict[str, Any]) -> Any:
+    """Run a local tool for ``call``: its result, or its error as a result."""
+    try:
+        return await tool.call(arguments, ToolCallInfo(task_id=ctx.task_id, call_id=call.id))
+    except Exception as error:
+        return {"error": f"{type(error).__name__}: {error}"}
 
 
 class CallKinds:
@@ -127,13 +153,43 @@ class CallKinds:
                 return kind.pause_status
         raise AssertionError("a pause waits on at least one item of a known kind")
 
-    async def announce(self, ctx: TaskExecutionContext, sub_task_id: str,
-                       correlation: dict[str, Any], *, inbox: str | None = None) -> None:
-        kind = self.of(correlation)
-        if kind is not None:
-            await kind.announce(ctx, sub_task_id, correlation, inbox=inbox)
+    async def announce(self, ctx: TaskExecutionContext, sub_task_ids: Sequence[str], *,
+                       inbox: str | None = None) -> None:
+        """Announce the items ``sub_task_ids`` of ``ctx``, each kind its own at once."""
+        by_kind: dict[int, tuple[CallKind, list[Item]]] = {}
+        for sub_task_id in sub_task_ids:
+            corr = ctx.active_peer_sub_tasks[sub_task_id]
+            kind = self.of(corr)
+            if kind is not None:
+                by_kind.setdefault(id(kind), (kind, []))[1].append((sub_task_id, corr))
+        for kind, items in by_kind.values():
+            await kind.announce(ctx, items, inbox=inbox)
 
     async def withdraw(self, sub_task_id: str, correlation: dict[str, Any]) -> None:
         kind = self.of(correlation)
         if kind is not None:
             await kind.withdraw(sub_task_id, correlation)
+
+    async def settle(self, ctx: TaskExecutionContext) -> None:
+        """Settle the results of the turn whose join is complete, each by the kind of
+        its call, in the model's call order."""
+        invocation = ctx.current_invocation_id
+        calls = ctx.parallel_tool_calls.get(invocation) if invocation else None
+        if calls is None:
+            return
+        made = turn_calls(ctx)
+        for call_id, result in calls.ordered_results():
+            call = made.get(call_id) or ToolCall(id=call_id, name="", arguments={})
+            value = await self.for_call(call).settle(ctx, call, result)
+            if value is not result:
+                calls.results[call_id] = json_copy(value, f"result of {call_id!r}")
+
+
+def turn_calls(ctx: TaskExecutionContext) -> dict[str, ToolCall]:
+    """The calls of the task's latest turn that made any, by the model's call id."""
+    for event in reversed(ctx.session_events):
+        if event.get("role") == "assistant" and event.get("tool_calls"):
+            return {c["id"]: ToolCall(id=c["id"], name=c["name"],
+                                      arguments=c.get("arguments") or {})
+                    for c in event["tool_calls"]}
+    return {}

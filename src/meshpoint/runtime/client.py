@@ -3,18 +3,38 @@
 A client is a caller that is not an agent (a CLI, a web backend, a test). Its
 answers come to its own inbox; it counts every final answer it receives, so a
 duplicate answer (at-least-once delivery of the final response) is visible.
+
+It is also how a human answers a task that waits for approval, from any process:
+:meth:`Client.approve`, :meth:`Client.deny` and :meth:`Client.reply` send the answer
+to the task's agent, whose instance that takes it checks and records it and
+replies; a refused answer raises
+:class:`~meshpoint.errors.AnswerRefusedError` (or UnknownTaskError) saying why.
+The tasks this client submitted tell it when they wait for input
+(:meth:`Client.wait_input`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from meshpoint import a2a
 from meshpoint.broker.base import Broker, ConsumerOptions, Delivery, Subscription
-from meshpoint.errors import BadMessageError, InvalidArgumentError
+from meshpoint.errors import (
+    AlreadyAnsweredError,
+    AnswerRefusedError,
+    ArgumentsRejectedError,
+    BadMessageError,
+    BrokerError,
+    InvalidArgumentError,
+    MeshpointError,
+    NotPendingError,
+    UnknownTaskError,
+)
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import check_name
+from meshpoint.runtime.wire import TASK_NOT_FOUND
 
 logger = logging.getLogger("meshpoint.client")
 
@@ -31,6 +51,10 @@ class Client:
         #: request id -> every final answer received for it (normally one).
         self.answers: dict[str, list[a2a.Task]] = {}
         self._waiters: dict[str, asyncio.Future[a2a.Task]] = {}
+        #: request id -> the calls its task last said it waits to have approved.
+        self.input_required: dict[str, list[dict[str, Any]]] = {}
+        self._inputs: dict[str, asyncio.Future[list[dict[str, Any]]]] = {}
+        self._replies: dict[str, asyncio.Future[a2a.SuccessResponse | a2a.ErrorResponse]] = {}
         self._subscription: Subscription | None = None
 
     async def start(self) -> Client:
@@ -83,6 +107,84 @@ class Client:
         await self.broker.publish(wire.request_subject(self.namespace, agent),
                                   wire.cancel_request(task_id))
 
+    async def wait_input(self, request_id: str, timeout_s: float | None = None
+                         ) -> list[dict[str, Any]]:
+        """The pending approvals of ``request_id``'s task, once it waits for input:
+        each a dict of ``call_id`` (what to answer), ``tool``, ``arguments``,
+        ``description``, ``function_call_id`` and ``timeout_s``. Returns at once if
+        an update not yet waited for arrived already."""
+        if request_id not in self._waiters:
+            raise InvalidArgumentError(f"no task was submitted with request id {request_id!r}")
+        future = self._inputs.setdefault(request_id,
+                                         asyncio.get_running_loop().create_future())
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        finally:
+            if future.done():
+                self._inputs.pop(request_id, None)
+
+    async def approve(self, task_id: str, call_id: str,
+                      arguments: dict[str, Any] | None = None, *, agent: str | None = None,
+                      by: str | None = None, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Approve the pending call ``call_id`` of ``task_id``, with ``arguments`` in
+        place of the model's if given (checked against the tool's JSON schema before
+        anything is written). Returns the recorded decision."""
+        if arguments is not None and type(arguments) is not dict:
+            raise InvalidArgumentError(f"arguments must be a dict, got {arguments!r:.80}")
+        answer: dict[str, Any] = {"decision": "approve", "call_id": call_id}
+        if arguments is not None:
+            answer["arguments"] = arguments
+        return (await self._answer(task_id, answer, None, agent, by, timeout_s))[0]
+
+    async def deny(self, task_id: str, call_id: str, reason: str = "denied", *,
+                   agent: str | None = None, by: str | None = None,
+                   timeout_s: float = 30.0) -> dict[str, Any]:
+        """Deny the pending call ``call_id`` of ``task_id``; the model is shown
+        ``reason``. Returns the recorded decision."""
+        answer = {"decision": "deny", "call_id": call_id, "reason": reason}
+        return (await self._answer(task_id, answer, None, agent, by, timeout_s))[0]
+
+    async def reply(self, task_id: str, text: str, *, agent: str | None = None,
+                    by: str | None = None, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+        """Answer a waiting task in words: its pending calls are not run and the model
+        is shown ``text``. Returns the decisions recorded, one per call."""
+        if type(text) is not str or not text:
+            raise InvalidArgumentError("text must be a non-empty str")
+        return await self._answer(task_id, None, text, agent, by, timeout_s)
+
+    async def _answer(self, task_id: str, answer: dict[str, Any] | None, text: str | None,
+                      agent: str | None, by: str | None, timeout_s: float
+                      ) -> list[dict[str, Any]]:
+        if self._subscription is None:
+            raise InvalidArgumentError("start the client (async with Client(...)) first")
+        if type(task_id) is not str or not task_id:
+            raise InvalidArgumentError(f"task_id must be a non-empty str, got {task_id!r}")
+        agent = check_name("agent", agent or wire.agent_of_task(task_id))
+        request_id = wire.new_id()
+        future = self._replies[request_id] = asyncio.get_running_loop().create_future()
+        try:
+            await self.broker.publish(
+                wire.request_subject(self.namespace, agent),
+                wire.answer_request(request_id, task_id, answer, text=text,
+                                    by=by or self.client_id),
+                wire.reply_headers(f"{self._prefix}.response.{request_id}",
+                                   f"{self._prefix}.status.{request_id}"))
+            try:
+                response = await asyncio.wait_for(future, timeout_s)
+            except TimeoutError:
+                raise BrokerError(
+                    f"no instance of agent {agent!r} answered within {timeout_s} s; the "
+                    "answer may still be taken (answering again is safe: the first "
+                    "answer wins)") from None
+        finally:
+            self._replies.pop(request_id, None)
+        if isinstance(response, a2a.ErrorResponse):
+            raise refusal(task_id, response.error)
+        result = response.result
+        data = next((p.data for p in result.parts if isinstance(p, a2a.DataPart)), {}) \
+            if isinstance(result, a2a.Message) else {}
+        return list(data.get("decisions") or [])
+
     async def _on_message(self, delivery: Delivery) -> None:
         kind, _, request_id = delivery.message.subject[len(self._prefix) + 1:].partition(".")
         try:
@@ -91,12 +193,43 @@ class Client:
             await delivery.term(str(error))
             return
         await delivery.ack()
+        reply = self._replies.get(request_id)
+        if reply is not None:  # the reply to an answer of ours
+            if not reply.done():
+                reply.set_result(response)
+            return
         if isinstance(response, a2a.ErrorResponse):
             logger.warning("request %s failed: %s", request_id, response.error.message)
             return
         result = response.result
+        if (kind == "status" and isinstance(result, a2a.TaskStatusUpdateEvent)
+                and result.status.state is a2a.TaskState.INPUT_REQUIRED):
+            self._note_input_required(request_id, result)
+            return
         if kind == "response" and isinstance(result, a2a.Task) and result.status.state.is_final:
             self.answers.setdefault(request_id, []).append(result)
             future = self._waiters.get(request_id)
             if future is not None and not future.done():
                 future.set_result(result)
+
+    def _note_input_required(self, request_id: str, event: a2a.TaskStatusUpdateEvent) -> None:
+        message = event.status.message
+        data = next((p.data for p in message.parts if isinstance(p, a2a.DataPart)), {}) \
+            if message else {}
+        pending = [p for p in data.get("pending_approvals") or [] if isinstance(p, dict)]
+        self.input_required[request_id] = pending
+        future = self._inputs.get(request_id)
+        if future is None or future.done():
+            future = self._inputs[request_id] = asyncio.get_running_loop().create_future()
+        future.set_result(pending)
+
+
+def refusal(task_id: str, error: a2a.JSONRPCError) -> MeshpointError:
+    """The error an agent's refusal of an answer to ``task_id`` stands for."""
+    if error.code == TASK_NOT_FOUND:
+        return UnknownTaskError(task_id)
+    decision = error.data.get("decision") if isinstance(error.data, dict) else None
+    for kind in (AlreadyAnsweredError, NotPendingError, ArgumentsRejectedError):
+        if error.code == kind.code:
+            return kind(error.message, decision=decision)
+    return AnswerRefusedError(error.message, decision=decision)

@@ -5,12 +5,13 @@ reference back (docs/runtime.md draws them):
 
 * the **turn loop** (:mod:`~meshpoint.runtime.turns`) runs a task's model and tool
   calls, each call made by its **kind** (:mod:`~meshpoint.runtime.calls`: local
-  tools, :mod:`~meshpoint.runtime.peers`);
+  tools, :mod:`~meshpoint.runtime.peers`, :mod:`~meshpoint.runtime.approvals`);
 * the **pause boundary** (:mod:`~meshpoint.runtime.boundary`) checkpoints a task
   with items outstanding, announces them, acknowledges and forgets it; the
   **in-memory path** (:mod:`~meshpoint.runtime.memory`) keeps a task that could not
   be checkpointed;
-* **answers** (:mod:`~meshpoint.runtime.answers`), **cancels**
+* **answers** (:mod:`~meshpoint.runtime.answers`; a human's, in
+  :mod:`~meshpoint.runtime.approvals`), **cancels**
   (:mod:`~meshpoint.runtime.cancels`) and **endings**
   (:mod:`~meshpoint.runtime.ending`) handle what comes back and how a task ends;
 * the **loops** (:mod:`~meshpoint.runtime.loops`): sweeper, recovery, lease keeper.
@@ -36,6 +37,7 @@ from meshpoint.errors import BadMessageError
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent, RuntimeOptions, check_name
 from meshpoint.runtime.answers import Answers
+from meshpoint.runtime.approvals import ApprovalCalls, Inputs
 from meshpoint.runtime.boundary import PauseBoundary
 from meshpoint.runtime.calls import CallKind, CallKinds, LocalTools
 from meshpoint.runtime.cancels import Cancels
@@ -61,8 +63,10 @@ logger = logging.getLogger("meshpoint.runtime")
 
 def call_kinds(agent: Agent, broker: Broker, namespace: str) -> list[CallKind]:
     """The kinds of call an instance makes, in the order they claim a call: where a
-    new kind (an approval, say) is registered."""
-    return [PeerCalls(agent=agent, broker=broker, namespace=namespace), LocalTools(agent=agent)]
+    new kind is registered. The first kind with an item outstanding names the
+    pause: a task waiting on a human and on peers is ``input_required``."""
+    return [ApprovalCalls(agent=agent, broker=broker),
+            PeerCalls(agent=agent, broker=broker, namespace=namespace), LocalTools(agent=agent)]
 
 
 def turn_checks(agent: Agent) -> list[TurnCheck]:
@@ -117,6 +121,10 @@ class AgentInstance:
             instance_id=name, store=store, outages=outages, memory=memory, in_hand=in_hand,
             owners=owners, dead_letters=dead_letters, stats=stats, lease_ttl_s=o.lease_ttl_s,
             max_message_bytes=o.max_message_bytes, resume=turns.resume)
+        self._inputs = Inputs(
+            instance_id=name, store=store, broker=broker, outages=outages, owners=owners,
+            dead_letters=dead_letters, stats=stats, lease_ttl_s=o.lease_ttl_s,
+            resume=turns.resume)
         self._dead_letters = dead_letters
         self._sweeper = Sweeper(
             agent_name=agent.name, instance_id=name, store=store, kinds=kinds, owners=owners,
@@ -184,9 +192,10 @@ class AgentInstance:
                                            while_draining=while_draining))
 
         loop("keeper", self._keeper.step, self._keeper.period_s, while_draining=True)
-        if self.agent.peers:
-            # Only an agent that calls peers ever pauses: the others have no deadlines
-            # to sweep and no leases to recover, and spare the database the polling.
+        if self.agent.pauses:
+            # Only an agent that calls peers or asks for approvals ever pauses: the
+            # others have no deadlines to sweep and no leases to recover, and spare the
+            # database the polling.
             loop("sweeper", self._sweeper.step, o.sweep_interval_s)
             loop("recovery", self._recovery.step, o.recovery_interval_s)
             loop("ledger", self._ledger.step, self._ledger.period_s)
@@ -237,7 +246,8 @@ class AgentInstance:
     # -- requests -------------------------------------------------------------------------
 
     async def _on_request(self, delivery: Delivery) -> None:
-        """A new task (``message/send``), or a cancel of one (``tasks/cancel``)."""
+        """A new task (``message/send``), a human's answer to a waiting one (a
+        ``message/send`` naming the task), or a cancel (``tasks/cancel``)."""
         try:
             request = a2a.parse_request(delivery.message.data,
                                         max_bytes=self.options.max_message_bytes)
@@ -248,6 +258,9 @@ class AgentInstance:
             return
         if isinstance(request, a2a.CancelTaskRequest):
             await self._cancels.on_cancel(request.params.id, delivery)
+            return
+        if request.params.message.task_id is not None:
+            await self._inputs.on_answer(request, reply_to, delivery)
             return
         task_id = wire.derive_task_id(self.agent.name, reply_to, request.id)
         run = self._in_hand.get(task_id)

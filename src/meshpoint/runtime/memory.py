@@ -46,7 +46,7 @@ class MemoryPath:
             corr = ctx.active_peer_sub_tasks[sub_task_id]
             self.in_hand.memory_subs[sub_task_id] = ctx.task_id
             self.schedule_timeout(run, sub_task_id, corr["timeout_s"])
-            await self.kinds.announce(ctx, sub_task_id, corr, inbox=self.inbox)
+        await self.kinds.announce(ctx, sub_task_ids, inbox=self.inbox)
 
     def schedule_timeout(self, run: TaskRun, sub_task_id: str, timeout_s: float) -> None:
         old = run.timers.pop(sub_task_id, None)

@@ -11,15 +11,20 @@ instance's memory.
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from meshpoint.broker.base import Broker
 from meshpoint.context import TaskExecutionContext
+from meshpoint.errors import MeshpointError
 from meshpoint.llm.base import ToolCall
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent
-from meshpoint.runtime.calls import Opened
+from meshpoint.runtime.calls import Item, Opened
+
+logger = logging.getLogger("meshpoint.runtime")
 
 
 @dataclass(frozen=True)
@@ -54,18 +59,19 @@ class PeerCalls:
             "status_to": wire.status_subject(self.namespace, name, sub_task_id)})
         return Opened(sub_task_id=sub_task_id)
 
-    async def announce(self, ctx: TaskExecutionContext, sub_task_id: str,
-                       correlation: dict[str, Any], *, inbox: str | None) -> None:
-        """Publish the request; with ``inbox``, its answer and progress go to this
+    async def announce(self, ctx: TaskExecutionContext, items: Sequence[Item], *,
+                       inbox: str | None) -> None:
+        """Publish each request; with ``inbox``, their answers and progress go to this
         instance (the correlation data is changed to say so)."""
-        if inbox is not None:
-            correlation["reply_to"] = f"{inbox}.response.{sub_task_id}"
-            correlation["status_to"] = f"{inbox}.status.{sub_task_id}"
-        await self.broker.publish(
-            wire.request_subject(self.namespace, correlation["peer_agent_name"]),
-            wire.send_request(sub_task_id, correlation["query"], metadata={
-                "meshpoint_caller": {"agent": self.agent.name, "task_id": ctx.task_id}}),
-            wire.reply_headers(correlation["reply_to"], correlation["status_to"]))
+        for sub_task_id, correlation in items:
+            if inbox is not None:
+                correlation["reply_to"] = f"{inbox}.response.{sub_task_id}"
+                correlation["status_to"] = f"{inbox}.status.{sub_task_id}"
+            await self.broker.publish(
+                wire.request_subject(self.namespace, correlation["peer_agent_name"]),
+                wire.send_request(sub_task_id, correlation["query"], metadata={
+                    "meshpoint_caller": {"agent": self.agent.name, "task_id": ctx.task_id}}),
+                wire.reply_headers(correlation["reply_to"], correlation["status_to"]))
 
     async def withdraw(self, sub_task_id: str, correlation: dict[str, Any]) -> None:
         """Send ``tasks/cancel`` to the peer, naming the peer's own task: the id it
@@ -75,3 +81,30 @@ class PeerCalls:
             peer, correlation.get("reply_to"), sub_task_id)
         await self.broker.publish(wire.request_subject(self.namespace, peer),
                                    wire.cancel_request(peer_task_id))
+
+    async def settle(self, ctx: TaskExecutionContext, call: ToolCall, result: Any) -> Any:
+        """The peer's answer (or its timeout) as the model sees it: the answer's text,
+        or the result as JSON when it has none. Its artifacts and token usage become
+        the task's."""
+        if not (isinstance(result, dict) and "status" in result):
+            return result
+        ctx.produced_artifacts.extend(result.get("artifacts") or [])
+        usage = result.get("token_usage")
+        if isinstance(usage, dict):
+            _record_usage(ctx, str(result.get("peer_agent") or call.name), usage)
+        return result.get("text") or json.dumps(
+            {k: v for k, v in result.items() if k != "artifacts"})
+
+
+def _record_usage(ctx: TaskExecutionContext, source: str, usage: dict[str, Any]) -> None:
+    """A peer's tokens count towards this task, attributed to the peer."""
+    for model, counts in (usage.get("by_model") or {}).items():
+        if isinstance(counts, dict):
+            try:
+                ctx.record_token_usage(
+                    model=str(model), source=source,
+                    prompt_tokens=int(counts.get("prompt_tokens", 0)),
+                    completion_tokens=int(counts.get("completion_tokens", 0)),
+                    cached_tokens=int(counts.get("cached_tokens", 0)))
+            except (MeshpointError, TypeError, ValueError):
+                logger.warning("ignoring malformed token usage from %s", source)

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from meshpoint import a2a
 from meshpoint.context import TaskExecutionContext
@@ -26,7 +26,7 @@ from meshpoint.errors import LeaseNotHeldError, MeshpointError, StoreError, Unkn
 from meshpoint.llm.base import ModelResponse
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent
-from meshpoint.runtime.calls import CallKinds
+from meshpoint.runtime.calls import CallKinds, turn_calls
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.tasks import Background, InHand, TaskRun
 from meshpoint.store.base import Store
@@ -109,19 +109,22 @@ class TurnLoop:
         run = TaskRun(restored.context, lease_owner=owner)
         self.in_hand.add(run)
         self._note_resumed(run.ctx)
-        inject_results(run.ctx)
-        await self.drive(run)
+        await self.drive(run, settle=True)
 
     def go_on(self, run: TaskRun) -> None:
         """Continue a task whose join completed in this instance's memory."""
         self._note_resumed(run.ctx)
-        inject_results(run.ctx)
-        self.background.spawn(self.drive(run))
+        self.background.spawn(self.drive(run, settle=True))
 
-    async def drive(self, run: TaskRun) -> None:
-        """Run turns until the task ends or pauses. Failures end the task as ``failed``."""
+    async def drive(self, run: TaskRun, *, settle: bool = False) -> None:
+        """Run turns until the task ends or pauses. Failures end the task as ``failed``.
+        ``settle``: the task's join just completed; its results are settled by their
+        kinds and given to the conversation first."""
         ctx = run.ctx
         try:
+            if settle:
+                await self.kinds.settle(ctx)
+                inject_results(ctx)
             while True:
                 if ctx.cancellation_event.is_set():
                     await self.ends.finish_canceled(run)
@@ -207,43 +210,16 @@ def model_calls(ctx: TaskExecutionContext) -> int:
 
 
 def inject_results(ctx: TaskExecutionContext) -> None:
-    """Give the finished join's results to the conversation, in the model's call
-    order, and keep every peer answer's artifacts and token usage."""
+    """Give the finished join's results (settled by their kinds) to the conversation,
+    in the model's call order."""
     invocation = ctx.current_invocation_id
     calls = ctx.parallel_tool_calls.get(invocation) if invocation else None
     if calls is None:
         return
-    names = {}
-    for event in reversed(ctx.session_events):
-        if event.get("role") == "assistant" and event.get("tool_calls"):
-            names = {c["id"]: c["name"] for c in event["tool_calls"]}
-            break
+    names = {call_id: call.name for call_id, call in turn_calls(ctx).items()}
     for call_id, result in calls.ordered_results():
-        if isinstance(result, dict) and "status" in result:  # a peer's answer or timeout
-            content = result.get("text") or json.dumps(
-                {k: v for k, v in result.items() if k != "artifacts"})
-            ctx.produced_artifacts.extend(result.get("artifacts") or [])
-            usage = result.get("token_usage")
-            if isinstance(usage, dict):
-                _record_peer_usage(ctx, str(result.get("peer_agent") or names.get(call_id)),
-                                   usage)
-        else:
-            content = result if isinstance(result, str) else json.dumps(result)
+        content = result if isinstance(result, str) else json.dumps(result)
         ctx.append_session_event({"role": "tool", "tool_call_id": call_id,
                                   "name": names.get(call_id, ""), "content": content})
     ctx.parallel_tool_calls.clear()
     ctx.active_peer_sub_tasks.clear()
-
-
-def _record_peer_usage(ctx: TaskExecutionContext, source: str, usage: dict[str, Any]) -> None:
-    """A peer's tokens count towards this task, attributed to the peer's tool."""
-    for model, counts in (usage.get("by_model") or {}).items():
-        if isinstance(counts, dict):
-            try:
-                ctx.record_token_usage(
-                    model=str(model), source=source,
-                    prompt_tokens=int(counts.get("prompt_tokens", 0)),
-                    completion_tokens=int(counts.get("completion_tokens", 0)),
-                    cached_tokens=int(counts.get("cached_tokens", 0)))
-            except (MeshpointError, TypeError, ValueError):
-                logger.warning("ignoring malformed token usage from %s", source)

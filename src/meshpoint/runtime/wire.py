@@ -21,6 +21,8 @@ from meshpoint.broker.base import check_subject
 from meshpoint.errors import BadMessageError, InvalidArgumentError
 
 REPLY_TO = "Meshpoint-Reply-To"
+#: A2A's JSON-RPC error code for a task the agent does not have.
+TASK_NOT_FOUND = -32001
 STATUS_TO = "Meshpoint-Status-To"
 
 
@@ -155,3 +157,54 @@ def progress_task_id(response: a2a.SuccessResponse | a2a.ErrorResponse) -> str |
         if isinstance(result, a2a.Task):
             return result.id
     return None
+
+
+def input_required(request_id: str | int, task_id: str, context_id: str, text: str,
+                   data: dict[str, Any]) -> bytes:
+    """The status update that tells a caller its task waits for a human: ``text`` says
+    so in words, the data part says what to answer (``pending_approvals``)."""
+    message = a2a.Message(role="agent", parts=[a2a.TextPart(text=text), a2a.DataPart(data=data)],
+                          message_id=new_id(), task_id=task_id)
+    return a2a.encode(a2a.SuccessResponse(id=request_id, result=a2a.TaskStatusUpdateEvent(
+        task_id=task_id, context_id=context_id,
+        status=a2a.TaskStatus(state=a2a.TaskState.INPUT_REQUIRED, message=message),
+        final=False)))
+
+
+def answer_request(request_id: str, task_id: str, answer: dict[str, Any] | None, *,
+                   text: str | None = None, by: str | None = None) -> bytes:
+    """A human's answer to a waiting task: a ``message/send`` naming the task, with the
+    answer as a data part (approve, deny) or as text (a reply)."""
+    parts: list[a2a.TextPart | a2a.DataPart | a2a.FilePart] = []
+    if answer is not None:
+        parts.append(a2a.DataPart(data={"meshpoint_answer": answer}))
+    if text is not None:
+        parts.append(a2a.TextPart(text=text))
+    return a2a.encode(a2a.SendMessageRequest(id=request_id, params=a2a.MessageSendParams(
+        message=a2a.Message(role="user", parts=parts, message_id=request_id, task_id=task_id,
+                            metadata={"meshpoint_by": by} if by else None))))
+
+
+def answer_accepted(request_id: str | int, task_id: str,
+                    decisions: list[dict[str, Any]]) -> bytes:
+    """The reply to an accepted answer: the decisions it recorded."""
+    return a2a.encode(a2a.SuccessResponse(id=request_id, result=a2a.Message(
+        role="agent", parts=[a2a.DataPart(data={"decisions": decisions})],
+        message_id=new_id(), task_id=task_id)))
+
+
+def error_response(request_id: str | int | None, code: int, message: str,
+                   data: Any = None) -> bytes:
+    """A JSON-RPC error reply (a refused answer, a malformed message)."""
+    return a2a.encode(a2a.ErrorResponse(id=request_id, error=a2a.JSONRPCError(
+        code=code, message=message, data=data)))
+
+
+def agent_of_task(task_id: str) -> str:
+    """The agent a task id derived by :func:`derive_task_id` belongs to."""
+    agent, sep, digest = task_id.rpartition("-")
+    if not sep or not agent or len(digest) != 32:
+        raise InvalidArgumentError(
+            f"cannot tell the agent of task {task_id!r} (not an id meshpoint gave a "
+            "task): name the agent")
+    return agent

@@ -1,0 +1,236 @@
+"""``meshpoint tasks``: the operator's view of paused tasks, and a human's answers.
+
+Every command works on the store directly, from any host with its URL (``--url``
+or ``MESHPOINT_STORE_URL``) or the mesh config (``--config``): no instance needs to
+be reached. An answer (``approve``, ``deny``, ``reply``) is checked and recorded
+exactly as an instance would (:func:`meshpoint.runtime.approvals.decide`); when it
+completes the task's join, the first instance of the agent whose recovery pass
+runs next resumes the task. Each command prints a table, or one JSON object with
+``--json``, and exits 1 with the reason on an unknown task, a call that is not
+pending, or arguments that fail the tool's schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from meshpoint.errors import InvalidArgumentError, MeshpointError
+
+R = TypeVar("R")
+tasks_app = typer.Typer(help="Paused tasks: list, show, and answer those waiting for a human.",
+                        no_args_is_help=True)
+console = Console()
+err = Console(stderr=True)
+
+Url = Annotated[str | None, typer.Option("--url", envvar="MESHPOINT_STORE_URL",
+                                         help="Store URL (or give --config).")]
+Config = Annotated[Path | None, typer.Option("--config", "-c", envvar="MESHPOINT_CONFIG",
+                                             help="The mesh config (YAML).")]
+Tenant = Annotated[str, typer.Option("--tenant", help="Tenant id.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+By = Annotated[str | None, typer.Option("--by", help="Who answers (default: user@host).")]
+
+
+def _run(url: str | None, config: Path | None, tenant: str, as_json: bool,
+         body: Callable[[Any], Awaitable[R]]) -> R:
+    """Open the store, run ``body(store)``, and turn any meshpoint error into exit 1."""
+    from meshpoint.store import open_store
+
+    async def run() -> R:
+        if url is None and config is None:
+            raise InvalidArgumentError("give --url (or MESHPOINT_STORE_URL) or --config")
+        if url is not None:
+            opened = open_store(url, tenant_id=tenant, migrate=False)
+        else:
+            from meshpoint.config import load_config
+            assert config is not None
+            opened = open_store(load_config(config).store.url, tenant_id=tenant,
+                                migrate=False)
+        async with opened as store:
+            return await body(store)
+
+    try:
+        return asyncio.run(run())
+    except MeshpointError as error:
+        if as_json:
+            print(json.dumps({"error": str(error), "kind": type(error).__name__,
+                              "decision": getattr(error, "decision", None)}))
+        else:
+            err.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=1) from None
+
+
+def _who(by: str | None) -> str:
+    return by or f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def _print_decisions(decisions: list[dict[str, Any]], task_id: str, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"task_id": task_id, "decisions": decisions}))
+        return
+    for d in decisions:
+        what = {"approved": "approved" + (" with edited arguments" if d.get("edited") else ""),
+                "denied": f"denied ({d.get('reason')})",
+                "replied": "answered in words"}[d["decision"]]
+        console.print(f"call {d['call_id']} of task {task_id}: {what}, by {d['by']}")
+
+
+def _answer(url: str | None, config: Path | None, tenant: str, as_json: bool,
+            task_id: str, answer: Any) -> None:
+    from meshpoint.runtime.approvals import decide
+
+    async def body(store: Any) -> list[dict[str, Any]]:
+        return (await decide(store, task_id, answer, by=answer.by)).decisions
+
+    _print_decisions(_run(url, config, tenant, as_json, body), task_id, as_json)
+
+
+@tasks_app.command()
+def approve(task_id: Annotated[str, typer.Argument(help="The task.")],
+            call_id: Annotated[str, typer.Argument(help="The pending call (tasks show).")],
+            arguments: Annotated[str | None, typer.Option(
+                "--arguments", help="Edited arguments, a JSON object.")] = None,
+            url: Url = None, config: Config = None, tenant: Tenant = "default",
+            by: By = None, as_json: AsJson = False) -> None:
+    """Approve a call waiting for approval, as the model gave it or with edited
+    arguments (checked against the tool's JSON schema before anything is written)."""
+    from meshpoint.runtime.approvals import Approve
+
+    edited = None
+    if arguments is not None:
+        try:
+            edited = json.loads(arguments)
+        except ValueError as error:
+            raise typer.BadParameter(f"not JSON: {error}", param_hint="--arguments") from None
+        if not isinstance(edited, dict):
+            raise typer.BadParameter("must be a JSON object", param_hint="--arguments")
+    _answer(url, config, tenant, as_json, task_id,
+            Approve(call_id=call_id, arguments=edited, by=_who(by)))
+
+
+@tasks_app.command()
+def deny(task_id: Annotated[str, typer.Argument(help="The task.")],
+         call_id: Annotated[str, typer.Argument(help="The pending call (tasks show).")],
+         reason: Annotated[str, typer.Option("--reason", help="Shown to the model.")],
+         url: Url = None, config: Config = None, tenant: Tenant = "default",
+         by: By = None, as_json: AsJson = False) -> None:
+    """Deny a call waiting for approval; the model is told the reason."""
+    from meshpoint.runtime.approvals import Deny
+
+    _answer(url, config, tenant, as_json, task_id,
+            Deny(call_id=call_id, reason=reason, by=_who(by)))
+
+
+@tasks_app.command()
+def reply(task_id: Annotated[str, typer.Argument(help="The task.")],
+          text: Annotated[str, typer.Argument(help="The answer, in words.")],
+          url: Url = None, config: Config = None, tenant: Tenant = "default",
+          by: By = None, as_json: AsJson = False) -> None:
+    """Answer a waiting task in words: its pending calls are not run and the model is
+    shown the text."""
+    from meshpoint.runtime.approvals import Reply
+
+    _answer(url, config, tenant, as_json, task_id, Reply(text=text, by=_who(by)))
+
+
+@tasks_app.command("list")
+def list_tasks(agent: Annotated[str | None, typer.Option("--agent")] = None,
+               status: Annotated[str | None, typer.Option(
+                   "--status", help="waiting_peers, input_required, resuming, ...")] = None,
+               older_than: Annotated[float | None, typer.Option(
+                   "--older-than", min=0, help="Only tasks paused longer, in seconds.")] = None,
+               limit: Annotated[int, typer.Option(min=1)] = 100,
+               url: Url = None, config: Config = None, tenant: Tenant = "default",
+               as_json: AsJson = False) -> None:
+    """Paused tasks, oldest first."""
+    async def body(store: Any) -> list[Any]:
+        return list(await store.list_paused_tasks(agent_name=agent, status=status,
+                                                  limit=limit))
+
+    now = time.time()
+    rows = [t for t in _run(url, config, tenant, as_json, body)
+            if older_than is None or now - t.checkpointed_at > older_than]
+    if as_json:
+        print(json.dumps({"tasks": [{
+            "task_id": t.task_id, "agent": t.agent_name, "status": t.status,
+            "paused_s": round(now - t.checkpointed_at, 3), "pending": t.pending_sub_tasks,
+            "next_deadline": t.next_deadline, "owner": t.owner} for t in rows]}))
+        return
+    table = Table(title=f"paused tasks of tenant {tenant!r}")
+    for column in ("task", "agent", "status", "paused (s)", "pending", "next deadline in (s)"):
+        table.add_column(column)
+    for t in rows:
+        table.add_row(t.task_id, t.agent_name, t.status, f"{now - t.checkpointed_at:.1f}",
+                      str(t.pending_sub_tasks),
+                      "-" if t.next_deadline is None else f"{t.next_deadline - now:.1f}")
+    console.print(table)
+
+
+@tasks_app.command()
+def show(task_id: Annotated[str, typer.Argument(help="The task.")],
+         turns: Annotated[int, typer.Option(min=0, help="Conversation events to show.")] = 6,
+         url: Url = None, config: Config = None, tenant: Tenant = "default",
+         as_json: AsJson = False) -> None:
+    """One paused task: its status, what it waits on (peers and approvals, with their
+    deadlines), who answered what, and the last turns of its conversation."""
+    from meshpoint.runtime.approvals import APPROVAL, as_decision, describe
+
+    async def body(store: Any) -> dict[str, Any]:
+        restored = await store.restore_task(task_id)
+        subs = await store.get_peer_sub_tasks_for_task(task_id)
+        ctx = restored.context
+        waiting, answered = [], list(ctx.flags.get("approvals") or [])
+        for sub in subs:
+            corr = sub.correlation_data
+            if sub.status != "pending":
+                if isinstance(corr.get(APPROVAL), dict):
+                    answered.append({"tool": corr[APPROVAL]["tool"],
+                                     **as_decision(sub.result)})
+                continue
+            item = (describe(sub.sub_task_id, corr) if isinstance(corr.get(APPROVAL), dict)
+                    else {"call_id": sub.sub_task_id, "peer": sub.peer_agent_name,
+                          "query": corr.get("query")})
+            waiting.append({**item, "kind": "approval" if "tool" in item else "peer",
+                            "deadline": sub.timeout_deadline})
+        return {"task_id": task_id, "agent": restored.agent_name, "status": restored.status,
+                "checkpointed_at": restored.checkpointed_at, "lease_owner": restored.owner,
+                "waiting_on": waiting, "answered": answered,
+                "conversation": ctx.session_events[-turns:] if turns else []}
+
+    shown = _run(url, config, tenant, as_json, body)
+    if as_json:
+        print(json.dumps(shown))
+        return
+    now = time.time()
+    console.print(f"task [bold]{task_id}[/bold] of {shown['agent']}: {shown['status']}, "
+                  f"paused {now - shown['checkpointed_at']:.1f} s ago")
+    table = Table(title="waiting on")
+    for column in ("call", "kind", "what", "deadline in (s)"):
+        table.add_column(column)
+    for w in shown["waiting_on"]:
+        what = (f"{w['tool']}({json.dumps(w['arguments'])})" if w["kind"] == "approval"
+                else f"{w['peer']}: {w['query']}")
+        table.add_row(w["call_id"], w["kind"], what, f"{w['deadline'] - now:.1f}")
+    console.print(table)
+    if shown["answered"]:
+        done = Table(title="answered")
+        for column in ("call", "tool", "decision", "by", "at"):
+            done.add_column(column)
+        for a in shown["answered"]:
+            done.add_row(str(a.get("call_id")), str(a.get("tool")), a["decision"],
+                         str(a.get("by")), time.strftime("%Y-%m-%d %H:%M:%S",
+                                                         time.localtime(a.get("at") or 0)))
+        console.print(done)
+    for event in shown["conversation"]:
+        console.print(f"[dim]{event.get('role')}:[/dim] {str(event.get('content') or '')[:200]}")
