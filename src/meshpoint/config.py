@@ -33,7 +33,7 @@ from pydantic import (
 
 from meshpoint.errors import ConfigurationError, InvalidArgumentError, MeshpointError
 from meshpoint.llm.base import Model
-from meshpoint.runtime.agent import Agent, LocalTool, Peer, RuntimeOptions
+from meshpoint.runtime.agent import Agent, CheckpointPolicy, LocalTool, Peer, RuntimeOptions
 
 if TYPE_CHECKING:
     from meshpoint.broker import Broker
@@ -160,6 +160,17 @@ class ToolConfig(_Strict):
     parameters: dict[str, Any] | None = None
 
 
+class CheckpointConfig(_Strict):
+    """When a running turn is checkpointed besides its pauses (seed 004's ``checkpoint:``;
+    see :class:`meshpoint.runtime.agent.CheckpointPolicy`)."""
+
+    strategy: Literal["event", "interval", "hybrid"] = "event"
+    #: Model calls between checkpoints, with strategy interval or hybrid.
+    interval: int = Field(default=0, ge=0)
+    after_tools: bool = False
+    before_llm: bool = False
+
+
 class AgentConfig(_Strict):
     description: str = ""
     model: ModelConfig = Field(default_factory=ScriptedModelConfig)
@@ -168,6 +179,7 @@ class AgentConfig(_Strict):
     stateless_checkpointing: bool = True
     system_prompt: str | None = None
     max_turns: int = Field(default=25, ge=1)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
 
 
 class MeshConfig(_Strict):
@@ -223,7 +235,8 @@ class MeshConfig(_Strict):
             peers=[Peer(agent=p.agent, timeout_s=p.timeout_s, description=p.description,
                         tool_name=p.tool_name) for p in spec.peers],
             stateless_checkpointing=spec.stateless_checkpointing,
-            system_prompt=spec.system_prompt, max_turns=spec.max_turns)
+            system_prompt=spec.system_prompt, max_turns=spec.max_turns,
+            checkpoint=CheckpointPolicy(**spec.checkpoint.model_dump()))
 
     async def open_store(self) -> SqlStore:
         from meshpoint.store import open_store

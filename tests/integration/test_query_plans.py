@@ -25,12 +25,13 @@ from sqlalchemy import Connection
 
 from meshpoint import TaskExecutionContext
 from meshpoint.store import SqlStore, open_store, postgres
+from meshpoint.store.schema import RESUMING_PREDICATE
 from meshpoint.store.statement import Statement
 from tests.conftest import fresh_pg_schema, pg_execute_async
 
 #: The indexes that only the sweep and the recovery listing may use.
 _SCAN_INDEXES = {"ix_agent_peer_sub_tasks_deadline": "FOR UPDATE SKIP LOCKED",
-                 "ix_agent_paused_tasks_resuming": "status = 'resuming'"}
+                 "ix_agent_paused_tasks_resuming": RESUMING_PREDICATE}
 
 
 @pytest.fixture
@@ -95,7 +96,7 @@ async def test_statements_by_key_use_the_primary_key_without_statistics(
             await store.resolve_peer_sub_task(f"t{n}/sub-{k}", {"ok": k})
     plans = await store.run(explain)
     _check(plans)
-    recovery = [plan for sql, plan in plans.items() if "status = 'resuming'" in sql]
+    recovery = [plan for sql, plan in plans.items() if RESUMING_PREDICATE in sql]
     assert recovery and all("ix_agent_paused_tasks_resuming" in plan for plan in recovery), \
         recovery
 
@@ -165,7 +166,7 @@ async def test_sqlite_sweep_and_recovery_use_their_partial_indexes(
                     ("SELECT", "UPDATE", "WITH"))}
 
         plans = await store.run(explain)
-        recovery = [plan for sql, plan in plans.items() if "status = 'resuming'" in sql]
+        recovery = [plan for sql, plan in plans.items() if RESUMING_PREDICATE in sql]
         sweep = [plan for sql, plan in plans.items() if "timeout_deadline <=" in sql]
         assert recovery and all("USING INDEX ix_agent_paused_tasks_resuming" in plan
                                 for plan in recovery), plans

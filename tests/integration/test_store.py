@@ -486,3 +486,57 @@ async def test_an_ended_task_cannot_be_stored_again_until_forgotten(
         await store.checkpoint_task(fan_out("t2", peers=1), "other-agent")
     with pytest.raises(InvalidArgumentError, match="older_than_s"):
         await store.forget_ended_tasks(AGENT, older_than_s=-1)
+
+
+def mid_turn(task_id: str, done: int, of: int = 3) -> TaskExecutionContext:
+    """A task in the middle of a turn of ``of`` local tool calls, ``done`` made."""
+    ctx = TaskExecutionContext(task_id)
+    ctx.current_invocation_id = "inv-1"
+    ctx.begin_parallel_calls("inv-1", [f"call-{n}" for n in range(of)])
+    for n in range(done):
+        ctx.record_parallel_result("inv-1", f"call-{n}", f"result {n}")
+    ctx.append_session_event({"role": "user", "content": "do three things"})
+    return ctx
+
+
+async def test_a_mid_turn_checkpoint_keeps_its_writers_lease_until_it_expires(
+        store: SqlStore, clock: FakeClock) -> None:
+    """Seed 004's strategies: a working checkpoint is taken by a task that keeps
+    running. Its writer holds the lease through it; only once the lease expires (the
+    writer died) does recovery list the task, which resumes from the calls made."""
+    ctx = mid_turn("w1", done=1)
+    await store.checkpoint_task(ctx, AGENT, status="working", holder="i1#1", hold_lease_s=5)
+    assert (await store.restore_task("w1")).owner == "i1#1"
+    assert await store.take_resume_lease("w1", "i2#1", 5, statuses=("working",)) is None
+    assert await store.resumable_tasks(AGENT) == []
+    ctx.record_parallel_result("inv-1", "call-1", "result 1")  # the next call is made
+    await store.checkpoint_task(ctx, AGENT, status="working", lease_owner="i1#1",
+                                holder="i1#1", hold_lease_s=5)
+    clock.advance(4)
+    assert await store.resumable_tasks(AGENT) == [], "the re-checkpoint kept the lease"
+    clock.advance(2)  # the writer died: nobody renews
+    assert await store.resumable_tasks(AGENT) == ["w1"]
+    lease = await store.take_resume_lease("w1", "i2#1", 5, statuses=("resuming", "working"))
+    assert lease is not None
+    restored = (await store.restore_task("w1", lease_owner="i2#1")).context
+    calls = restored.parallel_tool_calls["inv-1"]
+    assert calls.ordered_results() == [("call-0", "result 0"), ("call-1", "result 1")]
+    assert calls.call_order == ["call-0", "call-1", "call-2"]
+    # The turn then pauses on a peer: the pause releases the lease as always.
+    restored.register_peer_sub_task("w1/sub", {"function_call_id": "call-2",
+                                               "peer_agent_name": "peer"})
+    await store.checkpoint_task(restored, AGENT, lease_owner="i2#1")
+    assert (await store.restore_task("w1")).owner is None
+
+
+async def test_mid_turn_checkpoints_are_checked(store: SqlStore) -> None:
+    before = await snapshot(store)
+    for kwargs, reason in (
+            ({"status": "working"}, "name its lease holder"),
+            ({"holder": "i1"}, "the status must be 'working'"),
+            ({"status": "working", "holder": "i1", "lease_owner": "i2"}, "its lease_owner"),
+            ({"status": "working", "holder": "i1", "hold_lease_s": 0}, "ttl_s must be"),
+            ({"status": "input_required"}, "have neither a result nor a pending")):
+        with pytest.raises(InvalidArgumentError, match=reason):
+            await store.checkpoint_task(mid_turn("w2", done=1), AGENT, **kwargs)
+    assert await snapshot(store) == before

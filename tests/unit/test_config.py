@@ -174,3 +174,20 @@ def test_approval_tools_without_checkpointing_fail_when_built(tmp_path: Path) ->
 """)
     with pytest.raises(ConfigurationError, match=r"agents\.payer: .*needs stateless_checkpointing"):
         load_config(path).build_agent("payer")
+
+
+def test_an_agents_checkpoint_strategy(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MINIMAL + """
+  worker:
+    checkpoint: {strategy: hybrid, interval: 5, after_tools: true}
+""")).build_agent("worker")
+    assert config.checkpoint.strategy == "hybrid" and config.checkpoint.interval == 5
+    assert config.checkpoint.after_tools and not config.checkpoint.before_llm
+    assert not load_config(write(tmp_path, MINIMAL)).build_agent("flights").checkpoint.mid_turn
+    for text, reason in (("{strategy: sometimes}", "checkpoint.strategy: Input should be"),
+                         ("{after_tool: true}", "checkpoint.after_tool: unknown key")):
+        with pytest.raises(ConfigurationError, match=reason):
+            load_config(write(tmp_path, MINIMAL + f"  worker:\n    checkpoint: {text}\n"))
+    with pytest.raises(ConfigurationError, match="needs an interval > 0"):
+        load_config(write(tmp_path, MINIMAL + "  worker:\n    checkpoint: {strategy: interval}\n"
+                          )).build_agent("worker")

@@ -17,7 +17,7 @@ import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -166,6 +166,46 @@ class Peer:
         return self.tool_name or f"ask_{self.agent}"
 
 
+Strategy = Literal["event", "interval", "hybrid"]
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """When a running turn is checkpointed, besides its pauses (seed 004's
+    ``checkpoint:`` section). ``event`` checkpoints at pauses only; ``interval`` and
+    ``hybrid`` also before every ``interval``-th model call; ``after_tools`` after a
+    model call that asks for tools and after each local tool call, so that neither
+    is made again after a crash; ``before_llm`` before each model call."""
+
+    strategy: Strategy = "event"
+    interval: int = 0
+    after_tools: bool = False
+    before_llm: bool = False
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("event", "interval", "hybrid"):
+            raise InvalidArgumentError(
+                f"checkpoint strategy must be event, interval or hybrid, got {self.strategy!r}")
+        if type(self.interval) is not int or self.interval < 0:
+            raise InvalidArgumentError(
+                f"checkpoint interval must be an int >= 0, got {self.interval!r}")
+        if self.strategy != "event" and self.interval == 0:
+            raise InvalidArgumentError(
+                f"checkpoint strategy {self.strategy!r} needs an interval > 0 (model calls "
+                "between checkpoints)")
+
+    @property
+    def mid_turn(self) -> bool:
+        """Whether a running turn is ever checkpointed."""
+        return self.after_tools or self.before_llm or self.strategy != "event"
+
+    def before_model_call(self, made: int) -> bool:
+        """Whether to checkpoint before a task's model call, ``made`` calls made."""
+        if self.before_llm:
+            return True
+        return self.strategy != "event" and made > 0 and made % self.interval == 0
+
+
 @dataclass(frozen=True)
 class Agent:
     """An agent definition.
@@ -186,6 +226,9 @@ class Agent:
     system_prompt: str | None = None
     #: Model calls one task may make before it fails (a loop guard).
     max_turns: int = 25
+    #: When a running turn is checkpointed besides its pauses (seed 004); by default
+    #: never, so that a task that never pauses writes nothing.
+    checkpoint: CheckpointPolicy = field(default_factory=lambda: CheckpointPolicy())
 
     def __post_init__(self) -> None:
         check_name("an agent name", self.name)
@@ -201,6 +244,14 @@ class Agent:
             raise InvalidArgumentError(f"agent {self.name!r}: tool names {twice} are used twice")
         if self.max_turns < 1:
             raise InvalidArgumentError(f"agent {self.name!r}: max_turns must be >= 1")
+        if not isinstance(self.checkpoint, CheckpointPolicy):
+            raise InvalidArgumentError(
+                f"agent {self.name!r}: checkpoint must be a CheckpointPolicy, got "
+                f"{self.checkpoint!r}")
+        if self.checkpoint.mid_turn and not self.stateless_checkpointing:
+            raise InvalidArgumentError(
+                f"agent {self.name!r}: mid-turn checkpoints ({self.checkpoint}) need "
+                "stateless_checkpointing")
         approving = [t.name for t in self.tools if t.may_need_approval]
         if approving and not self.stateless_checkpointing:
             raise InvalidArgumentError(
@@ -210,9 +261,11 @@ class Agent:
 
     @property
     def pauses(self) -> bool:
-        """Whether a task of this agent can ever pause (it calls peers, or has a tool
-        that needs approval): only then do its instances sweep and recover."""
-        return bool(self.peers) or any(t.may_need_approval for t in self.tools)
+        """Whether a task of this agent is ever stored (it calls peers, has a tool that
+        needs approval, or is checkpointed mid-turn): only then do its instances
+        sweep and recover."""
+        return (bool(self.peers) or any(t.may_need_approval for t in self.tools)
+                or self.checkpoint.mid_turn)
 
     @functools.cached_property
     def tool_specs(self) -> list[ToolSpec]:

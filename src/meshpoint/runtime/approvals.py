@@ -76,6 +76,7 @@ class ApprovalCalls:
     human's approval (see the module docstring)."""
 
     pause_status = "input_required"
+    immediate = False
 
     agent: Agent
     broker: Broker

@@ -55,6 +55,9 @@ class CallKind(Protocol):
     #: The status a task waiting on items of this kind is checkpointed in; the
     #: first registered kind with an item outstanding names the pause.
     pause_status: str
+    #: True for a kind whose result is known at once (it never opens an item). A
+    #: turn makes its immediate calls first, then opens the items it waits on.
+    immediate: bool
 
     def handles(self, call: ToolCall) -> bool:
         """Whether this kind makes ``call``."""
@@ -97,6 +100,7 @@ class LocalTools:
     not have gets an error result the model sees, not a failed task."""
 
     pause_status = "working"
+    immediate = True
 
     agent: Agent
 

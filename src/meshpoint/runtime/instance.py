@@ -44,6 +44,7 @@ from meshpoint.runtime.cancels import Cancels
 from meshpoint.runtime.ending import Endings
 from meshpoint.runtime.loops import EndedTasks, LeaseKeeper, Recovery, Sweeper, forever
 from meshpoint.runtime.memory import MemoryPath
+from meshpoint.runtime.midturn import MidTurn
 from meshpoint.runtime.outages import Outages
 from meshpoint.runtime.peers import PeerCalls
 from meshpoint.runtime.stats import InstanceStats
@@ -113,10 +114,13 @@ class AgentInstance:
             checkpointing=agent.stateless_checkpointing, store=store, kinds=kinds,
             memory=memory, in_hand=in_hand, stats=stats, background=background,
             cancel_stored=cancels.cancel_stored)
+        mid_turn = MidTurn(agent_name=agent.name, instance_id=name, store=store,
+                           owners=owners, in_hand=in_hand, stats=stats,
+                           lease_ttl_s=o.lease_ttl_s)
         self._turns = turns = TurnLoop(
             agent=agent, instance_id=name, store=store, kinds=kinds,
             checks=turn_checks(agent), pauses=boundary, ends=endings, in_hand=in_hand,
-            stats=stats, background=background)
+            stats=stats, background=background, mid_turn=mid_turn)
         self._answers = Answers(
             instance_id=name, store=store, outages=outages, memory=memory, in_hand=in_hand,
             owners=owners, dead_letters=dead_letters, stats=stats, lease_ttl_s=o.lease_ttl_s,

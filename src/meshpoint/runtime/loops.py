@@ -78,9 +78,15 @@ class Sweeper:
                                sub.sub_task_id, error)
 
 
+#: The statuses of a task recovery takes over once its lease expired: its join
+#: completed, or it was checkpointed mid-turn.
+RESUMABLE = ("resuming", "working")
+
+
 @dataclass(frozen=True)
 class Recovery:
-    """Takes over an agent's tasks whose resuming instance died (their lease expired)."""
+    """Takes over an agent's tasks whose instance died while it held their lease (it
+    was resuming them, or running them past a mid-turn checkpoint)."""
 
     agent_name: str
     store: Store
@@ -96,7 +102,8 @@ class Recovery:
             if self.in_hand.get(task_id) is not None:
                 continue
             owner = self.owners.next()
-            lease = await self.store.take_resume_lease(task_id, owner, self.lease_ttl_s)
+            lease = await self.store.take_resume_lease(task_id, owner, self.lease_ttl_s,
+                                                       statuses=RESUMABLE)
             if lease is not None:
                 self.stats.note("recovered", task_id)
                 self.background.spawn(self.resume(task_id, owner))

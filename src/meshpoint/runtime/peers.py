@@ -32,6 +32,7 @@ class PeerCalls:
     """The :class:`~meshpoint.runtime.calls.CallKind` of calls to peer agents."""
 
     pause_status = "waiting_peers"
+    immediate = False
 
     agent: Agent
     broker: Broker

@@ -27,6 +27,7 @@ from meshpoint.llm.base import ModelResponse
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent
 from meshpoint.runtime.calls import CallKinds, turn_calls
+from meshpoint.runtime.midturn import MidTurn
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.tasks import Background, InHand, TaskRun
 from meshpoint.store.base import Store
@@ -90,6 +91,7 @@ class TurnLoop:
     in_hand: InHand
     stats: InstanceStats
     background: Background
+    mid_turn: MidTurn
 
     async def start(self, run: TaskRun) -> None:
         """A new task, from its request."""
@@ -98,7 +100,8 @@ class TurnLoop:
         await self.drive(run)
 
     async def resume(self, task_id: str, owner: str) -> None:
-        """Continue a stored task whose join completed, under ``owner``'s lease."""
+        """Continue a stored task under ``owner``'s lease: its join completed, or it was
+        checkpointed mid-turn and its instance died."""
         try:
             restored = await self.store.restore_task(task_id, lease_owner=owner)
         except (LeaseNotHeldError, UnknownTaskError):
@@ -109,22 +112,23 @@ class TurnLoop:
         run = TaskRun(restored.context, lease_owner=owner)
         self.in_hand.add(run)
         self._note_resumed(run.ctx)
-        await self.drive(run, settle=True)
+        await self.drive(run, in_round=True)
 
     def go_on(self, run: TaskRun) -> None:
         """Continue a task whose join completed in this instance's memory."""
         self._note_resumed(run.ctx)
-        self.background.spawn(self.drive(run, settle=True))
+        self.background.spawn(self.drive(run, in_round=True))
 
-    async def drive(self, run: TaskRun, *, settle: bool = False) -> None:
+    async def drive(self, run: TaskRun, *, in_round: bool = False) -> None:
         """Run turns until the task ends or pauses. Failures end the task as ``failed``.
-        ``settle``: the task's join just completed; its results are settled by their
-        kinds and given to the conversation first."""
+        ``in_round``: the task continues the round of calls it was in (its join
+        completed, or it was checkpointed mid-turn): the calls not yet made are made,
+        then the results are settled and given to the conversation."""
         ctx = run.ctx
+        policy = self.agent.checkpoint
         try:
-            if settle:
-                await self.kinds.settle(ctx)
-                inject_results(ctx)
+            if in_round and not await self._finish_round(run):
+                return
             while True:
                 if ctx.cancellation_event.is_set():
                     await self.ends.finish_canceled(run)
@@ -133,6 +137,9 @@ class TurnLoop:
                                 if (v := check.before_model_call(ctx)) is not None), None)
                 if verdict is not None:
                     await self.ends.finish(run, verdict.state, verdict.text)
+                    return
+                if policy.before_model_call(model_calls(ctx)) and \
+                        not await self.mid_turn.checkpoint(run):
                     return
                 response = await self._call_model(ctx)
                 if run.lost:
@@ -144,11 +151,11 @@ class TurnLoop:
                 if not response.tool_calls:
                     await self.ends.finish(run, a2a.TaskState.COMPLETED, response.text or "")
                     return
-                outstanding = await self._open_calls(ctx, response)
-                if outstanding:
-                    await self.pauses.pause(run, outstanding)
+                self._begin_round(ctx, response)
+                if policy.after_tools and not await self.mid_turn.checkpoint(run):
+                    return  # the model's plan is kept, so that it is not asked again
+                if not await self._finish_round(run):
                     return
-                inject_results(ctx)
         except asyncio.CancelledError:
             raise
         except MeshpointError as error:
@@ -172,10 +179,8 @@ class TurnLoop:
                                cached_tokens=usage.cached_tokens)
         return response
 
-    async def _open_calls(self, ctx: TaskExecutionContext, response: ModelResponse
-                          ) -> list[str]:
-        """Open a new invocation with the response's calls, each made by its kind.
-        Returns the ids of the items it waits on."""
+    def _begin_round(self, ctx: TaskExecutionContext, response: ModelResponse) -> None:
+        """Open a new invocation with the response's calls, in the model's order."""
         invocation = wire.new_id()
         ctx.current_invocation_id = invocation
         # Only the current join is kept: earlier ones were injected into the conversation.
@@ -185,18 +190,45 @@ class TurnLoop:
             "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments}
                            for c in response.tool_calls]})
         ctx.begin_parallel_calls(invocation, [c.id for c in response.tool_calls])
-        outstanding: list[str] = []
-        for call in response.tool_calls:
-            opened = await self.kinds.for_call(call).open(ctx, invocation, call)
-            if opened.sub_task_id is not None:
-                outstanding.append(opened.sub_task_id)
-            else:
-                ctx.record_parallel_result(invocation, call.id, opened.result)
-        return outstanding
+
+    async def _finish_round(self, run: TaskRun) -> bool:
+        """Make the current round's calls not made yet, each by its kind: the immediate
+        ones first (each followed by a mid-turn checkpoint with ``after_tools``), then
+        those that open items to wait on. With items outstanding the task pauses;
+        otherwise the round's results are settled and given to the conversation.
+        True to go on with the next model call; False once the task paused or this
+        run stopped."""
+        ctx = run.ctx
+        invocation = ctx.current_invocation_id
+        calls = ctx.parallel_tool_calls.get(invocation) if invocation else None
+        if invocation is None or calls is None:
+            return True  # no round in flight (checkpointed before a model call)
+        if calls.completed < calls.total:
+            todo = [(call, self.kinds.for_call(call)) for call in turn_calls(ctx).values()
+                    if call.id in calls.call_order and call.id not in calls.results]
+            after_tools = self.agent.checkpoint.after_tools
+            for call, kind in todo:
+                if kind.immediate:
+                    opened = await kind.open(ctx, invocation, call)
+                    ctx.record_parallel_result(invocation, call.id, opened.result)
+                    if after_tools and not await self.mid_turn.checkpoint(run):
+                        return False
+            outstanding = []
+            for call, kind in todo:
+                if not kind.immediate:
+                    opened = await kind.open(ctx, invocation, call)
+                    assert opened.sub_task_id is not None, "a waiting kind opens an item"
+                    outstanding.append(opened.sub_task_id)
+            if outstanding:
+                await self.pauses.pause(run, outstanding)
+                return False
+        await self.kinds.settle(ctx)
+        inject_results(ctx)
+        return True
 
     def _note_resumed(self, ctx: TaskExecutionContext) -> None:
         """Count a resume, how long the task was paused, and whether elsewhere."""
-        paused_at = ctx.flags.get("paused_at")
+        paused_at = ctx.flags.pop("paused_at", None)
         if isinstance(paused_at, float | int):
             self.stats.pause_resume_ms.append(max(0.0, (time.time() - paused_at) * 1000))
         if ctx.flags.get("paused_by") != self.instance_id:

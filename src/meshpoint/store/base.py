@@ -60,7 +60,8 @@ class Store(Protocol):
     async def checkpoint_task(self, ctx: TaskExecutionContext, agent_name: str, *,
                               status: str = "waiting_peers", default_timeout_s: float = 600.0,
                               expires_at: float | None = None,
-                              lease_owner: str | None = None) -> CheckpointReceipt:
+                              lease_owner: str | None = None, holder: str | None = None,
+                              hold_lease_s: float = 30.0) -> CheckpointReceipt:
         """Persist a paused task: the task row, its pending peer sub-tasks (each with
         a ``timeout_deadline``), its parallel invocations, and the conversation
         events appended since the previous checkpoint.
@@ -75,6 +76,13 @@ class Store(Protocol):
         is another's). Each sub-task times out after its correlation data's
         ``timeout_s``, or ``default_timeout_s``. On success
         ``ctx.session_events_persisted`` is advanced.
+
+        A *mid-turn* checkpoint (status ``working``, seed 004's strategies) is taken
+        by a task that keeps running: ``holder`` keeps the lease for
+        ``hold_lease_s`` (a first checkpoint stores the task leased to ``holder``; a
+        resumed task's holder is its ``lease_owner``). Its current invocation may
+        have calls still to make. If the holder dies, the lease expires and
+        :meth:`resumable_tasks` lists the task.
         """
         ...
 
@@ -198,9 +206,10 @@ class Store(Protocol):
         ...
 
     async def resumable_tasks(self, agent_name: str, *, limit: int = 100) -> list[str]:
-        """Ids of ``agent_name``'s tasks whose join completed but that nobody is
-        resuming: no lease was granted, or its holder let it expire (it crashed).
-        Recovery takes their leases with :meth:`take_resume_lease`."""
+        """Ids of ``agent_name``'s tasks whose join completed, or that were
+        checkpointed mid-turn, and that nobody is resuming: no lease was granted, or
+        its holder let it expire (it crashed). Recovery takes their leases with
+        :meth:`take_resume_lease` (``statuses=("resuming", "working")``)."""
         ...
 
     async def list_paused_tasks(self, *, agent_name: str | None = None,

@@ -98,7 +98,10 @@ _NEW_TASK = {  # column -> the value a first checkpoint gives it
     "context_sha256": bindparam("p_sha256", type_=String),
     "session_event_count": bindparam("p_event_count", type_=Integer),
     "version": literal(1), "created_at": now, "checkpointed_at": now,
-    "expires_at": bindparam("p_expires_at", type_=Float)}
+    "expires_at": bindparam("p_expires_at", type_=Float),
+    # A mid-turn checkpoint (status working) is written with its writer's lease.
+    "owner": bindparam("p_holder", type_=String),
+    "lease_expires_at": bindparam("p_hold_until", type_=Float)}
 #: It inserts nothing for a task that already ended: a late copy of its request must
 #: not store it again (the store reads the driver's row count).
 
@@ -137,10 +140,12 @@ INSERT_INVOCATION = Statement(
         results=bindparam("results", type_=JSONText), created_at=now))
 #: Only the lease holder may overwrite the row, and only from the conversation it
 #: restored (``p_first`` events stored, no more, no less). The lease is released by
-#: the same write, since the task leaves memory again.
+#: the same write, since the task leaves memory again, unless the write is a
+#: mid-turn checkpoint (``p_holder``: the task stays in its writer's memory).
 RECHECKPOINT_TASK = Statement(
     "recheckpoint_task", "Rewrites the row of a resumed task for the holder of its lease, "
-    "from the conversation it restored, and releases the lease.",
+    "from the conversation it restored, and releases the lease (or keeps it, for a "
+    "mid-turn checkpoint).",
     update(T)
     .where(TASK_KEY, T.c.owner == owner, T.c.session_event_count == bindparam("p_first"))
     .values(agent_name=agent, status=bindparam("p_status"),
@@ -148,7 +153,8 @@ RECHECKPOINT_TASK = Statement(
             context=bindparam("p_context"), context_encoding=bindparam("p_encoding"),
             context_sha256=bindparam("p_sha256"),
             session_event_count=bindparam("p_event_count"),
-            owner=None, lease_expires_at=None, version=T.c.version + 1,
+            owner=bindparam("p_holder", type_=String),
+            lease_expires_at=bindparam("p_hold_until", type_=Float), version=T.c.version + 1,
             checkpointed_at=now, expires_at=bindparam("p_expires_at", type_=Float))
     .returning(T.c.version))
 def append_events(*where: Any) -> Any:
@@ -386,8 +392,8 @@ LIST_PAUSED_TASKS = Statement(
            or_(_ANY_STATUS, T.c.status == bindparam("p_status", type_=String)))
     .order_by(T.c.checkpointed_at, T.c.logical_task_id).limit(limit))
 RESUMABLE_TASKS = Statement(
-    "resumable_tasks", "Lists an agent's tasks whose join completed and that nobody is "
-    "resuming (no lease, or an expired one).",
+    "resumable_tasks", "Lists an agent's tasks whose join completed, or that were "
+    "checkpointed mid-turn, and that nobody is resuming (no lease, or an expired one).",
     select(T.c.logical_task_id)
     .where(T.c.agent_name == agent, T.c.tenant_id == tenant,
            text(RESUMING_PREDICATE),  # word for word: the partial index's

@@ -127,7 +127,8 @@ def plan_join(doc: CheckpointDict, status: str, default_timeout_s: float
     A paused task waits on exactly one join: the calls of its current invocation.
     Each call without a result must have exactly one pending sub-task (or the task
     would wait forever), earlier invocations must be complete, and a task waiting
-    on peers must wait on at least one.
+    on peers must wait on at least one. A task checkpointed mid-turn (``working``)
+    may have calls of its current invocation still to make.
     """
     current = doc["current_invocation_id"]
     invocations = {inv: ParallelCalls.from_dict(calls, f"parallel_tool_calls[{inv!r}]")
@@ -165,7 +166,7 @@ def plan_join(doc: CheckpointDict, status: str, default_timeout_s: float
     for inv, calls in invocations.items():
         missing = set(calls.call_order) - set(calls.results) - (waiting if inv == current
                                                                 else set())
-        if missing:
+        if missing and not (status == "working" and inv == current):  # still to be made
             raise InvalidArgumentError(
                 f"calls {sorted(missing)} of invocation {inv!r} have neither a result nor a "
                 "pending peer sub-task of the current invocation, so they could never finish")

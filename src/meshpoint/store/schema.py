@@ -87,7 +87,7 @@ CHECKPOINT_STATUSES = ("waiting_peers", "input_required", "handoff", "working")
 #: must use it carry the predicate word for word.
 OPEN_SUB_TASK_PREDICATE = "status IN ('pending', 'claimed')"
 #: Paused tasks whose join completed, for recovery (SQL text, as above).
-RESUMING_PREDICATE = "status = 'resuming'"
+RESUMING_PREDICATE = "status IN ('resuming', 'working')"
 
 paused_tasks = Table(
     "agent_paused_tasks",

@@ -176,7 +176,8 @@ class SqlStore(Store):
     async def checkpoint_task(self, ctx: TaskExecutionContext, agent_name: str, *,
                               status: str = "waiting_peers", default_timeout_s: float = 600.0,
                               expires_at: float | None = None,
-                              lease_owner: str | None = None) -> CheckpointReceipt:
+                              lease_owner: str | None = None, holder: str | None = None,
+                              hold_lease_s: float = 30.0) -> CheckpointReceipt:
         check_id("agent_name", agent_name)
         if status not in CHECKPOINT_STATUSES:
             raise InvalidArgumentError(
@@ -185,6 +186,18 @@ class SqlStore(Store):
         check_timeout("default_timeout_s", default_timeout_s)
         if lease_owner is not None:
             check_id("lease_owner", lease_owner)
+        if holder is not None:
+            check_id("holder", holder)
+            check_ttl(hold_lease_s)
+            if status != "working" or lease_owner not in (None, holder):
+                raise InvalidArgumentError(
+                    "holder= keeps the lease through a mid-turn checkpoint: the status must "
+                    f"be 'working' (got {status!r}) and a resumed task's holder its "
+                    f"lease_owner (got {holder!r} and {lease_owner!r})")
+        elif status == "working":
+            raise InvalidArgumentError(
+                "a task checkpointed as working is still running: name its lease holder "
+                "(holder=)")
         doc = ctx.checkpoint_delta()  # validates and copies before any I/O
         now = self._clock()
         subs, invocations = plan_join(doc, status, default_timeout_s)
@@ -208,6 +221,7 @@ class SqlStore(Store):
             p_encoding="zlib" if compressed else "json",
             p_sha256=hashlib.sha256(raw).hexdigest(), p_event_count=event_count, p_now=now,
             p_expires_at=expires_at, p_events=new_events, p_first=first_new,
+            p_holder=holder, p_hold_until=None if holder is None else now + hold_lease_s,
             p_has_events=bool(new_events),
             p_subs=[{"sub_task_id": sub_task_id, "invocation_id": corr["invocation_id"],
                      "function_call_id": corr["function_call_id"],

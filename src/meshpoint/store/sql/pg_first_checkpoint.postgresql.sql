@@ -4,12 +4,13 @@ WITH
   (INSERT INTO agent_paused_tasks (
                   tenant_id, logical_task_id, agent_name, status, current_invocation_id, context,
                   context_encoding, context_sha256, session_event_count, version, created_at, checkpointed_at,
-                  expires_at) SELECT :p_tenant::VARCHAR AS anon_1, :p_task::VARCHAR AS anon_2, :p_agent::VARCHAR AS anon_3,
+                  expires_at, owner, lease_expires_at) SELECT :p_tenant::VARCHAR AS anon_1, :p_task::VARCHAR AS anon_2, :p_agent::VARCHAR AS anon_3,
      :p_status::VARCHAR AS anon_4, :p_invocation::VARCHAR AS anon_5, :p_context::BYTEA AS anon_6,
      :p_encoding::VARCHAR AS anon_7, :p_sha256::VARCHAR AS anon_8, :p_event_count::INTEGER AS anon_9, 1 AS anon_10,
-     :p_now::FLOAT AS anon_11, :p_now::FLOAT AS anon__1, :p_expires_at::FLOAT AS anon_12
+     :p_now::FLOAT AS anon_11, :p_now::FLOAT AS anon__1, :p_expires_at::FLOAT AS anon_12, :p_holder::VARCHAR AS anon_13,
+     :p_hold_until::FLOAT AS anon_14
    WHERE NOT (EXISTS
-                (SELECT 1 AS anon_13
+                (SELECT 1 AS anon_15
                  FROM agent_ended_tasks
                  WHERE agent_ended_tasks.tenant_id = :p_tenant::VARCHAR
                    AND agent_ended_tasks.logical_task_id = :p_task::VARCHAR)) RETURNING agent_paused_tasks.logical_task_id),
@@ -21,7 +22,7 @@ WITH
      subs.sub_task_id AS sub_task_id, subs.invocation_id AS invocation_id, subs.function_call_id AS function_call_id,
      subs.peer_agent_name AS peer_agent_name, subs.peer_task_id AS peer_task_id,
      CAST(subs.correlation_data AS JSON) AS correlation_data, subs.timeout_s AS timeout_s, subs.timeout_deadline AS timeout_deadline,
-     'pending' AS anon_14, :p_now::FLOAT AS anon_11
+     'pending' AS anon_16, :p_now::FLOAT AS anon_11
    FROM json_to_recordset(:p_subs::JSON) AS subs(sub_task_id VARCHAR, invocation_id VARCHAR, function_call_id VARCHAR, peer_agent_name VARCHAR, peer_task_id VARCHAR, correlation_data TEXT, timeout_s FLOAT, timeout_deadline FLOAT)
    WHERE EXISTS
        (SELECT new_task.logical_task_id
@@ -38,8 +39,8 @@ WITH
         FROM new_task)),
   new_events AS
   (INSERT INTO agent_session_events (
-                  tenant_id, logical_task_id, seq, data, created_at) SELECT :p_tenant::VARCHAR AS anon_1, :p_task::VARCHAR AS anon_2, :p_first::INTEGER AS anon_15,
-     :p_events::JSON AS anon_16, :p_now::FLOAT AS anon_11
+                  tenant_id, logical_task_id, seq, data, created_at) SELECT :p_tenant::VARCHAR AS anon_1, :p_task::VARCHAR AS anon_2, :p_first::INTEGER AS anon_17,
+     :p_events::JSON AS anon_18, :p_now::FLOAT AS anon_11
    WHERE :p_has_events::BOOLEAN
      AND (EXISTS
             (SELECT new_task.logical_task_id

@@ -1,0 +1,84 @@
+"""Mid-turn checkpoints (seed 004's strategies): a long turn survives a crash without
+making again the calls it finished.
+
+A turn of many model and tool calls may be checkpointed, status ``working``, at the
+points its agent's :class:`~meshpoint.runtime.agent.CheckpointPolicy` names: after
+each local tool call (``after_tools``), before each model call (``before_llm``), and before every
+``interval``-th model call (strategy ``interval`` or ``hybrid``). The first such
+checkpoint stores the task with this instance holding its lease and then
+acknowledges its request: from then on the store, not the broker, keeps the task,
+and the keeper renews the lease. If the instance dies, recovery takes the task over
+when the lease expires and continues it from its last checkpoint: the model calls
+and tool calls completed before it are not made again. With the defaults (strategy
+``event``, nothing else on) a task is checkpointed only when it pauses, and a task
+that never pauses writes nothing (DESIGN.md invariant 6).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from meshpoint.errors import (
+    CheckpointConflictError,
+    LeaseNotHeldError,
+    StoreError,
+    StoreUnavailableError,
+    UnknownTaskError,
+)
+from meshpoint.runtime.stats import InstanceStats
+from meshpoint.runtime.tasks import InHand, LeaseOwners, TaskRun
+from meshpoint.store.base import Store
+
+logger = logging.getLogger("meshpoint.runtime")
+
+@dataclass(frozen=True)
+class MidTurn:
+    """Writes the mid-turn checkpoints of one instance's tasks."""
+
+    agent_name: str
+    instance_id: str
+    store: Store
+    owners: LeaseOwners
+    in_hand: InHand
+    stats: InstanceStats
+    lease_ttl_s: float
+
+    async def checkpoint(self, run: TaskRun) -> bool:
+        """Checkpoint ``run`` as ``working``, keeping its lease (taking one at its first
+        checkpoint, then acknowledging its request). False when the run must stop:
+        another run of the task is the live one (it was taken over, or a copy of its
+        request is running it). A store that fails leaves the run going as before."""
+        ctx = run.ctx
+        mark = (len(ctx.session_events), sum(c.completed for c in
+                                             ctx.parallel_tool_calls.values()))
+        if mark == run.checkpointed_at:
+            return True  # nothing new since the last one
+        first = run.lease_owner is None
+        owner = self.owners.next() if first else run.lease_owner
+        try:
+            await self.store.checkpoint_task(
+                ctx, self.agent_name, status="working", lease_owner=None if first else owner,
+                holder=owner, hold_lease_s=self.lease_ttl_s)
+        except (CheckpointConflictError, LeaseNotHeldError, UnknownTaskError) as error:
+            logger.info("%s: dropping task %s: %s", self.instance_id, ctx.task_id, error)
+            self.stats.note("dropped", ctx.task_id)
+            run.lost = True
+            self.in_hand.forget(run)
+            if first and run.delivery is not None:
+                await run.delivery.ack()  # the live run is another copy of this request
+            return False
+        except StoreError as error:
+            logger.warning("%s: mid-turn checkpoint of %s failed (%s); going on",
+                           self.instance_id, ctx.task_id, error)
+            run.maybe_stored = run.maybe_stored or (first and isinstance(
+                error, StoreUnavailableError))
+            return True
+        run.checkpointed_at = mark
+        self.stats.counts["mid_turn_checkpoints"] += 1
+        if first:
+            run.lease_owner = owner
+            if run.delivery is not None:
+                await run.delivery.ack()
+                run.delivery = None
+        return True
