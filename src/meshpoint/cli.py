@@ -17,12 +17,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from rich.table import Table
 
 from meshpoint import a2a
-from meshpoint.cli_tasks import tasks_app
+from meshpoint.cli_tasks import recover, tasks_app
 from meshpoint.errors import MeshpointError
 
 app = typer.Typer(help="meshpoint: AI agents that are stateless while they wait.",
                   no_args_is_help=True, add_completion=False)
 app.add_typer(tasks_app, name="tasks")
+app.command()(recover)
 console = Console()
 err = Console(stderr=True)
 
@@ -211,15 +212,43 @@ def answer_text(task: a2a.Task) -> str:
 
 @app.command()
 def stats(url: UrlOption, tenant: TenantOption = "default",
-          limit: Annotated[int, typer.Option(min=1, help="Tasks to list.")] = 20) -> None:
-    """Paused tasks by agent and status, the oldest ones, and the next deadlines."""
+          limit: Annotated[int, typer.Option(min=1, help="Tasks to list.")] = 20,
+          expire_after: Annotated[float, typer.Option(
+              "--expire-after", min=0, help="Count tasks not checkpointed for longer than "
+              "this many seconds as expired (0: none).")] = 0.0,
+          as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+          = False) -> None:
+    """Paused tasks: seed 004's counts (each task once: expired, then input_required,
+    then working), their ages, by agent and status, and the next deadlines."""
     from meshpoint.store import open_store
 
     async def run() -> None:
         async with open_store(url, tenant_id=tenant, migrate=False) as store:
-            counts, tasks = await store.stats(), await store.list_paused_tasks(limit=limit)
+            counts = await store.stats(expire_after_s=expire_after)
+            tasks = await store.list_paused_tasks(limit=limit)
         now = time.time()
-        table = Table(title=f"paused tasks of tenant {tenant!r}")
+        if as_json:
+            print(json.dumps({
+                "total": counts.total, "expired": counts.expired,
+                "input_required": counts.input_required, "working": counts.working,
+                "oldest_age_s": counts.oldest_age_s, "mean_age_s": counts.mean_age_s,
+                "by_agent_status": [{"agent": a, "status": st, "tasks": n}
+                                    for (a, st), n in sorted(counts.paused_tasks.items())],
+                "pending_sub_tasks": counts.pending_sub_tasks,
+                "expired_sub_tasks": counts.expired_sub_tasks,
+                "next_deadline_in_s": None if counts.next_deadline is None
+                else counts.next_deadline - now}))
+            return
+        summary = Table(title=f"paused tasks of tenant {tenant!r}")
+        for column in ("total", "expired", "input_required", "working", "oldest age (s)",
+                       "mean age (s)"):
+            summary.add_column(column)
+        summary.add_row(*(str(n) for n in (counts.total, counts.expired,
+                                           counts.input_required, counts.working)),
+                        *("-" if age is None else f"{age:.1f}"
+                          for age in (counts.oldest_age_s, counts.mean_age_s)))
+        console.print(summary)
+        table = Table(title="by agent and status")
         for column in ("agent", "status", "tasks"):
             table.add_column(column)
         for (agent, status), n in sorted(counts.paused_tasks.items()):

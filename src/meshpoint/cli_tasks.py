@@ -234,3 +234,100 @@ def show(task_id: Annotated[str, typer.Argument(help="The task.")],
         console.print(done)
     for event in shown["conversation"]:
         console.print(f"[dim]{event.get('role')}:[/dim] {str(event.get('content') or '')[:200]}")
+
+
+@tasks_app.command()
+def cancel(task_id: Annotated[str, typer.Argument(help="The task.")],
+           config: Annotated[Path, typer.Option(
+               "--config", "-c", envvar="MESHPOINT_CONFIG",
+               help="The mesh config: its broker reaches the agent's instances.")],
+           agent: Annotated[str | None, typer.Option(
+               "--agent", help="The task's agent (default: read from the task id).")] = None,
+           as_json: AsJson = False) -> None:
+    """Cancel a task wherever it is (paused, or running on an instance): the agent's
+    instance that takes the request cancels its peers, answers its caller
+    ``canceled`` and removes its rows. Needs the mesh's broker (NATS): a cancel is
+    carried out by the instances, which the store alone cannot reach."""
+    from meshpoint.config import load_config
+    from meshpoint.runtime import Client, wire
+
+    async def run() -> str:
+        mesh = load_config(config)
+        if mesh.broker.url.startswith("memory://"):
+            raise InvalidArgumentError(
+                "the config's broker is memory://, which reaches only its own process: "
+                "cancel from that process (Client.cancel)")
+        name = agent or wire.agent_of_task(task_id)
+        broker = await mesh.open_broker()
+        try:
+            async with Client(broker, namespace=mesh.namespace) as client:
+                await client.cancel(name, task_id)
+        finally:
+            await broker.close()
+        return name
+
+    try:
+        name = asyncio.run(run())
+    except MeshpointError as error:
+        err.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(code=1) from None
+    if as_json:
+        print(json.dumps({"task_id": task_id, "agent": name, "cancel": "sent"}))
+    else:
+        console.print(f"cancel of task {task_id} sent to agent {name}; its caller is "
+                      "answered canceled")
+
+
+def recover(dry_run: Annotated[bool, typer.Option(
+                "--dry-run", help="Show what the next recovery pass would do.")] = False,
+            url: Url = None, config: Config = None, tenant: Tenant = "default",
+            timeout: Annotated[float | None, typer.Option(
+                "--timeout", min=0, help="The recovery timeout_s to apply (default: each "
+                "agent's, from --config, or a day).")] = None,
+            as_json: AsJson = False) -> None:
+    """What recovery (run by every instance of an agent) would do now, by seed 004's
+    rules: resume the tasks whose instance died (auto_resume), fail the tasks not
+    checkpointed within the timeout, remind or leave alone those waiting for a
+    human (auto_resume_hitl)."""
+    from meshpoint.runtime.agent import RecoveryPolicy
+
+    if not dry_run:
+        err.print("[red]error:[/red] recovery runs in every instance of an agent "
+                  "(meshpoint serve); use --dry-run to see what its next pass would do")
+        raise typer.Exit(code=2)
+    policies: dict[str, RecoveryPolicy] = {}
+    if config is not None:
+        from meshpoint.config import load_config
+
+        mesh = load_config(config)
+        policies = {name: mesh.build_agent(name).recovery for name in mesh.agents}
+
+    async def body(store: Any) -> list[dict[str, Any]]:
+        agents = set(policies) | {a for a, _ in (await store.stats()).paused_tasks}
+        plan: list[dict[str, Any]] = []
+        for name in sorted(agents):
+            policy = policies.get(name, RecoveryPolicy())
+            timeout_s = policy.timeout_s if timeout is None else timeout
+            if policy.auto_resume:
+                plan += [{"action": "resume", "agent": name, "task_id": t}
+                         for t in await store.resumable_tasks(name, limit=10_000)]
+            if timeout_s:
+                plan += [{"action": "fail (expired)", "agent": name, "task_id": t}
+                         for t in await store.expired_tasks(name, older_than_s=timeout_s,
+                                                            limit=10_000)]
+            waiting = await store.list_paused_tasks(agent_name=name, status="input_required",
+                                                    limit=10_000)
+            action = "remind the caller" if policy.auto_resume_hitl else "leave (waits for a human)"
+            plan += [{"action": action, "agent": name, "task_id": t.task_id} for t in waiting]
+        return plan
+
+    plan = _run(url, config, tenant, as_json, body)
+    if as_json:
+        print(json.dumps({"dry_run": True, "plan": plan}))
+        return
+    table = Table(title="the next recovery pass would")
+    for column in ("action", "agent", "task"):
+        table.add_column(column)
+    for step in plan:
+        table.add_row(step["action"], step["agent"], step["task_id"])
+    console.print(table if plan else "nothing to recover")

@@ -33,7 +33,14 @@ from pydantic import (
 
 from meshpoint.errors import ConfigurationError, InvalidArgumentError, MeshpointError
 from meshpoint.llm.base import Model
-from meshpoint.runtime.agent import Agent, CheckpointPolicy, LocalTool, Peer, RuntimeOptions
+from meshpoint.runtime.agent import (
+    Agent,
+    CheckpointPolicy,
+    LocalTool,
+    Peer,
+    RecoveryPolicy,
+    RuntimeOptions,
+)
 
 if TYPE_CHECKING:
     from meshpoint.broker import Broker
@@ -160,6 +167,16 @@ class ToolConfig(_Strict):
     parameters: dict[str, Any] | None = None
 
 
+class RecoveryConfig(_Strict):
+    """What recovery does with an agent's stored tasks (seed 004's ``recovery:``; see
+    :class:`meshpoint.runtime.agent.RecoveryPolicy`)."""
+
+    auto_resume: bool = True
+    auto_resume_hitl: bool = False
+    #: Seconds without a checkpoint after which a task fails (0: never).
+    timeout_s: float = Field(default=86_400.0, ge=0)
+
+
 class CheckpointConfig(_Strict):
     """When a running turn is checkpointed besides its pauses (seed 004's ``checkpoint:``;
     see :class:`meshpoint.runtime.agent.CheckpointPolicy`)."""
@@ -169,6 +186,7 @@ class CheckpointConfig(_Strict):
     interval: int = Field(default=0, ge=0)
     after_tools: bool = False
     before_llm: bool = False
+    recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
 
 
 class AgentConfig(_Strict):
@@ -236,7 +254,8 @@ class MeshConfig(_Strict):
                         tool_name=p.tool_name) for p in spec.peers],
             stateless_checkpointing=spec.stateless_checkpointing,
             system_prompt=spec.system_prompt, max_turns=spec.max_turns,
-            checkpoint=CheckpointPolicy(**spec.checkpoint.model_dump()))
+            checkpoint=CheckpointPolicy(**spec.checkpoint.model_dump(exclude={"recovery"})),
+            recovery=RecoveryPolicy(**spec.checkpoint.recovery.model_dump()))
 
     async def open_store(self) -> SqlStore:
         from meshpoint.store import open_store

@@ -7,13 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from meshpoint import a2a
+from meshpoint.llm import ScriptedModel
+from meshpoint.runtime import Agent, Peer, wire
 from meshpoint.store import SqlStore
-from tests.integration.mesh import Mesh
+from tests.integration.mesh import ManualPeer, Mesh, eventually
 from tests.integration.test_approvals import SideEffects, approving, paused
 from tests.integration.test_runtime import no_rows_left
 
@@ -21,9 +24,13 @@ pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 
 
 async def tasks(url: str, *args: str) -> tuple[int, str, str]:
-    """``meshpoint tasks ARGS --url URL``; the event loop keeps serving the mesh."""
+    """``meshpoint tasks ARGS --url URL`` (``meshpoint stats``, ``recover``: without
+    ``tasks``); the event loop keeps serving the mesh meanwhile."""
+    command = list(args) if args[0] in ("stats", "recover") else ["tasks", *args]
+    if args[0] != "cancel":
+        command += ["--url", url]
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "meshpoint.cli", "tasks", *args, "--url", url,
+        sys.executable, "-m", "meshpoint.cli", *command,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(process.communicate(), 120)
     assert process.returncode is not None
@@ -91,3 +98,78 @@ async def test_deny_and_reply_from_the_command_line(
         answer = await mesh.client.wait(request_id, timeout_s=20)
         assert expected in answer.status.message.text  # type: ignore[union-attr]
     assert not effects.runs
+
+
+async def test_stats_count_each_task_once_and_recover_shows_its_plan(
+        mesh: Mesh, live_store: SqlStore, store_url: str) -> None:
+    effects = SideEffects()
+    await mesh.run(approving(effects, peers=[Peer("researcher", timeout_s=60)]))
+    peer = await ManualPeer(mesh, "researcher").start()
+    await paused(mesh, "Send the report")
+    await eventually(lambda: len(peer.requests) == 1, what="the peer's request")
+    await mesh.run(Agent("planner", ScriptedModel(), peers=[Peer("researcher")]))
+    await mesh.client.submit("planner", "Plan it")
+    await eventually(lambda: len(peer.requests) == 2, what="the second task's request")
+
+    stats = await ok_json(store_url, "stats")  # `meshpoint stats`, not `tasks stats`
+    assert (stats["total"], stats["input_required"], stats["working"], stats["expired"]) \
+        == (2, 1, 0, 0)
+    stats = await ok_json(store_url, "stats", "--expire-after", "0.001")
+    assert (stats["total"], stats["expired"], stats["input_required"]) == (2, 2, 0)
+
+    plan = (await ok_json(store_url, "recover", "--dry-run"))["plan"]
+    assert [(p["action"], p["agent"]) for p in plan] == [
+        ("leave (waits for a human)", "coordinator")]
+    plan = (await ok_json(store_url, "recover", "--dry-run", "--timeout", "0.001"))["plan"]
+    assert sorted((p["action"], p["agent"]) for p in plan) == [
+        ("fail (expired)", "coordinator"), ("fail (expired)", "planner"),
+        ("leave (waits for a human)", "coordinator")]
+    code, _, err = await tasks(store_url, "recover")
+    assert code == 2 and "use --dry-run" in " ".join(err.split())
+
+
+async def test_cancel_needs_a_broker_that_reaches_the_instances(
+        mesh: Mesh, live_store: SqlStore, store_url: str, tmp_path: Path) -> None:
+    config = tmp_path / "mesh.yaml"
+    config.write_text(f"store: {store_url}\nbroker: memory://\nagents: {{coordinator: {{}}}}\n")
+    code, _, err = await tasks(store_url, "cancel", "coordinator-" + "0" * 32,
+                               "--config", str(config))
+    assert code == 1 and "memory://" in err
+    config.write_text(f"store: {store_url}\nbroker: nats://127.0.0.1:1\n"
+                      "agents: {coordinator: {}}\n")
+    code, _, err = await tasks(store_url, "cancel", "not-a-task-id", "--config", str(config))
+    assert code == 1 and "cannot tell the agent of task" in err
+
+
+@pytest.mark.nats
+async def test_cancel_from_another_process_over_nats(
+        live_store: SqlStore, store_url: str, nats_url: str, tmp_path: Path) -> None:
+    """``meshpoint tasks cancel`` reaches, over NATS, an instance of the agent, which
+    cancels the task waiting for approval and answers its caller."""
+    from meshpoint.broker.nats import NatsBroker
+    from meshpoint.runtime import AgentInstance, Client, RuntimeOptions
+
+    ns = f"cli{wire.new_id()[:10]}"
+    broker = await NatsBroker.connect(nats_url, pull_expires_s=0.5)
+    instance = AgentInstance(approving(SideEffects()), live_store, broker,
+                             options=RuntimeOptions(namespace=ns))
+    try:
+        await instance.start()
+        async with Client(broker, namespace=ns) as client:
+            request_id = await client.submit("coordinator", "Send the report")
+            await client.wait_input(request_id, timeout_s=20)
+            config = tmp_path / "mesh.yaml"
+            config.write_text(f"namespace: {ns}\nstore: {store_url}\nbroker: {nats_url}\n"
+                              "agents: {coordinator: {}}\n")
+            code, out, err = await tasks(store_url, "cancel",
+                                         client.task_id("coordinator", request_id),
+                                         "--config", str(config), "--json")
+            assert code == 0, err
+            assert json.loads(out)["cancel"] == "sent"
+            answer = await client.wait(request_id, timeout_s=20)
+            assert answer.status.state is a2a.TaskState.CANCELED
+        await no_rows_left(live_store)
+    finally:
+        await instance.stop()
+        await broker.delete_namespace(ns)
+        await broker.close()

@@ -540,3 +540,41 @@ async def test_mid_turn_checkpoints_are_checked(store: SqlStore) -> None:
         with pytest.raises(InvalidArgumentError, match=reason):
             await store.checkpoint_task(mid_turn("w2", done=1), AGENT, **kwargs)
     assert await snapshot(store) == before
+
+
+async def test_expiry_boundaries_and_first_match_counting(
+        store: SqlStore, clock: FakeClock) -> None:
+    """Seed 004's statistics and expiry: strictly older than the timeout is expired, a
+    timeout of 0 disables expiry, a leased task is not listed for failing, and each
+    task counts once, the first that matches: expired, input_required, working."""
+    start = clock.now
+    await store.checkpoint_task(fan_out("old-peers"), AGENT)                      # t=0
+    clock.advance(10)
+    approval = fan_out("old-approval", peers=0)
+    approval.register_peer_sub_task("old-approval/a", {"function_call_id": "call-a",
+                                                       "approval": {"tool": "t"}})
+    await store.checkpoint_task(approval, AGENT, status="input_required")         # t=10
+    clock.advance(10)
+    await store.checkpoint_task(mid_turn("busy", done=1), AGENT, status="working",
+                                holder="i1", hold_lease_s=1000)                    # t=20
+    await store.checkpoint_task(fan_out("new-peers"), AGENT)
+    clock.advance(10)  # now t=30: ages 30, 20, 10, 10
+
+    stats = await store.stats()
+    assert (stats.total, stats.expired, stats.input_required, stats.working) == (4, 0, 1, 1)
+    assert stats.oldest_age_s == 30 and stats.mean_age_s == 17.5
+    assert stats.oldest_checkpointed_at == start
+    stats = await store.stats(expire_after_s=20)  # strictly older: only the first
+    assert (stats.expired, stats.input_required, stats.working) == (1, 1, 1)
+    stats = await store.stats(expire_after_s=9.5)  # all four; first match wins
+    assert (stats.total, stats.expired, stats.input_required, stats.working) == (4, 4, 0, 0)
+
+    assert await store.expired_tasks(AGENT, older_than_s=30) == []
+    assert await store.expired_tasks(AGENT, older_than_s=20) == ["old-peers"]
+    # The working task's lease is held: not listed, however old.
+    assert await store.expired_tasks(AGENT, older_than_s=5) == ["old-peers", "old-approval",
+                                                                "new-peers"]
+    with pytest.raises(InvalidArgumentError, match="older_than_s must be"):
+        await store.expired_tasks(AGENT, older_than_s=0)
+    with pytest.raises(InvalidArgumentError, match="expire_after_s"):
+        await store.stats(expire_after_s=-1)

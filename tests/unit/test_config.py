@@ -179,8 +179,11 @@ def test_approval_tools_without_checkpointing_fail_when_built(tmp_path: Path) ->
 def test_an_agents_checkpoint_strategy(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, MINIMAL + """
   worker:
-    checkpoint: {strategy: hybrid, interval: 5, after_tools: true}
+    checkpoint: {strategy: hybrid, interval: 5, after_tools: true,
+                 recovery: {auto_resume_hitl: true, timeout_s: 0}}
 """)).build_agent("worker")
+    assert config.recovery.auto_resume and config.recovery.auto_resume_hitl
+    assert config.recovery.timeout_s == 0
     assert config.checkpoint.strategy == "hybrid" and config.checkpoint.interval == 5
     assert config.checkpoint.after_tools and not config.checkpoint.before_llm
     assert not load_config(write(tmp_path, MINIMAL)).build_agent("flights").checkpoint.mid_turn

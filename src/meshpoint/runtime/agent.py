@@ -207,6 +207,32 @@ class CheckpointPolicy:
 
 
 @dataclass(frozen=True)
+class RecoveryPolicy:
+    """What recovery does with an agent's stored tasks (seed 004's ``recovery:``).
+
+    ``auto_resume``: a task whose instance died while running it (its lease expired:
+    it was resuming, or running past a mid-turn checkpoint) is taken over and
+    continued. ``auto_resume_hitl``: when an instance starts, the caller of every
+    task waiting for a human is sent its ``input-required`` update again (they are
+    never resumed without an answer). ``timeout_s``: a task last checkpointed
+    strictly longer ago than this, and not running, fails: its caller is answered
+    ``failed`` with the reason, its peers are canceled and its rows removed (0:
+    never). The default, a day, is longer than every default deadline, so that a
+    deadline (a peer's, an approval's) acts first.
+    """
+
+    auto_resume: bool = True
+    auto_resume_hitl: bool = False
+    timeout_s: float = 86_400.0
+
+    def __post_init__(self) -> None:
+        if not (type(self.timeout_s) in (int, float) and 0 <= self.timeout_s < math.inf):
+            raise InvalidArgumentError(
+                f"recovery timeout_s must be a finite number >= 0 (0: never), got "
+                f"{self.timeout_s!r}")
+
+
+@dataclass(frozen=True)
 class Agent:
     """An agent definition.
 
@@ -229,6 +255,8 @@ class Agent:
     #: When a running turn is checkpointed besides its pauses (seed 004); by default
     #: never, so that a task that never pauses writes nothing.
     checkpoint: CheckpointPolicy = field(default_factory=lambda: CheckpointPolicy())
+    #: What recovery does with this agent's stored tasks (seed 004).
+    recovery: RecoveryPolicy = field(default_factory=lambda: RecoveryPolicy())
 
     def __post_init__(self) -> None:
         check_name("an agent name", self.name)

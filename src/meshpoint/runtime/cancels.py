@@ -87,6 +87,12 @@ class Cancels:
     async def cancel_stored(self, task_id: str) -> str:
         """Cancel a stored task: ``canceled``, ``leased`` (another owner resumes it)
         or ``unknown`` (not stored: running before its first checkpoint, or ended)."""
+        return await self.end_stored(task_id, a2a.TaskState.CANCELED, "canceled")
+
+    async def end_stored(self, task_id: str, state: a2a.TaskState, text: str) -> str:
+        """End a stored task nobody is running, in ``state``: its rows go, its items
+        are withdrawn, its caller is answered ``text``. Returns ``canceled`` (done),
+        ``leased`` (another owner runs it) or ``unknown`` (not stored)."""
         owner = self.owners.next()
         try:
             lease = await self.store.take_resume_lease(
@@ -100,10 +106,10 @@ class Cancels:
         # task. The withdrawals and the answer are then published (at most lost, never
         # half-applied: the peers' own deadlines end their work).
         await self.store.cleanup_task(task_id, lease_owner=owner)
-        self.stats.note("canceled", task_id)
+        self.stats.note(state.value, task_id)
         for sub_task_id, corr in list(ctx.active_peer_sub_tasks.items()):
             await self.kinds.withdraw(sub_task_id, corr)
-        await self.endings.answer(ctx, a2a.TaskState.CANCELED, "canceled")
+        await self.endings.answer(ctx, state, text)
         return "canceled"
 
     async def on_control(self, delivery: Delivery) -> None:

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from meshpoint import a2a
 from meshpoint.broker.base import Broker, ConsumerOptions, Delivery, Subscription
 from meshpoint.context import TaskExecutionContext
-from meshpoint.errors import BadMessageError
+from meshpoint.errors import BadMessageError, StoreError
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent, RuntimeOptions, check_name
 from meshpoint.runtime.answers import Answers
@@ -135,8 +135,11 @@ class AgentInstance:
             stats=stats, background=background, lease_ttl_s=o.lease_ttl_s,
             resume=turns.resume)
         self._recovery = Recovery(
-            agent_name=agent.name, store=store, in_hand=in_hand, owners=owners, stats=stats,
-            background=background, lease_ttl_s=o.lease_ttl_s, resume=turns.resume)
+            agent_name=agent.name, store=store, kinds=kinds, policy=agent.recovery,
+            in_hand=in_hand, owners=owners, stats=stats, background=background,
+            lease_ttl_s=o.lease_ttl_s, resume=turns.resume,
+            fail=lambda task_id, reason: cancels.end_stored(
+                task_id, a2a.TaskState.FAILED, reason))
         self._ledger = EndedTasks(agent_name=agent.name, store=store,
                                   memory_s=o.ended_task_memory_s)
         self._keeper = LeaseKeeper(instance_id=name, store=store, in_hand=in_hand,
@@ -200,9 +203,17 @@ class AgentInstance:
             # Only an agent that calls peers or asks for approvals ever pauses: the
             # others have no deadlines to sweep and no leases to recover, and spare the
             # database the polling.
+            self._background.spawn(self._recover_at_start())
             loop("sweeper", self._sweeper.step, o.sweep_interval_s)
             loop("recovery", self._recovery.step, o.recovery_interval_s)
+            loop("expiry", self._recovery.expire, self._recovery.expiry_period_s)
             loop("ledger", self._ledger.step, self._ledger.period_s)
+
+    async def _recover_at_start(self) -> None:
+        try:
+            await self._recovery.at_start()
+        except StoreError as error:
+            logger.warning("%s: recovery at start failed: %s", self.instance_id, error)
 
     async def drain(self, timeout_s: float = 20.0) -> None:
         """Stop gracefully (SIGTERM): take no new tasks, answers or recoveries; let the

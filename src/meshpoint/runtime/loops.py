@@ -2,8 +2,9 @@
 
 * The **sweeper** resolves items whose deadline passed after their checkpoint
   (``sweep_interval_s``) and withdraws them from whoever was to answer.
-* **Recovery** takes over tasks whose resuming instance died: their join completed
-  but their lease expired (``recovery_interval_s``).
+* **Recovery** takes over tasks whose instance died while it held their lease
+  (``recovery_interval_s``), fails tasks older than the agent's recovery timeout,
+  and reminds the callers of tasks waiting for a human (seed 004's rules).
 * The **keeper** renews the leases and ack waits of the tasks in hand; a lease it
   can no longer renew was taken over, and its run stops quietly.
 * The **ledger** loop forgets the agent's ended tasks once no copy of their
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshpoint.errors import StoreError, UnknownTaskError
+from meshpoint.runtime.agent import RecoveryPolicy
 from meshpoint.runtime.calls import CallKinds
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.tasks import Background, InHand, LeaseOwners, Lifecycle
@@ -85,19 +87,37 @@ RESUMABLE = ("resuming", "working")
 
 @dataclass(frozen=True)
 class Recovery:
-    """Takes over an agent's tasks whose instance died while it held their lease (it
-    was resuming them, or running them past a mid-turn checkpoint)."""
+    """Seed 004's recovery of an agent's stored tasks, by its
+    :class:`~meshpoint.runtime.agent.RecoveryPolicy`: takes over the tasks whose
+    instance died while it held their lease (it was resuming them, or running them
+    past a mid-turn checkpoint); fails the tasks not checkpointed for longer than the
+    policy's timeout; and, when an instance starts, tells the callers of tasks
+    waiting for a human again. ``fail(task_id, reason)`` ends a stored task as
+    failed (its caller answered, its items withdrawn, its rows removed)."""
 
     agent_name: str
     store: Store
+    kinds: CallKinds
+    policy: RecoveryPolicy
     in_hand: InHand
     owners: LeaseOwners
     stats: InstanceStats
     background: Background
     lease_ttl_s: float
     resume: Resume
+    fail: Callable[[str, str], Awaitable[str]]
+
+    async def at_start(self) -> None:
+        """The pass an instance makes as it starts."""
+        await self.step()
+        await self.expire()
+        if self.policy.auto_resume_hitl:
+            await self.remind()
 
     async def step(self) -> None:
+        """Take over the tasks whose lease expired (``auto_resume``)."""
+        if not self.policy.auto_resume:
+            return
         for task_id in await self.store.resumable_tasks(self.agent_name):
             if self.in_hand.get(task_id) is not None:
                 continue
@@ -107,6 +127,42 @@ class Recovery:
             if lease is not None:
                 self.stats.note("recovered", task_id)
                 self.background.spawn(self.resume(task_id, owner))
+
+    @property
+    def expiry_period_s(self) -> float:
+        """How often :meth:`expire` runs: it reads every stored task of the agent, so
+        not at every recovery pass (a tenth of the timeout, within 1-60 s)."""
+        return min(60.0, max(1.0, self.policy.timeout_s / 10))
+
+    async def expire(self) -> None:
+        """Fail the tasks last checkpointed strictly longer ago than the timeout."""
+        timeout_s = self.policy.timeout_s
+        if not timeout_s:
+            return
+        for task_id in await self.store.expired_tasks(self.agent_name,
+                                                      older_than_s=timeout_s):
+            if self.in_hand.get(task_id) is not None:
+                continue
+            reason = (f"expired: not checkpointed for more than {timeout_s:g} s "
+                      "(the agent's recovery timeout_s)")
+            if await self.fail(task_id, reason) == "canceled":
+                self.stats.note("expired", task_id)
+
+    async def remind(self) -> None:
+        """Send the callers of tasks waiting for a human their update again."""
+        waiting = await self.store.list_paused_tasks(
+            agent_name=self.agent_name, status="input_required", limit=10_000)
+        for summary in waiting:
+            try:
+                ctx = (await self.store.restore_task(summary.task_id)).context
+            except StoreError as error:
+                logger.warning("cannot remind the caller of %s: %s", summary.task_id, error)
+                continue
+            human = [sub_task_id for sub_task_id, corr in ctx.active_peer_sub_tasks.items()
+                     if (kind := self.kinds.of(corr)) is not None
+                     and kind.pause_status == "input_required"]
+            await self.kinds.announce(ctx, human)
+            self.stats.note("reminded", summary.task_id)
 
 
 @dataclass(frozen=True)

@@ -212,6 +212,13 @@ class Store(Protocol):
         :meth:`take_resume_lease` (``statuses=("resuming", "working")``)."""
         ...
 
+    async def expired_tasks(self, agent_name: str, *, older_than_s: float,
+                            limit: int = 100) -> list[str]:
+        """Ids of ``agent_name``'s tasks last checkpointed strictly more than
+        ``older_than_s`` ago that nobody holds a lease on, oldest first: recovery
+        fails them (seed 004's ``recovery.timeout``)."""
+        ...
+
     async def list_paused_tasks(self, *, agent_name: str | None = None,
                                 status: str | None = None,
                                 limit: int = 100) -> list[PausedTaskSummary]:
@@ -224,9 +231,11 @@ class Store(Protocol):
         """The open sub-tasks that expire soonest."""
         ...
 
-    async def stats(self) -> StoreStats:
+    async def stats(self, *, expire_after_s: float = 0.0) -> StoreStats:
         """Paused tasks by ``(agent_name, status)``, open and expired sub-tasks, the
-        oldest checkpoint and the next deadline."""
+        oldest checkpoint and the next deadline; and seed 004's counts (see
+        :class:`~meshpoint.store.records.StoreStats`), a task counting as expired when
+        last checkpointed strictly more than ``expire_after_s`` ago (0: never)."""
         ...
 
     async def live_row_counts(self) -> dict[str, int]:

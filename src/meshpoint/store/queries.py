@@ -366,9 +366,6 @@ COUNT_BY_AGENT_STATUS = Statement(
     "count_by_agent_status", "Counts paused tasks by agent and status.",
     select(T.c.agent_name, T.c.status, func.count())
     .where(T.c.tenant_id == tenant).group_by(T.c.agent_name, T.c.status))
-OLDEST_CHECKPOINT = Statement(
-    "oldest_checkpoint", "Reads the time of the oldest checkpoint.",
-    select(func.min(T.c.checkpointed_at)).where(T.c.tenant_id == tenant))
 PENDING_SUMMARY = Statement(
     "pending_summary", "Counts open sub-tasks and reads the next deadline.",
     select(func.count(), func.min(S.c.timeout_deadline)).where(_PENDING))
@@ -399,6 +396,27 @@ RESUMABLE_TASKS = Statement(
            text(RESUMING_PREDICATE),  # word for word: the partial index's
            or_(T.c.owner.is_(None), T.c.lease_expires_at <= now))
     .order_by(T.c.lease_expires_at).limit(limit))
+_BEFORE = bindparam("p_before", type_=Float)
+EXPIRED_TASKS = Statement(
+    "expired_tasks", "Lists an agent's tasks last checkpointed before a time that nobody "
+    "holds a lease on, oldest first (for recovery to fail them).",
+    select(T.c.logical_task_id)
+    .where(T.c.agent_name == agent, T.c.tenant_id == tenant, T.c.checkpointed_at < _BEFORE,
+           or_(T.c.owner.is_(None), T.c.lease_expires_at <= now))
+    .order_by(T.c.checkpointed_at).limit(limit))
+#: Each task counts once, the first that matches: expired, input_required, working.
+_EXPIRED = and_(bindparam("p_expiring", type_=Boolean), T.c.checkpointed_at < _BEFORE)
+TASK_COUNTS = Statement(
+    "task_counts", "Counts paused tasks as expired, waiting for input, working (or "
+    "resuming), or waiting on peers, each once, and reads the oldest and mean "
+    "checkpoint time.",
+    select(func.count(),
+           func.count(case((_EXPIRED, 1))),
+           func.count(case((_EXPIRED, None), (T.c.status == "input_required", 1))),
+           func.count(case((_EXPIRED, None),
+                           (or_(T.c.status == "working", T.c.status == "resuming"), 1))),
+           func.min(T.c.checkpointed_at), func.avg(T.c.checkpointed_at))
+    .where(T.c.tenant_id == tenant))
 NEXT_DEADLINES = Statement(
     "next_deadlines", "Lists the open sub-tasks that expire soonest.",
     select(*SUB_COLUMNS).where(_PENDING).order_by(S.c.timeout_deadline).limit(limit),

@@ -111,13 +111,26 @@ class PausedTaskSummary:
 
 @dataclass(frozen=True, slots=True)
 class StoreStats:
-    """Counts for operators: paused tasks by ``(agent_name, status)`` and deadlines."""
+    """Counts for operators: paused tasks by ``(agent_name, status)`` and deadlines.
+
+    ``total`` paused tasks, each counted once in the first of these that matches
+    (seed 004's statistics): ``expired`` (last checkpointed longer ago than the
+    expiry asked for), ``input_required``, ``working`` (running past a mid-turn
+    checkpoint, or resuming); the rest wait on peers. Ages are in seconds since the
+    last checkpoint.
+    """
 
     paused_tasks: dict[tuple[str, str], int] = field(default_factory=dict)
     pending_sub_tasks: int = 0
     expired_sub_tasks: int = 0
     oldest_checkpointed_at: float | None = None
     next_deadline: float | None = None
+    total: int = 0
+    expired: int = 0
+    input_required: int = 0
+    working: int = 0
+    oldest_age_s: float | None = None
+    mean_age_s: float | None = None
 
     @property
     def total_paused(self) -> int:

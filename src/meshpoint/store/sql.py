@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import random
 import time
 import zlib
@@ -627,6 +628,22 @@ class SqlStore(Store):
 
         return await self._read(f"listing resumable tasks of {agent_name!r}", body, short=False)
 
+    async def expired_tasks(self, agent_name: str, *, older_than_s: float,
+                            limit: int = 100) -> list[str]:
+        check_id("agent_name", agent_name)
+        check_limit(limit)
+        if type(older_than_s) not in (int, float) or not 0 < older_than_s < math.inf:
+            raise InvalidArgumentError(
+                f"older_than_s must be a finite number > 0, got {older_than_s!r}")
+        now = self._clock()
+        params = self._keys(p_agent=agent_name, p_now=now, p_before=now - older_than_s,
+                            p_limit=limit)
+
+        def body(conn: Connection) -> list[str]:
+            return [row[0] for row in q.EXPIRED_TASKS.rows(conn, params)]
+
+        return await self._read(f"listing expired tasks of {agent_name!r}", body, short=False)
+
     async def next_deadlines(self, *, agent_name: str | None = None,
                              limit: int = 10) -> list[PeerSubTask]:
         check_limit(limit)
@@ -645,17 +662,23 @@ class SqlStore(Store):
 
         return await self._read("counting live rows", body, short=False)
 
-    async def stats(self) -> StoreStats:
-        keys = self._keys(p_now=self._clock())
+    async def stats(self, *, expire_after_s: float = 0.0) -> StoreStats:
+        check_timeout("expire_after_s", expire_after_s)
+        now = self._clock()
+        keys = self._keys(p_now=now, p_expiring=expire_after_s > 0,
+                          p_before=now - expire_after_s)
 
         def body(conn: Connection) -> StoreStats:
             by_status = {(a, s): n for a, s, n in q.COUNT_BY_AGENT_STATUS.rows(conn, keys)}
             pending, next_deadline = q.PENDING_SUMMARY.first(conn, keys)
+            total, expired, waiting, working, oldest, mean = q.TASK_COUNTS.first(conn, keys)
             return StoreStats(
                 paused_tasks=by_status, pending_sub_tasks=pending,
                 expired_sub_tasks=q.EXPIRED_COUNT.scalar(conn, keys),
-                oldest_checkpointed_at=q.OLDEST_CHECKPOINT.scalar(conn, keys),
-                next_deadline=next_deadline)
+                oldest_checkpointed_at=oldest, next_deadline=next_deadline,
+                total=total, expired=expired, input_required=waiting, working=working,
+                oldest_age_s=None if oldest is None else max(0.0, now - oldest),
+                mean_age_s=None if mean is None else max(0.0, now - float(mean)))
 
         return await self._read("computing store stats", body, short=False)
 
