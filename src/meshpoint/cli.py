@@ -51,16 +51,20 @@ def demo(
         min=0.0, help="Coordinator instances killed (and restarted) per second.")] = 1.0,
     stall_rate: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="Share of peer calls that stall past their deadline.")] = 0.02,
+    approval_rate: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="Share of bookings that need a human's approval.")] = 0.25,
     db: Annotated[Path, typer.Option(help="SQLite file (recreated).")] = Path(
         "meshpoint-demo.db"),
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Run a coordinator and three peer agents on the embedded default (a SQLite file,
-    the in-process broker) while coordinator instances are killed and restarted."""
+    the in-process broker) while coordinator instances are killed and restarted; an
+    approver answers the bookings that need a human's approval."""
     from meshpoint.demo import DemoConfig, run_demo
 
     config = DemoConfig(db_path=db, tasks=tasks, instances=instances, fan_out=fan_out,
-                        concurrency=concurrency, kill_rate=kill_rate, stall_rate=stall_rate)
+                        concurrency=concurrency, kill_rate=kill_rate, stall_rate=stall_rate,
+                        approval_rate=approval_rate)
     try:
         if as_json:
             figures = run_demo(config)
@@ -103,6 +107,10 @@ def _demo_table(figures: dict[str, Any], db: Path) -> None:
         ("  taken over after the resuming instance died", figures["recovered_after_kill"]),
         ("requests redelivered after a kill", figures["redelivered_requests"]),
         ("peer calls timed out (peer canceled)", figures["timeouts"]),
+        ("approvals requested (the task paused for a human)",
+         figures["approvals_requested"]),
+        ("  approved · with edited arguments · denied",
+         f"{figures['approved']} · {figures['approved_edited']} · {figures['denied']}"),
         ("live rows left", figures["rows_left"]),
         ("checkpoint write p50 / p99 (ms)", pair(figures["checkpoint_write_ms"])),
         ("pause-to-resume p50 / p99 (ms)", pair(figures["pause_resume_ms"])),

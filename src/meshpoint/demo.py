@@ -8,6 +8,11 @@ pause (checkpoint, publish, ack, forget), and resume on whichever instance takes
 the last answer. Meanwhile coordinator instances are killed at random moments, as
 a crash would (nothing in hand is acknowledged, no lease released), and replaced.
 A few peer calls stall past their deadline, so timeouts and cancels happen too.
+Every trip is booked with a local tool, ``book``, and a share of the bookings
+(``approval_rate``) need a human's approval: those tasks pause as ``input_required``
+until an approver (a separate client that watches the store, as an operator's
+console would) answers through the broker: most are approved, some with edited
+arguments, some denied. Whichever instance takes the answer resumes the task.
 
 The demo ends when every task is answered (or ``deadline_s`` passes) and reports
 what happened: every task must be completed, each answered once, no row left.
@@ -28,10 +33,10 @@ from typing import Any
 
 from meshpoint import a2a
 from meshpoint.broker.inprocess import InProcessBroker
-from meshpoint.errors import ConfigurationError
+from meshpoint.errors import AlreadyAnsweredError, ConfigurationError, MeshpointError
 from meshpoint.llm.base import ModelResponse, ToolSpec
 from meshpoint.llm.scripted import ScriptedModel
-from meshpoint.runtime import Agent, AgentInstance, Client, Peer, RuntimeOptions
+from meshpoint.runtime import Agent, AgentInstance, Client, LocalTool, Peer, RuntimeOptions
 from meshpoint.runtime.stats import percentile
 from meshpoint.store import open_store
 
@@ -53,6 +58,8 @@ class DemoConfig:
     peer_timeout_s: float = 2.0
     deadline_s: float = 120.0
     seed: int = 7
+    #: Share of bookings that need a human's approval.
+    approval_rate: float = 0.25
 
 
 class StallingPeerModel(ScriptedModel):
@@ -71,6 +78,67 @@ class StallingPeerModel(ScriptedModel):
         if share < self.stall_rate:
             await asyncio.sleep(self.stall_s)
         return await super().complete(messages, tools)
+
+
+def _share(text: str) -> float:
+    """A number in [0, 1] fixed by ``text`` (so a re-run decides the same way)."""
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+
+
+def book(arguments: dict[str, Any]) -> str:
+    """Book the trip (the demo's tool that may need approval)."""
+    return f"booked {arguments.get('query')}"
+
+
+class Approver:
+    """A human at an operator's console: watches the store for calls waiting for
+    approval and answers each through the broker, as ``Client.approve`` does from any
+    process. 60 % are approved as asked, 20 % with edited arguments, 20 % denied."""
+
+    def __init__(self, store: Any, client: Client) -> None:
+        self.store = store
+        self.client = client
+        self.seen: set[str] = set()
+        self.decided: dict[str, str] = {}
+
+    async def run(self) -> None:
+        while True:
+            for summary in await self.store.list_paused_tasks(status="input_required",
+                                                              limit=1000):
+                try:
+                    subs = await self.store.get_peer_sub_tasks_for_task(summary.task_id)
+                except MeshpointError:
+                    continue  # it ended meanwhile
+                for sub in subs:
+                    if sub.status == "pending" and "approval" in sub.correlation_data \
+                            and sub.sub_task_id not in self.seen:
+                        self.seen.add(sub.sub_task_id)
+                        asyncio.get_running_loop().create_task(self._answer(sub))
+            await asyncio.sleep(0.05)
+
+    async def _answer(self, sub: Any) -> None:
+        share = _share(sub.sub_task_id)
+        arguments = sub.correlation_data["approval"]["arguments"]
+        try:
+            if share < 0.6:
+                await self.client.approve(sub.task_id, sub.sub_task_id, timeout_s=20)
+                self.decided[sub.sub_task_id] = "approved"
+            elif share < 0.8:
+                await self.client.approve(sub.task_id, sub.sub_task_id, {
+                    "query": f"{arguments.get('query')} (economy)"}, timeout_s=20)
+                self.decided[sub.sub_task_id] = "edited"
+            else:
+                await self.client.deny(sub.task_id, sub.sub_task_id, "over budget",
+                                       timeout_s=20)
+                self.decided[sub.sub_task_id] = "denied"
+        except AlreadyAnsweredError as error:
+            # The instance that took our answer died before replying; its copy was
+            # taken again and found our own decision.
+            if error.decision and error.decision.get("by") == self.client.client_id:
+                self.decided[sub.sub_task_id] = {"approved": "approved", "denied": "denied"}[
+                    error.decision["decision"]]
+        except MeshpointError:
+            self.seen.discard(sub.sub_task_id)  # try again on the next look
 
 
 def _check_replaceable(path: Path) -> None:
@@ -106,8 +174,11 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
     rng = random.Random(config.seed)
     options = RuntimeOptions(lease_ttl_s=1.0, sweep_interval_s=0.2, recovery_interval_s=0.25,
                              request_ack_wait_s=1.5, response_ack_wait_s=1.5, max_deliver=50)
+    rate = config.approval_rate
     coordinator = Agent("coordinator", ScriptedModel(delay_s=0.01), peers=[
-        Peer(name, timeout_s=config.peer_timeout_s) for name in PEERS])
+        Peer(name, timeout_s=config.peer_timeout_s) for name in PEERS], tools=[
+        LocalTool("book", "Book the trip.", book, approval_timeout_s=60.0,
+                  needs_approval=lambda args: _share(str(args.get("query"))) < rate)])
     peers = [Agent(name, StallingPeerModel(name, config.stall_rate,
                                            config.peer_timeout_s * 2)) for name in PEERS]
     started = time.perf_counter()
@@ -126,7 +197,10 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
             for _ in range(2):
                 await launch(agent)
         kills = 0
-        async with Client(broker, namespace=options.namespace) as client:
+        async with Client(broker, namespace=options.namespace) as client, \
+                Client(broker, namespace=options.namespace, client_id="approver") as desk:
+            approver = Approver(store, desk)
+            watching = asyncio.get_running_loop().create_task(approver.run())
             rids: list[str] = []
             deadline = time.monotonic() + config.deadline_s
             next_kill = time.monotonic() + (rng.expovariate(config.kill_rate)
@@ -151,6 +225,7 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
                 on_progress(len(client.answers), config.tasks)
             # Let the last cleanups (they follow the answers) commit, then count.
             await asyncio.sleep(0.5)
+            watching.cancel()
             answers = {rid: client.answers.get(rid, []) for rid in rids}
         for instance in every:
             await instance.stop()
@@ -174,6 +249,10 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
         "recovered_after_kill": total("recovered"),
         "redelivered_requests": total("started") - len(rids),
         "timeouts": total("timeout"),
+        "approvals_requested": len(approver.seen | set(approver.decided)),
+        "approved": sum(d == "approved" for d in approver.decided.values()),
+        "approved_edited": sum(d == "edited" for d in approver.decided.values()),
+        "denied": sum(d == "denied" for d in approver.decided.values()),
         "kills": kills, "instances": config.instances, "fan_out": config.fan_out,
         "rows_left": rows_left,
         "checkpoint_write_ms": _ms([s for i in coordinators for s in i.stats.checkpoint_ms]),

@@ -24,6 +24,12 @@ def test_demo_completes_every_task_while_instances_are_killed(tmp_path: Path) ->
     assert figures["resumed"] >= 80 and figures["resumed_elsewhere"] > 0
     assert figures["timeouts"] > 0  # stalled peers timed out and the tasks went on
     assert figures["rows_left"] == 0
+    # A share of the bookings waited for the approver, who answered each once: the
+    # tasks completed all the same (a denied booking is reported to the model).
+    assert figures["approvals_requested"] > 0
+    assert figures["approved"] + figures["approved_edited"] + figures["denied"] \
+        == figures["approvals_requested"]
+    assert figures["approved"] > 0 and figures["denied"] > 0
     for key in ("checkpoint_write_ms", "pause_resume_ms"):
         assert set(figures[key]) == {"p50", "p99"}
         assert 0 < figures[key]["p50"] <= figures[key]["p99"]
@@ -34,6 +40,7 @@ def test_demo_prints_a_progress_bar_and_a_table(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "tasks answered" in done.stdout  # the progress bar's label
     assert "tasks completed" in done.stdout and "pause-to-resume p50 / p99" in done.stdout
+    assert "approvals requested" in done.stdout
     assert "nothing left behind" in done.stdout
 
 
