@@ -12,11 +12,21 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
 from meshpoint import a2a
+from meshpoint.cli_common import (
+    AsJson,
+    Config,
+    Schema,
+    Tenant,
+    Url,
+    console,
+    err,
+    fail,
+    run_on_store,
+)
 from meshpoint.cli_tasks import recover, tasks_app
 from meshpoint.errors import MeshpointError
 
@@ -24,20 +34,10 @@ app = typer.Typer(help="meshpoint: AI agents that are stateless while they wait.
                   no_args_is_help=True, add_completion=False)
 app.add_typer(tasks_app, name="tasks")
 app.command()(recover)
-console = Console()
-err = Console(stderr=True)
 
-UrlOption = Annotated[str, typer.Option("--url", envvar="MESHPOINT_STORE_URL",
-                                        help="Store URL (sqlite:///file.db or "
-                                             "postgresql+asyncpg://user@host/db).")]
-TenantOption = Annotated[str, typer.Option("--tenant", help="Tenant id.")]
+#: ``serve`` and ``submit`` need the whole mesh, not only its store.
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", envvar="MESHPOINT_CONFIG",
                                             help="The mesh config (YAML).")]
-
-
-def _fail(error: MeshpointError) -> typer.Exit:
-    err.print(f"[red]error:[/red] {error}")
-    return typer.Exit(code=1)
 
 
 @app.command()
@@ -76,7 +76,7 @@ def demo(
                 figures = run_demo(config, on_progress=lambda done, total: bar.update(
                     job, completed=done, total=total))
     except MeshpointError as error:
-        raise _fail(error) from None
+        fail(error)
     if as_json:
         print(json.dumps(figures))
     else:
@@ -124,31 +124,12 @@ def _demo_table(figures: dict[str, Any], db: Path) -> None:
 
 
 @app.command()
-def migrate(
-    url: Annotated[str | None, typer.Option(
-        "--url", envvar="MESHPOINT_STORE_URL", help="Store URL (sqlite:///file.db or "
-        "postgresql+asyncpg://user@host/db).")] = None,
-    config: Annotated[Path | None, typer.Option(
-        "--config", "-c", help="Take the store from this mesh config instead.")] = None,
-) -> None:
+def migrate(url: Url = None, config: Config = None, schema: Schema = None) -> None:
     """Bring a database's schema up to date (safe to run from many hosts at once)."""
-    from meshpoint.config import load_config
-    from meshpoint.store import open_store
+    async def nothing(store: Any) -> None:
+        return None
 
-    async def run() -> None:
-        if config is not None:
-            mesh = load_config(config)
-            store = await open_store(mesh.store.url, schema=mesh.store.schema_name)
-        elif url is not None:
-            store = await open_store(url)
-        else:
-            raise typer.BadParameter("give --url (or MESHPOINT_STORE_URL) or --config")
-        await store.close()
-
-    try:
-        asyncio.run(run())
-    except MeshpointError as error:
-        raise _fail(error) from None
+    run_on_store(url, config, schema, None, False, nothing, migrate=True)
     console.print("schema is up to date")
 
 
@@ -179,7 +160,7 @@ def serve(
         asyncio.run(run_serve(mesh, agent, instance_id=instance_id, on_ready=print_ready,
                               stats_path=stats_json))
     except MeshpointError as error:
-        raise _fail(error) from None
+        fail(error)
 
 
 @app.command()
@@ -197,7 +178,7 @@ def submit(
     try:
         task = asyncio.run(run_submit(load_config(config), agent, text, timeout_s=timeout))
     except MeshpointError as error:
-        raise _fail(error) from None
+        fail(error)
     except TimeoutError:
         err.print(f"[red]error:[/red] no answer from {agent} within {timeout:g}s; is a "
                   f"`meshpoint serve --agent {agent}` running on this config?")
@@ -219,66 +200,60 @@ def answer_text(task: a2a.Task) -> str:
 
 
 @app.command()
-def stats(url: UrlOption, tenant: TenantOption = "default",
+def stats(url: Url = None, config: Config = None, schema: Schema = None,
+          tenant: Tenant = None,
           limit: Annotated[int, typer.Option(min=1, help="Tasks to list.")] = 20,
           expire_after: Annotated[float, typer.Option(
               "--expire-after", min=0, help="Count tasks not checkpointed for longer than "
               "this many seconds as expired (0: none).")] = 0.0,
-          as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
-          = False) -> None:
+          as_json: AsJson = False) -> None:
     """Paused tasks: seed 004's counts (each task once: expired, then input_required,
     then working), their ages, by agent and status, and the next deadlines."""
-    from meshpoint.store import open_store
+    async def read(store: Any) -> tuple[Any, list[Any]]:
+        return (await store.stats(expire_after_s=expire_after),
+                list(await store.list_paused_tasks(limit=limit)))
 
-    async def run() -> None:
-        async with open_store(url, tenant_id=tenant, migrate=False) as store:
-            counts = await store.stats(expire_after_s=expire_after)
-            tasks = await store.list_paused_tasks(limit=limit)
-        now = time.time()
-        if as_json:
-            print(json.dumps({
-                "total": counts.total, "expired": counts.expired,
-                "input_required": counts.input_required, "working": counts.working,
-                "oldest_age_s": counts.oldest_age_s, "mean_age_s": counts.mean_age_s,
-                "by_agent_status": [{"agent": a, "status": st, "tasks": n}
-                                    for (a, st), n in sorted(counts.paused_tasks.items())],
-                "pending_sub_tasks": counts.pending_sub_tasks,
-                "expired_sub_tasks": counts.expired_sub_tasks,
-                "next_deadline_in_s": None if counts.next_deadline is None
-                else counts.next_deadline - now}))
-            return
-        summary = Table(title=f"paused tasks of tenant {tenant!r}")
-        for column in ("total", "expired", "input_required", "working", "oldest age (s)",
-                       "mean age (s)"):
-            summary.add_column(column)
-        summary.add_row(*(str(n) for n in (counts.total, counts.expired,
-                                           counts.input_required, counts.working)),
-                        *("-" if age is None else f"{age:.1f}"
-                          for age in (counts.oldest_age_s, counts.mean_age_s)))
-        console.print(summary)
-        table = Table(title="by agent and status")
-        for column in ("agent", "status", "tasks"):
-            table.add_column(column)
-        for (agent, status), n in sorted(counts.paused_tasks.items()):
-            table.add_row(agent, status, str(n))
-        console.print(table)
-        console.print(f"pending sub-tasks: {counts.pending_sub_tasks}, of which expired: "
-                      f"{counts.expired_sub_tasks}")
-        listing = Table(title="oldest paused tasks")
-        for column in ("task", "agent", "status", "age (s)", "pending", "next deadline in (s)",
-                       "lease owner"):
-            listing.add_column(column)
-        for t in tasks:
-            listing.add_row(t.task_id, t.agent_name, t.status, f"{now - t.checkpointed_at:.1f}",
-                            str(t.pending_sub_tasks),
-                            "-" if t.next_deadline is None else f"{t.next_deadline - now:.1f}",
-                            t.owner or "-")
-        console.print(listing)
-
-    try:
-        asyncio.run(run())
-    except MeshpointError as error:
-        raise _fail(error) from None
+    counts, tasks = run_on_store(url, config, schema, tenant, as_json, read)
+    now = time.time()
+    if as_json:
+        print(json.dumps({
+            "total": counts.total, "expired": counts.expired,
+            "input_required": counts.input_required, "working": counts.working,
+            "oldest_age_s": counts.oldest_age_s, "mean_age_s": counts.mean_age_s,
+            "by_agent_status": [{"agent": a, "status": st, "tasks": n}
+                                for (a, st), n in sorted(counts.paused_tasks.items())],
+            "pending_sub_tasks": counts.pending_sub_tasks,
+            "expired_sub_tasks": counts.expired_sub_tasks,
+            "next_deadline_in_s": None if counts.next_deadline is None
+            else counts.next_deadline - now}))
+        return
+    summary = Table(title="paused tasks")
+    for column in ("total", "expired", "input_required", "working", "oldest age (s)",
+                   "mean age (s)"):
+        summary.add_column(column)
+    summary.add_row(*(str(n) for n in (counts.total, counts.expired,
+                                       counts.input_required, counts.working)),
+                    *("-" if age is None else f"{age:.1f}"
+                      for age in (counts.oldest_age_s, counts.mean_age_s)))
+    console.print(summary)
+    table = Table(title="by agent and status")
+    for column in ("agent", "status", "tasks"):
+        table.add_column(column)
+    for (agent, status), n in sorted(counts.paused_tasks.items()):
+        table.add_row(agent, status, str(n))
+    console.print(table)
+    console.print(f"pending sub-tasks: {counts.pending_sub_tasks}, of which expired: "
+                  f"{counts.expired_sub_tasks}")
+    listing = Table(title="oldest paused tasks")
+    for column in ("task", "agent", "status", "age (s)", "pending", "next deadline in (s)",
+                   "lease owner"):
+        listing.add_column(column)
+    for t in tasks:
+        listing.add_row(t.task_id, t.agent_name, t.status, f"{now - t.checkpointed_at:.1f}",
+                        str(t.pending_sub_tasks),
+                        "-" if t.next_deadline is None else f"{t.next_deadline - now:.1f}",
+                        t.owner or "-")
+    console.print(listing)
 
 
 if __name__ == "__main__":

@@ -1,74 +1,44 @@
 """``meshpoint tasks``: the operator's view of paused tasks, and a human's answers.
 
 Every command works on the store directly, from any host with its URL (``--url``
-or ``MESHPOINT_STORE_URL``) or the mesh config (``--config``): no instance needs to
-be reached. An answer (``approve``, ``deny``, ``reply``) is checked and recorded
-exactly as an instance would (:func:`meshpoint.runtime.approvals.decide`); when it
-completes the task's join, the first instance of the agent whose recovery pass
-runs next resumes the task. Each command prints a table, or one JSON object with
-``--json``, and exits 1 with the reason on an unknown task, a call that is not
-pending, or arguments that fail the tool's schema.
+or ``MESHPOINT_STORE_URL``) or the mesh config (``--config``), see
+:mod:`meshpoint.cli_common`: no instance needs to be reached. An answer
+(``approve``, ``deny``, ``reply``) is checked and recorded exactly as an instance
+would (:func:`meshpoint.runtime.approvals.decide`); when it completes the task's
+join, the first instance of the agent whose recovery pass runs next resumes the
+task. Each command prints a table, or one JSON object with ``--json``, and exits 1
+with the reason on an unknown task (another tenant's tasks are unknown), a call
+that is not pending, or arguments that fail the tool's schema.
 """
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import json
 import socket
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from meshpoint.errors import InvalidArgumentError, MeshpointError
+from meshpoint.cli_common import (
+    AsJson,
+    Config,
+    Schema,
+    Tenant,
+    Url,
+    console,
+    err,
+    run_on_store,
+    run_sync,
+)
+from meshpoint.errors import InvalidArgumentError
 
-R = TypeVar("R")
 tasks_app = typer.Typer(help="Paused tasks: list, show, and answer those waiting for a human.",
                         no_args_is_help=True)
-console = Console()
-err = Console(stderr=True)
-
-Url = Annotated[str | None, typer.Option("--url", envvar="MESHPOINT_STORE_URL",
-                                         help="Store URL (or give --config).")]
-Config = Annotated[Path | None, typer.Option("--config", "-c", envvar="MESHPOINT_CONFIG",
-                                             help="The mesh config (YAML).")]
-Tenant = Annotated[str, typer.Option("--tenant", help="Tenant id.")]
-AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 By = Annotated[str | None, typer.Option("--by", help="Who answers (default: user@host).")]
-
-
-def _run(url: str | None, config: Path | None, tenant: str, as_json: bool,
-         body: Callable[[Any], Awaitable[R]]) -> R:
-    """Open the store, run ``body(store)``, and turn any meshpoint error into exit 1."""
-    from meshpoint.store import open_store
-
-    async def run() -> R:
-        if url is None and config is None:
-            raise InvalidArgumentError("give --url (or MESHPOINT_STORE_URL) or --config")
-        if url is not None:
-            opened = open_store(url, tenant_id=tenant, migrate=False)
-        else:
-            from meshpoint.config import load_config
-            assert config is not None
-            opened = open_store(load_config(config).store.url, tenant_id=tenant,
-                                migrate=False)
-        async with opened as store:
-            return await body(store)
-
-    try:
-        return asyncio.run(run())
-    except MeshpointError as error:
-        if as_json:
-            print(json.dumps({"error": str(error), "kind": type(error).__name__,
-                              "decision": getattr(error, "decision", None)}))
-        else:
-            err.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(code=1) from None
 
 
 def _who(by: str | None) -> str:
@@ -86,14 +56,15 @@ def _print_decisions(decisions: list[dict[str, Any]], task_id: str, as_json: boo
         console.print(f"call {d['call_id']} of task {task_id}: {what}, by {d['by']}")
 
 
-def _answer(url: str | None, config: Path | None, tenant: str, as_json: bool,
-            task_id: str, answer: Any) -> None:
+def _answer(url: str | None, config: Path | None, schema: str | None, tenant: str | None,
+            as_json: bool, task_id: str, answer: Any) -> None:
     from meshpoint.runtime.approvals import decide
 
     async def body(store: Any) -> list[dict[str, Any]]:
         return (await decide(store, task_id, answer, by=answer.by)).decisions
 
-    _print_decisions(_run(url, config, tenant, as_json, body), task_id, as_json)
+    _print_decisions(run_on_store(url, config, schema, tenant, as_json, body), task_id,
+                     as_json)
 
 
 @tasks_app.command()
@@ -101,7 +72,8 @@ def approve(task_id: Annotated[str, typer.Argument(help="The task.")],
             call_id: Annotated[str, typer.Argument(help="The pending call (tasks show).")],
             arguments: Annotated[str | None, typer.Option(
                 "--arguments", help="Edited arguments, a JSON object.")] = None,
-            url: Url = None, config: Config = None, tenant: Tenant = "default",
+            url: Url = None, config: Config = None, schema: Schema = None,
+            tenant: Tenant = None,
             by: By = None, as_json: AsJson = False) -> None:
     """Approve a call waiting for approval, as the model gave it or with edited
     arguments (checked against the tool's JSON schema before anything is written)."""
@@ -115,7 +87,7 @@ def approve(task_id: Annotated[str, typer.Argument(help="The task.")],
             raise typer.BadParameter(f"not JSON: {error}", param_hint="--arguments") from None
         if not isinstance(edited, dict):
             raise typer.BadParameter("must be a JSON object", param_hint="--arguments")
-    _answer(url, config, tenant, as_json, task_id,
+    _answer(url, config, schema, tenant, as_json, task_id,
             Approve(call_id=call_id, arguments=edited, by=_who(by)))
 
 
@@ -123,25 +95,27 @@ def approve(task_id: Annotated[str, typer.Argument(help="The task.")],
 def deny(task_id: Annotated[str, typer.Argument(help="The task.")],
          call_id: Annotated[str, typer.Argument(help="The pending call (tasks show).")],
          reason: Annotated[str, typer.Option("--reason", help="Shown to the model.")],
-         url: Url = None, config: Config = None, tenant: Tenant = "default",
+         url: Url = None, config: Config = None, schema: Schema = None,
+         tenant: Tenant = None,
          by: By = None, as_json: AsJson = False) -> None:
     """Deny a call waiting for approval; the model is told the reason."""
     from meshpoint.runtime.approvals import Deny
 
-    _answer(url, config, tenant, as_json, task_id,
+    _answer(url, config, schema, tenant, as_json, task_id,
             Deny(call_id=call_id, reason=reason, by=_who(by)))
 
 
 @tasks_app.command()
 def reply(task_id: Annotated[str, typer.Argument(help="The task.")],
           text: Annotated[str, typer.Argument(help="The answer, in words.")],
-          url: Url = None, config: Config = None, tenant: Tenant = "default",
+          url: Url = None, config: Config = None, schema: Schema = None,
+          tenant: Tenant = None,
           by: By = None, as_json: AsJson = False) -> None:
     """Answer a waiting task in words: its pending calls are not run and the model is
     shown the text."""
     from meshpoint.runtime.approvals import Reply
 
-    _answer(url, config, tenant, as_json, task_id, Reply(text=text, by=_who(by)))
+    _answer(url, config, schema, tenant, as_json, task_id, Reply(text=text, by=_who(by)))
 
 
 @tasks_app.command("list")
@@ -151,7 +125,8 @@ def list_tasks(agent: Annotated[str | None, typer.Option("--agent")] = None,
                older_than: Annotated[float | None, typer.Option(
                    "--older-than", min=0, help="Only tasks paused longer, in seconds.")] = None,
                limit: Annotated[int, typer.Option(min=1)] = 100,
-               url: Url = None, config: Config = None, tenant: Tenant = "default",
+               url: Url = None, config: Config = None, schema: Schema = None,
+               tenant: Tenant = None,
                as_json: AsJson = False) -> None:
     """Paused tasks, oldest first."""
     async def body(store: Any) -> list[Any]:
@@ -159,7 +134,7 @@ def list_tasks(agent: Annotated[str | None, typer.Option("--agent")] = None,
                                                   limit=limit))
 
     now = time.time()
-    rows = [t for t in _run(url, config, tenant, as_json, body)
+    rows = [t for t in run_on_store(url, config, schema, tenant, as_json, body)
             if older_than is None or now - t.checkpointed_at > older_than]
     if as_json:
         print(json.dumps({"tasks": [{
@@ -167,7 +142,7 @@ def list_tasks(agent: Annotated[str | None, typer.Option("--agent")] = None,
             "paused_s": round(now - t.checkpointed_at, 3), "pending": t.pending_sub_tasks,
             "next_deadline": t.next_deadline, "owner": t.owner} for t in rows]}))
         return
-    table = Table(title=f"paused tasks of tenant {tenant!r}")
+    table = Table(title="paused tasks")
     for column in ("task", "agent", "status", "paused (s)", "pending", "next deadline in (s)"):
         table.add_column(column)
     for t in rows:
@@ -180,7 +155,8 @@ def list_tasks(agent: Annotated[str | None, typer.Option("--agent")] = None,
 @tasks_app.command()
 def show(task_id: Annotated[str, typer.Argument(help="The task.")],
          turns: Annotated[int, typer.Option(min=0, help="Conversation events to show.")] = 6,
-         url: Url = None, config: Config = None, tenant: Tenant = "default",
+         url: Url = None, config: Config = None, schema: Schema = None,
+         tenant: Tenant = None,
          as_json: AsJson = False) -> None:
     """One paused task: its status, what it waits on (peers and approvals, with their
     deadlines), who answered what, and the last turns of its conversation."""
@@ -208,7 +184,7 @@ def show(task_id: Annotated[str, typer.Argument(help="The task.")],
                 "waiting_on": waiting, "answered": answered,
                 "conversation": ctx.session_events[-turns:] if turns else []}
 
-    shown = _run(url, config, tenant, as_json, body)
+    shown = run_on_store(url, config, schema, tenant, as_json, body)
     if as_json:
         print(json.dumps(shown))
         return
@@ -266,11 +242,7 @@ def cancel(task_id: Annotated[str, typer.Argument(help="The task.")],
             await broker.close()
         return name
 
-    try:
-        name = asyncio.run(run())
-    except MeshpointError as error:
-        err.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(code=1) from None
+    name = run_sync(run, as_json)
     if as_json:
         print(json.dumps({"task_id": task_id, "agent": name, "cancel": "sent"}))
     else:
@@ -280,7 +252,8 @@ def cancel(task_id: Annotated[str, typer.Argument(help="The task.")],
 
 def recover(dry_run: Annotated[bool, typer.Option(
                 "--dry-run", help="Show what the next recovery pass would do.")] = False,
-            url: Url = None, config: Config = None, tenant: Tenant = "default",
+            url: Url = None, config: Config = None, schema: Schema = None,
+            tenant: Tenant = None,
             timeout: Annotated[float | None, typer.Option(
                 "--timeout", min=0, help="The recovery timeout_s to apply (default: each "
                 "agent's, from --config, or a day).")] = None,
@@ -321,7 +294,7 @@ def recover(dry_run: Annotated[bool, typer.Option(
             plan += [{"action": action, "agent": name, "task_id": t.task_id} for t in waiting]
         return plan
 
-    plan = _run(url, config, tenant, as_json, body)
+    plan = run_on_store(url, config, schema, tenant, as_json, body)
     if as_json:
         print(json.dumps({"dry_run": True, "plan": plan}))
         return

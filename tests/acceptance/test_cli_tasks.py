@@ -16,19 +16,33 @@ from meshpoint import a2a
 from meshpoint.llm import ScriptedModel
 from meshpoint.runtime import Agent, Peer, wire
 from meshpoint.store import SqlStore
+from tests.conftest import snapshot
 from tests.integration.mesh import ManualPeer, Mesh, eventually
 from tests.integration.test_approvals import SideEffects, approving, paused
 from tests.integration.test_runtime import no_rows_left
 
-pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+
+@pytest.fixture
+def where(store_url: str, store_options: dict[str, object]) -> list[str]:
+    """The options that name the test's store to the command line: ``--url``, and on
+    PostgreSQL the test's ``--schema``."""
+    schema = store_options.get("schema")
+    return ["--url", store_url, *(["--schema", str(schema)] if schema else [])]
 
 
-async def tasks(url: str, *args: str) -> tuple[int, str, str]:
-    """``meshpoint tasks ARGS --url URL`` (``meshpoint stats``, ``recover``: without
-    ``tasks``); the event loop keeps serving the mesh meanwhile."""
+def store_section(where: list[str]) -> str:
+    """The config's ``store:`` section naming the same store."""
+    options = dict(zip(where[::2], where[1::2], strict=True))
+    schema = f", schema: {options['--schema']}" if "--schema" in options else ""
+    return f"store: {{url: '{options['--url']}'{schema}}}\n"
+
+
+async def tasks(where: list[str], *args: str) -> tuple[int, str, str]:
+    """``meshpoint tasks ARGS`` on the store ``where`` names (``meshpoint stats``,
+    ``recover``: without ``tasks``); the event loop keeps serving the mesh meanwhile."""
     command = list(args) if args[0] in ("stats", "recover") else ["tasks", *args]
-    if args[0] != "cancel":
-        command += ["--url", url]
+    if args[0] != "cancel" and "--config" not in args:
+        command += where
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "meshpoint.cli", *command,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
@@ -37,23 +51,23 @@ async def tasks(url: str, *args: str) -> tuple[int, str, str]:
     return process.returncode, out.decode(), err.decode()
 
 
-async def ok_json(url: str, *args: str) -> Any:
-    code, out, err = await tasks(url, *args, "--json")
+async def ok_json(where: list[str], *args: str) -> Any:
+    code, out, err = await tasks(where, *args, "--json")
     assert code == 0, err
     return json.loads(out)
 
 
 async def test_an_operator_lists_shows_and_approves_from_another_process(
-        mesh: Mesh, live_store: SqlStore, store_url: str) -> None:
+        mesh: Mesh, live_store: SqlStore, where: list[str]) -> None:
     effects = SideEffects()
     await mesh.run(approving(effects), 2)
     request_id, task_id, pending = await paused(mesh, "Send the report")
     call_id = pending[0]["call_id"]
 
-    listed = await ok_json(store_url, "list", "--status", "input_required")
+    listed = await ok_json(where, "list", "--status", "input_required")
     assert [t["task_id"] for t in listed["tasks"]] == [task_id]
-    assert (await ok_json(store_url, "list", "--status", "waiting_peers"))["tasks"] == []
-    shown = await ok_json(store_url, "show", task_id)
+    assert (await ok_json(where, "list", "--status", "waiting_peers"))["tasks"] == []
+    shown = await ok_json(where, "show", task_id)
     assert shown["status"] == "input_required"
     assert [(w["kind"], w["call_id"], w["tool"]) for w in shown["waiting_on"]] == [
         ("approval", call_id, "send")]
@@ -66,11 +80,11 @@ async def test_an_operator_lists_shows_and_approves_from_another_process(
             (("approve", task_id, "nope"), "has no pending call 'nope'"),
             (("approve", "coordinator-" + "0" * 32, call_id), "no paused task"),
             (("deny", task_id, call_id), "Missing option '--reason'")):
-        code, out, err = await tasks(store_url, *args)
+        code, out, err = await tasks(where, *args)
         assert code != 0 and reason in " ".join((out + err).split()), (args, out, err)
-    assert not effects.runs and (await ok_json(store_url, "show", task_id))["answered"] == []
+    assert not effects.runs and (await ok_json(where, "show", task_id))["answered"] == []
 
-    done = await ok_json(store_url, "approve", task_id, call_id, "--arguments",
+    done = await ok_json(where, "approve", task_id, call_id, "--arguments",
                          '{"query": "Send the fixed report"}', "--by", "ops")
     assert [(d["decision"], d["by"], d["edited"]) for d in done["decisions"]] == [
         ("approved", "ops", True)]
@@ -78,20 +92,20 @@ async def test_an_operator_lists_shows_and_approves_from_another_process(
     assert answer.status.state is a2a.TaskState.COMPLETED
     assert list(effects.runs.values()) == [1]
     await no_rows_left(live_store)
-    code, _, err = await tasks(store_url, "approve", task_id, call_id)
+    code, _, err = await tasks(where, "approve", task_id, call_id)
     assert code == 1 and "no paused task" in err
 
 
 async def test_deny_and_reply_from_the_command_line(
-        mesh: Mesh, live_store: SqlStore, store_url: str) -> None:
+        mesh: Mesh, live_store: SqlStore, where: list[str]) -> None:
     effects = SideEffects()
     await mesh.run(approving(effects))
     denied_request, denied, pending = await paused(mesh, "Send the report")
     replied_request, replied, _ = await paused(mesh, "Send the memo")
-    code, out, err = await tasks(store_url, "deny", denied, pending[0]["call_id"],
+    code, out, err = await tasks(where, "deny", denied, pending[0]["call_id"],
                                  "--reason", "not today")
     assert code == 0 and "denied (not today)" in out, err
-    code, out, err = await tasks(store_url, "reply", replied, "Ask Dana first")
+    code, out, err = await tasks(where, "reply", replied, "Ask Dana first")
     assert code == 0 and "answered in words" in out, err
     for request_id, expected in ((denied_request, "not approved: not today"),
                                  (replied_request, "Ask Dana first")):
@@ -100,8 +114,55 @@ async def test_deny_and_reply_from_the_command_line(
     assert not effects.runs
 
 
+async def test_another_tenant_sees_nothing_and_a_second_answer_is_told_who_won(
+        mesh: Mesh, live_store: SqlStore, where: list[str], tmp_path: Path) -> None:
+    """Another tenant's task is unknown to every command (and an answer to it writes
+    nothing); the config names the store as ``--url`` does; a second answer to a call
+    exits 1 with the decision that stands."""
+    effects = SideEffects()
+    peer = await ManualPeer(mesh, "researcher").start()
+    await mesh.run(approving(effects, peers=[Peer("researcher", timeout_s=60)]))
+    request_id, task_id, pending = await paused(mesh, "Send the report")
+    call_id = pending[0]["call_id"]
+    await eventually(lambda: len(peer.requests) == 1, what="the peer's request")
+    before = await snapshot(live_store)
+
+    other = [*where, "--tenant", "other"]
+    assert (await ok_json(other, "list"))["tasks"] == []
+    assert (await ok_json(other, "stats"))["total"] == 0
+    for args in (("show", task_id), ("approve", task_id, call_id),
+                 ("deny", task_id, call_id, "--reason", "no"), ("reply", task_id, "hi")):
+        code, out, err = await tasks(other, *args, "--json")
+        assert code == 1 and json.loads(out)["kind"] == "UnknownTaskError", (args, out, err)
+        assert "no paused task" in json.loads(out)["error"]
+    assert await snapshot(live_store) == before
+
+    config = tmp_path / "mesh.yaml"
+    config.write_text(store_section(where) + "agents: {coordinator: {}}\n")
+    shown = await ok_json(where, "show", task_id, "--config", str(config))
+    assert shown["status"] == "input_required"
+    assert (await ok_json(where, "stats", "--config", str(config),
+                          "--tenant", "other"))["total"] == 0
+
+    done = await ok_json(where, "approve", task_id, call_id, "--by", "ops")
+    assert [d["decision"] for d in done["decisions"]] == ["approved"]
+    code, out, _ = await tasks(where, "deny", task_id, call_id, "--reason", "late",
+                               "--by", "dana", "--json")
+    refused = json.loads(out)
+    assert code == 1 and refused["kind"] == "AlreadyAnsweredError"
+    assert (refused["decision"]["decision"], refused["decision"]["by"]) == ("approved", "ops")
+    code, _, err = await tasks(where, "approve", task_id, call_id)
+    assert code == 1 and "already answered (approved, by ops)" in " ".join(err.split())
+    assert not effects.runs  # the task still waits on its peer
+
+    await peer.answer(next(iter(peer.requests)), "the figures")
+    answer = await mesh.client.wait(request_id, timeout_s=20)
+    assert answer.status.state is a2a.TaskState.COMPLETED
+    assert list(effects.runs.values()) == [1]
+
+
 async def test_stats_count_each_task_once_and_recover_shows_its_plan(
-        mesh: Mesh, live_store: SqlStore, store_url: str) -> None:
+        mesh: Mesh, live_store: SqlStore, where: list[str]) -> None:
     effects = SideEffects()
     await mesh.run(approving(effects, peers=[Peer("researcher", timeout_s=60)]))
     peer = await ManualPeer(mesh, "researcher").start()
@@ -111,39 +172,39 @@ async def test_stats_count_each_task_once_and_recover_shows_its_plan(
     await mesh.client.submit("planner", "Plan it")
     await eventually(lambda: len(peer.requests) == 2, what="the second task's request")
 
-    stats = await ok_json(store_url, "stats")  # `meshpoint stats`, not `tasks stats`
+    stats = await ok_json(where, "stats")  # `meshpoint stats`, not `tasks stats`
     assert (stats["total"], stats["input_required"], stats["working"], stats["expired"]) \
         == (2, 1, 0, 0)
-    stats = await ok_json(store_url, "stats", "--expire-after", "0.001")
+    stats = await ok_json(where, "stats", "--expire-after", "0.001")
     assert (stats["total"], stats["expired"], stats["input_required"]) == (2, 2, 0)
 
-    plan = (await ok_json(store_url, "recover", "--dry-run"))["plan"]
+    plan = (await ok_json(where, "recover", "--dry-run"))["plan"]
     assert [(p["action"], p["agent"]) for p in plan] == [
         ("leave (waits for a human)", "coordinator")]
-    plan = (await ok_json(store_url, "recover", "--dry-run", "--timeout", "0.001"))["plan"]
+    plan = (await ok_json(where, "recover", "--dry-run", "--timeout", "0.001"))["plan"]
     assert sorted((p["action"], p["agent"]) for p in plan) == [
         ("fail (expired)", "coordinator"), ("fail (expired)", "planner"),
         ("leave (waits for a human)", "coordinator")]
-    code, _, err = await tasks(store_url, "recover")
+    code, _, err = await tasks(where, "recover")
     assert code == 2 and "use --dry-run" in " ".join(err.split())
 
 
 async def test_cancel_needs_a_broker_that_reaches_the_instances(
-        mesh: Mesh, live_store: SqlStore, store_url: str, tmp_path: Path) -> None:
+        mesh: Mesh, live_store: SqlStore, where: list[str], tmp_path: Path) -> None:
     config = tmp_path / "mesh.yaml"
-    config.write_text(f"store: {store_url}\nbroker: memory://\nagents: {{coordinator: {{}}}}\n")
-    code, _, err = await tasks(store_url, "cancel", "coordinator-" + "0" * 32,
+    config.write_text(store_section(where) + "broker: memory://\nagents: {coordinator: {}}\n")
+    code, _, err = await tasks(where, "cancel", "coordinator-" + "0" * 32,
                                "--config", str(config))
     assert code == 1 and "memory://" in err
-    config.write_text(f"store: {store_url}\nbroker: nats://127.0.0.1:1\n"
+    config.write_text(store_section(where) + "broker: nats://127.0.0.1:1\n"
                       "agents: {coordinator: {}}\n")
-    code, _, err = await tasks(store_url, "cancel", "not-a-task-id", "--config", str(config))
+    code, _, err = await tasks(where, "cancel", "not-a-task-id", "--config", str(config))
     assert code == 1 and "cannot tell the agent of task" in err
 
 
 @pytest.mark.nats
 async def test_cancel_from_another_process_over_nats(
-        live_store: SqlStore, store_url: str, nats_url: str, tmp_path: Path) -> None:
+        live_store: SqlStore, where: list[str], nats_url: str, tmp_path: Path) -> None:
     """``meshpoint tasks cancel`` reaches, over NATS, an instance of the agent, which
     cancels the task waiting for approval and answers its caller."""
     from meshpoint.broker.nats import NatsBroker
@@ -159,9 +220,9 @@ async def test_cancel_from_another_process_over_nats(
             request_id = await client.submit("coordinator", "Send the report")
             await client.wait_input(request_id, timeout_s=20)
             config = tmp_path / "mesh.yaml"
-            config.write_text(f"namespace: {ns}\nstore: {store_url}\nbroker: {nats_url}\n"
+            config.write_text(f"namespace: {ns}\n{store_section(where)}broker: {nats_url}\n"
                               "agents: {coordinator: {}}\n")
-            code, out, err = await tasks(store_url, "cancel",
+            code, out, err = await tasks(where, "cancel",
                                          client.task_id("coordinator", request_id),
                                          "--config", str(config), "--json")
             assert code == 0, err
