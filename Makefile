@@ -31,13 +31,15 @@ sql: $(STAMP)
 	$(BIN)/python -m meshpoint.store.render
 
 ## bench: meshpoint beside LangGraph's savers, claim throughput, each PostgreSQL fast path
-## beside its portable body, RSS (BENCH_MODE=quick, about 3 minutes); BENCH_MODE=full adds
+## beside its portable body, a 10-tool turn checkpointed after each tool beside a LangGraph
+## graph of 10 steps, RSS (BENCH_MODE=quick, about 3 minutes); BENCH_MODE=full adds
 ## the store and scale-out benchmarks and 100k tasks
 BENCH_MODE ?= quick
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_compare.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_claims.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_hooks.py --mode $(BENCH_MODE)
+	$(BIN)/python benchmarks/bench_turn.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_runtime.py $(if $(filter full,$(BENCH_MODE)),--paused 30000,--tasks 300)
 	if [ "$(BENCH_MODE)" = full ]; then \
 	  $(BIN)/python benchmarks/bench_store.py && $(BIN)/python benchmarks/bench_scaleout.py; fi

@@ -12,8 +12,8 @@ run by run and in alternating order, so both sides see the same machine weather:
 * ``resolve_one``: an answer resolved (every third completes its join and takes
   the resume lease);
 * ``restore``: a paused task read back;
-* ``insert_children``: a resumed task checkpointed again (2 new events, 3 new
-  sub-tasks): the hook writes its children, the rest of the write is the same.
+* ``recheckpoint``: a resumed task checkpointed again (2 new events, 3 new
+  sub-tasks), its old children replaced.
 
 SQLite has no fast paths: its portable bodies are all it runs. A table goes to the
 terminal, the figures to ``benchmarks/results/<date>-<mode>-hooks.json``.
@@ -123,8 +123,8 @@ async def pause_path(stores: dict[str, SqlStore], runs: int,
         side = side_of(store)
         await store.checkpoint_task(contexts[side][n], "bench", lease_owner=f"bench-{side}")
 
-    out["insert_children"] = await interleaved(stores, tasks, again, progress,
-                                               "re-checkpoints")
+    out["recheckpoint"] = await interleaved(stores, tasks, again, progress,
+                                            "re-checkpoints")
     for side, store in stores.items():
         for n in range(tasks):
             await store.cleanup_task(f"{prefix[side]}-{n}")
@@ -156,7 +156,8 @@ REPLACES = {
     "first_checkpoint": "insert_task + 3 child inserts in BEGIN ... COMMIT",
     "resolve_one": "resolve_pending, advance_invocation, mark_resuming in BEGIN ... COMMIT",
     "restore": "4 SELECTs in a REPEATABLE READ transaction",
-    "insert_children": "3 child inserts (of a re-checkpoint's transaction)",
+    "recheckpoint": "recheckpoint_task, count_open_sub_tasks, 2 deletes, 3 child inserts "
+                    "in BEGIN ... COMMIT",
 }
 
 

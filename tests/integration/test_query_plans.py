@@ -146,6 +146,69 @@ def _check(plans: dict[str, str]) -> None:
     assert not wrong, "\n\n".join(wrong)
 
 
+@pytest.mark.postgres
+async def test_each_fast_path_is_taken_as_one_native_statement(
+        unanalyzed_store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hook that always gave way to its portable body would pass every other test
+    (the body is right) and only show in a benchmark: so each operation with a fast
+    path is run here and must send exactly its one statement, natively, and no
+    statement in a transaction. A mid-turn checkpoint is a re-checkpoint too."""
+    store = unanalyzed_store
+    runs: dict[str, list[str]] = {}
+
+    rows, fetch = Statement.rows, postgres.fetch
+
+    @contextlib.contextmanager
+    def taking(label: str) -> Iterator[None]:
+        runs[label] = []
+
+        def rows_recorded(self: Statement, conn: Connection, params: Any) -> Any:
+            runs[label].append(f"transaction: {self.name}")
+            return rows(self, conn, params)
+
+        async def fetch_recorded(statement: Statement, native: Any, dialect: Any,
+                                 params: Any) -> Any:
+            runs[label].append(f"native: {statement.name}")
+            return await fetch(statement, native, dialect, params)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(Statement, "rows", rows_recorded)
+            patch.setattr(postgres, "fetch", fetch_recorded)
+            yield
+
+    with taking("first"):
+        await store.checkpoint_task(_task(1), "agent")
+    with taking("resolve"):
+        for k in range(3):
+            await store.resolve_peer_sub_task(f"t1/sub-{k}", {"ok": k}, lease_owner="i-1")
+    with taking("restore"):
+        ctx = (await store.restore_task("t1", lease_owner="i-1")).context
+    ctx.append_session_event({"role": "model", "text": "more"})
+    ctx.current_invocation_id = "t1/inv-2"
+    ctx.begin_parallel_calls("t1/inv-2", ["tool-1", "tool-2"])
+    ctx.record_parallel_result("t1/inv-2", "tool-1", "done")
+    with taking("mid-turn"):
+        await store.checkpoint_task(ctx, "agent", status="working", lease_owner="i-1",
+                                    holder="i-1")
+    ctx.record_parallel_result("t1/inv-2", "tool-2", "done too")
+    ctx.append_session_event({"role": "model", "text": "asks a peer"})
+    ctx.current_invocation_id = "t1/inv-3"
+    ctx.register_peer_sub_task("t1/sub-again", {"peer_agent_name": "peer-0"})
+    with taking("re-checkpoint"):
+        await store.checkpoint_task(ctx, "agent", lease_owner="i-1")
+    assert runs == {"first": ["native: pg_first_checkpoint"],
+                    "resolve": ["native: pg_resolve_one"] * 3,
+                    "restore": ["native: pg_restore"],
+                    "mid-turn": ["native: pg_recheckpoint"],
+                    "re-checkpoint": ["native: pg_recheckpoint"]}
+    restored = (await store.restore_task("t1")).context
+    assert restored.session_events[-1] == {"role": "model", "text": "asks a peer"}
+    assert [s.sub_task_id for s in await store.get_peer_sub_tasks_for_task("t1")] == [
+        "t1/sub-again"]
+    assert restored.parallel_tool_calls["t1/inv-2"].results == {"tool-1": "done",
+                                                                "tool-2": "done too"}
+
+
 async def test_sqlite_sweep_and_recovery_use_their_partial_indexes(
         tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     async with await open_store(f"sqlite:///{tmp_path}/plans.db") as store:

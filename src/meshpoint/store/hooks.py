@@ -20,8 +20,6 @@ import enum
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Connection
-
 from meshpoint.store.records import Resolution
 from meshpoint.store.rows import RestoreRows
 
@@ -50,9 +48,11 @@ class FastPaths:
         ``IntegrityError`` if a key is taken (nothing is written then)."""
         return PORTABLE
 
-    def insert_children(self, conn: Connection, params: dict[str, Any]) -> Portable | None:
-        """Insert a checkpoint's sub-tasks, invocations and new events inside the
-        transaction ``conn`` (a re-checkpoint; its task row is already written)."""
+    async def recheckpoint(self, params: dict[str, Any]) -> int | Portable:
+        """Write a re-checkpoint for the holder of the task's lease (the task row, its
+        old children replaced by the new) and return the task's version; PORTABLE,
+        with nothing written, if the portable body would refuse it (it then says
+        why); raise SQLAlchemy's ``IntegrityError`` if a key is taken."""
         return PORTABLE
 
     async def resolve_one(self, params: Callable[[], dict[str, Any]],

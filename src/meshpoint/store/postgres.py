@@ -11,8 +11,9 @@ each one statement here, chained through data-modifying CTEs or subqueries, and
 run natively: :class:`PostgresFastPaths` awaits asyncpg on a pooled connection of
 its own (:meth:`PostgresDatabase.native`), with no BEGIN and COMMIT around a
 statement that is atomic by itself. Every statement is a network round trip, so
-one instead of five or six is most of what a pause costs (docs/store.md). A fourth
-hook writes a re-checkpoint's children in one statement, inside its transaction.
+one instead of five or six is most of what a pause costs (docs/store.md). A
+re-checkpoint (a resumed task paused again, or a mid-turn checkpoint) is one
+statement too, instead of six.
 Each is kept only while ``benchmarks/bench_hooks.py`` shows it pays, and the suite
 runs with them on and off.
 """
@@ -34,6 +35,7 @@ from sqlalchemy import (
     bindparam,
     cast,
     column,
+    delete,
     exc,
     func,
     insert,
@@ -134,10 +136,38 @@ FIRST_CHECKPOINT = Statement(
     "pg_first_checkpoint", "Writes a first checkpoint in one statement: the task row "
     "(insert_task), and if it was written its sub-tasks, invocations and new events.",
     _first_checkpoint(), dialects=ONLY)
-INSERT_CHILDREN = Statement(
-    "pg_insert_children", "Inserts a re-checkpoint's sub-tasks, invocations and new events "
-    "in one statement.",
-    select(literal(1)).add_cte(*_child_inserts()), dialects=ONLY)
+
+
+def _recheckpoint() -> Any:
+    """recheckpoint_task guarded as count_open_sub_tasks guards it (no sub-task still
+    open), then delete_task_sub_tasks, delete_task_invocations and the inserts of the
+    new children, each only if the task row was rewritten. Returns the new version,
+    or no row if the rewrite was refused: the portable body then says why (or finds
+    that the open sub-tasks were resolved since).
+
+    A data-modifying CTE that no other reads runs in an order PostgreSQL does not
+    promise, and an invocation checkpointed again keeps its key: so each insert's
+    condition counts the rows the deletes returned, which runs the deletes to
+    completion before any row is inserted (the unique check then sees the old row
+    deleted by this transaction). The task row is locked first, as the portable body
+    locks it."""
+    no_open_sub_task = ~select(literal(1)).where(q.OF_TASK[S], q.OPEN).exists()
+    rewritten = q.recheckpoint_task().where(no_open_sub_task).cte("rewritten")
+    done = select(rewritten.c.version).exists()
+    old_subs = (delete(S).where(q.OF_TASK[S], done).returning(S.c.sub_task_id)
+                .cte("old_sub_tasks"))
+    old_invs = (delete(I).where(q.OF_TASK[I], done).returning(I.c.invocation_id)
+                .cte("old_invocations"))
+    deletes_done = (select(func.count()).select_from(old_subs).scalar_subquery()
+                    + select(func.count()).select_from(old_invs).scalar_subquery()) >= 0
+    return (select(rewritten.c.version)
+            .add_cte(rewritten, old_subs, old_invs, *_child_inserts(done, deletes_done)))
+
+
+RECHECKPOINT = Statement(
+    "pg_recheckpoint", "Writes a re-checkpoint in one statement: recheckpoint_task (if no "
+    "sub-task is open), the old children deleted, the new ones inserted.",
+    _recheckpoint(), dialects=ONLY)
 
 
 def _resolve_one() -> Any:
@@ -245,8 +275,9 @@ class PostgresFastPaths(FastPaths):
         (written,), = await self._fetch(FIRST_CHECKPOINT, _children_as_text(params))
         return 1 if written else PORTABLE  # not written: the task ended, as the body says
 
-    def insert_children(self, conn: Connection, params: dict[str, Any]) -> None:
-        INSERT_CHILDREN.rows(conn, _children_as_text(params))
+    async def recheckpoint(self, params: dict[str, Any]) -> int | Portable:
+        rows = await self._fetch(RECHECKPOINT, _children_as_text(params))
+        return rows[0].version if rows else PORTABLE  # refused: the body says why
 
     async def resolve_one(self, params: Callable[[], dict[str, Any]],
                           lease_owner: str | None) -> Resolution | Portable | None:

@@ -35,7 +35,7 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.dml import Insert, Update
 
 from meshpoint.store.rows import EventRow, InvocationRow, SubTaskRow, TaskRow
 from meshpoint.store.schema import (
@@ -138,25 +138,35 @@ INSERT_INVOCATION = Statement(
         completed_count=bindparam("completed_count"),
         call_order=bindparam("call_order", type_=JSONText),
         results=bindparam("results", type_=JSONText), created_at=now))
-#: Only the lease holder may overwrite the row, and only from the conversation it
-#: restored (``p_first`` events stored, no more, no less). The lease is released by
-#: the same write, since the task leaves memory again, unless the write is a
-#: mid-turn checkpoint (``p_holder``: the task stays in its writer's memory).
+
+
+def recheckpoint_task() -> Update:
+    """A new copy of recheckpoint_task's clause (see :func:`insert_task`): only the
+    lease holder may overwrite the row, and only from the conversation it restored
+    (``p_first`` events stored, no more, no less). The lease is released by the same
+    write, since the task leaves memory again, unless the write is a mid-turn
+    checkpoint (``p_holder``: the task stays in its writer's memory)."""
+    return (
+        update(T)
+        .where(TASK_KEY, T.c.owner == owner, T.c.session_event_count == bindparam("p_first"))
+        .values(agent_name=agent, status=bindparam("p_status"),
+                current_invocation_id=invocation,
+                context=bindparam("p_context"), context_encoding=bindparam("p_encoding"),
+                context_sha256=bindparam("p_sha256"),
+                session_event_count=bindparam("p_event_count"),
+                owner=bindparam("p_holder", type_=String),
+                lease_expires_at=bindparam("p_hold_until", type_=Float),
+                version=T.c.version + 1,
+                checkpointed_at=now, expires_at=bindparam("p_expires_at", type_=Float))
+        .returning(T.c.version))
+
+
 RECHECKPOINT_TASK = Statement(
     "recheckpoint_task", "Rewrites the row of a resumed task for the holder of its lease, "
     "from the conversation it restored, and releases the lease (or keeps it, for a "
-    "mid-turn checkpoint).",
-    update(T)
-    .where(TASK_KEY, T.c.owner == owner, T.c.session_event_count == bindparam("p_first"))
-    .values(agent_name=agent, status=bindparam("p_status"),
-            current_invocation_id=invocation,
-            context=bindparam("p_context"), context_encoding=bindparam("p_encoding"),
-            context_sha256=bindparam("p_sha256"),
-            session_event_count=bindparam("p_event_count"),
-            owner=bindparam("p_holder", type_=String),
-            lease_expires_at=bindparam("p_hold_until", type_=Float), version=T.c.version + 1,
-            checkpointed_at=now, expires_at=bindparam("p_expires_at", type_=Float))
-    .returning(T.c.version))
+    "mid-turn checkpoint).", recheckpoint_task())
+
+
 def append_events(*where: Any) -> Any:
     """One row per checkpoint rather than per event: ``seq`` is the index of its first
     event, ``data`` the JSON array of them. Written only if there are any

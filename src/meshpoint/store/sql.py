@@ -234,9 +234,11 @@ class SqlStore(Store):
                      "completed_count": calls.completed, "call_order": calls.call_order,
                      "results": calls.results} for inv, calls in invocations.items()])
 
-        async def first_fast() -> int | Portable:
+        async def fast() -> int | Portable:
             try:
-                return await self._fast.first_checkpoint(params)
+                if lease_owner is None:
+                    return await self._fast.first_checkpoint(params)
+                return await self._fast.recheckpoint(params)
             except exc.IntegrityError as error:
                 raise _Collision(str(error.orig)) from None
 
@@ -248,16 +250,14 @@ class SqlStore(Store):
                     version = 1
                 else:
                     version = self._rewrite_task(conn, params)
-                if isinstance(self._fast.insert_children(conn, params), Portable):
-                    _insert_children(conn, params)
+                _insert_children(conn, params)
                 return version
             except exc.IntegrityError as error:
                 raise _Collision(str(error.orig)) from None
 
         doing = f"checkpointing task {ctx.task_id!r}"
         try:
-            done: int | Portable = await self._retried(doing, first_fast) \
-                if lease_owner is None else Portable.PORTABLE
+            done = await self._retried(doing, fast)
             version = await self._write(doing, body) if isinstance(done, Portable) else done
         except _Collision as collision:
             # Which key collided? A one-statement first checkpoint reports whichever
