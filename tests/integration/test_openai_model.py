@@ -1,10 +1,13 @@
 """The OpenAI-compatible adapter against a local HTTP server that speaks chat
-completions with tool calls (no network, no API key)."""
+completions with tool calls (no network, no API key). The server here is a stand-in
+whose replies each test chooses (a broken reply, a 503, a slow one); the same
+behaviours against a real model server are in tests/acceptance/test_llm_server.py."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -28,6 +31,10 @@ class ChatServer:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self.mode = "ok"
+        #: Replies to give first, in order, before ``mode`` applies: a dict is the
+        #: message of a 200 reply (``finish_reason`` in it is taken out), an int an
+        #: HTTP status, a float seconds to wait before answering as ``mode`` says.
+        self.script: list[dict[str, Any] | int | float] = []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -37,13 +44,24 @@ class ChatServer:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append(body)
-                if server.mode == "error":
+                step = server.script.pop(0) if server.script else None
+                if isinstance(step, float):
+                    time.sleep(step)
+                    step = None
+                if isinstance(step, int):
+                    self.send_response(step)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(b'{"error": {"message": "busy", "type": "server_error"}}')
+                    return
+                if server.mode == "error" and step is None:
                     self.send_response(500)
                     self.send_header("Content-Type", "application/json")
                     self.end_headers()
                     self.wfile.write(b'{"error": {"message": "boom", "type": "server_error"}}')
                     return
-                payload = json.dumps(server.reply(body)).encode()
+                reply = server.reply(body) if step is None else server.wrap(body, dict(step))
+                payload = json.dumps(reply).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
@@ -68,9 +86,15 @@ class ChatServer:
         else:
             message = {"role": "assistant",
                        "content": "Summary: " + " / ".join(m["content"] for m in results)}
+        return self.wrap(body, message)
+
+    def wrap(self, body: dict[str, Any], message: dict[str, Any]) -> dict[str, Any]:
+        finish = message.pop("finish_reason", "tool_calls" if message.get("tool_calls")
+                             else "stop")
+        message.setdefault("role", "assistant")
         return {"id": "cmpl-1", "object": "chat.completion", "created": 0,
                 "model": body["model"] + "-0613",
-                "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
+                "choices": [{"index": 0, "finish_reason": finish, "message": message}],
                 "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120,
                           "prompt_tokens_details": {"cached_tokens": 40}}}
 
@@ -107,6 +131,7 @@ async def test_openai_model_plans_a_fan_out_and_answers_through_the_mesh(
     assert [t["function"]["name"] for t in first["tools"]] == ["ask_flights", "ask_hotels"]
     # The second call carries the tool calls and their results in the wire layout.
     assistant = second["messages"][2]
+    assert assistant["content"] == ""
     assert assistant["tool_calls"][0]["function"] == {
         "name": "ask_flights", "arguments": json.dumps({"query": "Lisbon in May"})}
     assert [m["tool_call_id"] for m in second["messages"][3:]] == ["call_0", "call_1"]
@@ -117,19 +142,145 @@ async def test_openai_model_plans_a_fan_out_and_answers_through_the_mesh(
     assert {"flights", "hotels"} <= set(usage["by_source"])
 
 
-async def test_openai_model_reports_bad_tool_arguments_and_server_errors(
+HI = [{"role": "user", "content": "hi"}]
+ASK_X = [ToolSpec("ask_x", "x", kind="peer")]
+
+
+def bad_call(arguments: str) -> dict[str, Any]:
+    return {"content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "ask_x", "arguments": arguments}}]}
+
+
+async def test_bad_tool_arguments_are_handed_back_until_the_model_corrects_them(
         chat: ChatServer) -> None:
     model = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0)
-    tools = [ToolSpec("ask_x", "x", kind="peer")]
+    chat.script = [bad_call("not json"), bad_call('{"query": 3}')]  # then a good reply
+    response = await model.complete(HI, ASK_X)
+    # (the stand-in server calls each tool with the last message as the query)
+    assert [c.arguments for c in response.tool_calls] == [
+        {"query": chat.requests[2]["messages"][-1]["content"]}]
+    # Three requests; the tokens of all three are counted.
+    assert len(chat.requests) == 3 and response.usage.prompt_tokens == 300
+    assert model.stats.requests == 3 and model.stats.repaired == 2
+    second, third = chat.requests[1]["messages"], chat.requests[2]["messages"]
+    assert second[:1] == HI and second[1] == {
+        "role": "assistant", "content": "(call ask_x with arguments not json)"}
+    assert second[2]["role"] == "user"
+    assert "the arguments of 'ask_x' are not valid JSON (Expecting value" in second[2][
+        "content"]
+    assert "the arguments of 'ask_x' do not match its schema at query: 3 is not of type " \
+           "'string'" in third[4]["content"]
+    await model.close()
+
+
+async def test_a_model_that_never_corrects_itself_fails_with_every_problem(
+        chat: ChatServer) -> None:
+    model = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0, repair_attempts=1)
     chat.mode = "bad-arguments"
-    with pytest.raises(ModelError, match="'ask_x' with arguments that are not JSON"):
-        await model.complete([{"role": "user", "content": "hi"}], tools)
+    with pytest.raises(ModelError, match=r"model 'gpt-test' gave no usable reply in 2 "
+                                         r"attempts: the arguments of 'ask_x' are not valid"):
+        await model.complete(HI, ASK_X)
+    assert len(chat.requests) == 2
+    await model.close()
+
+
+async def test_a_reply_cut_off_at_the_token_limit_is_not_an_answer(chat: ChatServer) -> None:
+    model = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0, max_tokens=5)
+    chat.script = [{"content": "Lisbon is a city of", "finish_reason": "length"}]
+    response = await model.complete(HI, [])
+    assert response.text == "Summary: "  # the second, complete reply
+    assert chat.requests[0]["max_tokens"] == 5
+    assert chat.requests[1]["messages"][1:] == [
+        {"role": "assistant", "content": "Lisbon is a city of"},
+        {"role": "user", "content": "Your reply above could not be used:\n- the reply was "
+                                    "cut off at the token limit (max_tokens=5); reply again, "
+                                    "shorter\nReply again, correcting this."}]
+    chat.script = [{"content": "a", "finish_reason": "length"}] * 3
+    with pytest.raises(ModelError, match="cut off at the token limit"):
+        await model.complete(HI, [])
+    await model.close()
+
+
+async def test_server_errors_are_retried_but_a_timed_out_generation_is_not(
+        chat: ChatServer) -> None:
+    model = OpenAIModel("gpt-test", base_url=chat.url, max_retries=2, timeout_s=0.5)
+    chat.script = [503, 429]
+    assert (await model.complete(HI, [])).text == "Summary: "
+    assert len(chat.requests) == 3
+    chat.requests.clear()
+    chat.script = [400]
+    with pytest.raises(ModelError, match="model 'gpt-test' failed: Error code: 400"):
+        await model.complete(HI, [])
+    assert len(chat.requests) == 1  # a bad request is not retried
+    chat.requests.clear()
+    chat.script = [2.0]  # answers after the client gave up
+    with pytest.raises(ModelError, match="did not answer within the timeout"):
+        await model.complete(HI, [])
+    assert len(chat.requests) == 1
+    await model.close()
+    patient = OpenAIModel("gpt-test", base_url=chat.url, max_retries=1, timeout_s=0.5,
+                          retry_timeouts=True)
+    chat.requests.clear()
+    chat.script = [2.0]
+    assert (await patient.complete(HI, [])).text == "Summary: "
+    assert len(chat.requests) == 2
     chat.mode = "error"
     with pytest.raises(ModelError, match="model 'gpt-test' failed"):
-        await model.complete([{"role": "user", "content": "hi"}], tools)
-    chat.mode = "ok"
-    response = await model.complete([{"role": "user", "content": "hi"}], [])
-    assert response.text == "Summary: " and response.usage.cached_tokens == 40
+        await patient.complete(HI, [])
+    await patient.close()
+
+
+async def test_json_mode_asks_for_a_schema_and_reads_calls_from_it(chat: ChatServer) -> None:
+    model = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0, tool_mode="json",
+                        max_tool_rounds=1)
+    tools = [*ASK_X, ToolSpec("ask_y", "y", kind="peer")]
+    chat.script = [{"content": "not json"},
+                   {"content": json.dumps({"ask_x": [{"query": "a"}, {"query": "b"}],
+                                           "ask_y": [{"query": "c"}], "answer": ""})}]
+    system = {"role": "system", "content": "You plan."}
+    response = await model.complete([system, *HI], tools)
+    assert [(c.id, c.name, c.arguments["query"]) for c in response.tool_calls] == [
+        ("call_0_0", "ask_x", "a"), ("call_0_1", "ask_x", "b"), ("call_0_2", "ask_y", "c")]
+    assert response.text is None
+    first = chat.requests[0]
+    assert "tools" not in first
+    schema = first["response_format"]["json_schema"]["schema"]
+    assert list(schema["properties"]) == ["ask_x", "ask_y", "answer"]
+    assert first["messages"][0]["content"].startswith("You plan.\n\nYou can call these tools.")
+    assert "the reply is not JSON" in chat.requests[1]["messages"][-1]["content"]
+    # After one round the schema has only the answer, and the results are plain text.
+    history = [system, *HI, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": c.id, "name": c.name, "arguments": c.arguments} for c in response.tool_calls]},
+        *[{"role": "tool", "tool_call_id": c.id, "name": c.name, "content": f"r{i}"}
+          for i, c in enumerate(response.tool_calls)]]
+    chat.script = [{"content": json.dumps({"answer": "All done."})}]
+    answer = await model.complete(history, tools)
+    assert (answer.text, answer.tool_calls) == ("All done.", ())
+    last = chat.requests[-1]
+    assert list(last["response_format"]["json_schema"]["schema"]["properties"]) == ["answer"]
+    assert [m["role"] for m in last["messages"]] == ["system", "user", "assistant", "user"]
+    assert last["messages"][3]["content"].startswith('Tool results:\n- ask_x({"query":"a"}) -> r0')
+    await model.close()
+
+
+async def test_native_mode_sends_the_options_and_stops_offering_tools_after_max_rounds(
+        chat: ChatServer) -> None:
+    model = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0, tool_choice="required",
+                        parallel_tool_calls=True, max_tool_rounds=1, temperature=0.0,
+                        extra_body={"cache_prompt": True})
+    await model.complete(HI, ASK_X)
+    first = chat.requests[0]
+    assert (first["tool_choice"], first["parallel_tool_calls"], first["temperature"],
+            first["cache_prompt"], first["max_tokens"]) == ("required", True, 0.0, True, 1024)
+    history = [*HI, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "name": "ask_x", "arguments": {"query": "hi"}}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "ask_x", "content": "r"}]
+    await model.complete(history, ASK_X)
+    second = chat.requests[1]
+    assert second["tool_choice"] == "none" and "parallel_tool_calls" not in second
+    assert [t["function"]["name"] for t in second["tools"]] == ["ask_x"]
+    # The call-carrying message says "" when it said nothing: never null (issue 17 #4).
+    assert second["messages"][1]["content"] == ""
     await model.close()
 
 

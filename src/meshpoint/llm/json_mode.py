@@ -1,0 +1,151 @@
+"""Tool calls for models without reliable native ones: the ``json`` tool mode.
+
+Many small or local models never emit native tool calls, yet fill in a JSON object
+well when the server constrains their output to a schema (``response_format``, which
+llama.cpp, vLLM, Ollama and OpenAI turn into a grammar). In this mode the adapter
+sends no ``tools``; it asks for one JSON object with a field per tool, each a list of
+the calls to make now (each item is that tool's arguments, under the tool's own
+parameter schema), and an ``answer`` field for the reply when no tool is called::
+
+    {"ask_flights": [{"query": "Lisbon, 3 May"}], "ask_hotels": [], "answer": ""}
+
+and turns that object into :class:`~meshpoint.llm.base.ToolCall` s, in the order of
+the tools and then of the items: several items make a fan-out. Because no tool is
+declared to the server, the conversation is rendered as plain messages too: a turn
+that made calls is shown as the JSON object it answered, and the results as one user
+message, so that any chat template accepts it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from meshpoint.llm.base import ToolCall, ToolSpec
+
+#: The field of the reply's text; no tool may be called this (an agent's tool names
+#: are its peers' ``ask_<name>`` and its local tools', checked by the adapter).
+ANSWER = "answer"
+
+
+@dataclass(frozen=True, slots=True)
+class JsonPlan:
+    """What a model is asked for in JSON mode this call."""
+
+    #: The tools it may call now (none: only ``answer``).
+    tools: tuple[ToolSpec, ...]
+    #: At least one call is expected (``tool_choice: required``): no ``answer`` field.
+    required: bool = False
+    #: At most one call per reply (``parallel_tool_calls: false``).
+    single: bool = False
+
+    def schema(self) -> dict[str, Any]:
+        """The JSON schema of the reply."""
+        properties: dict[str, Any] = {}
+        for tool in self.tools:
+            items: dict[str, Any] = {"type": "array", "items": tool.parameters}
+            if self.single:
+                items["maxItems"] = 1
+            properties[tool.name] = items
+        if not self.required or not self.tools:
+            properties[ANSWER] = {"type": "string"}
+        return {"type": "object", "properties": properties,
+                "required": list(properties), "additionalProperties": False}
+
+    def response_format(self) -> dict[str, Any]:
+        """The chat-completions ``response_format`` that constrains the reply."""
+        # Not "strict": OpenAI's strict mode refuses tool schemas that leave a property
+        # optional; grammar-based servers (llama.cpp, vLLM) enforce the schema anyway.
+        return {"type": "json_schema", "json_schema": {"name": "reply",
+                                                       "schema": self.schema()}}
+
+    def instructions(self) -> str:
+        """What the system prompt adds, so that the model knows what the fields mean
+        (the schema constrains the form; this says what to put in it)."""
+        if not self.tools:
+            return (f'Reply with a JSON object whose "{ANSWER}" field is your answer to '
+                    "the user, written from the results above.")
+        lines = ["You can call these tools. Reply with one JSON object that has one field "
+                 "per tool: the list of calls to make now, each an object of the tool's "
+                 "arguments, or [] to not call it. Call several tools, or one tool "
+                 "several times, to do things at once."]
+        for tool in self.tools:
+            lines.append(f"- {tool.name}: {tool.description} Arguments: "
+                         f"{json.dumps(tool.parameters, separators=(',', ':'))}")
+        if self.required:
+            lines.append("Call at least one tool.")
+        else:
+            lines.append(f'Put your answer to the user in "{ANSWER}" when you call no tool '
+                         f'(then every tool\'s list is empty); leave it "" otherwise.')
+        return "\n".join(lines)
+
+    def calls(self, reply: dict[str, Any], call_prefix: str) -> tuple[
+            tuple[ToolCall, ...], str | None, list[str]]:
+        """The calls and the answer in a parsed reply, and what is wrong with it (a list
+        of problems the model is told about; empty when the reply is usable). Call ids
+        are ``<call_prefix>_<n>``."""
+        problems: list[str] = []
+        calls: list[ToolCall] = []
+        for tool in self.tools:
+            items = reply.get(tool.name, [])
+            if not isinstance(items, list):
+                problems.append(f'"{tool.name}" must be a list of argument objects')
+                continue
+            for index, arguments in enumerate(items):
+                if not isinstance(arguments, dict):
+                    problems.append(f'"{tool.name}"[{index}] must be an object of arguments')
+                    continue
+                calls.append(ToolCall(id=f"{call_prefix}_{len(calls)}", name=tool.name,
+                                      arguments=arguments))
+        unknown = sorted(set(reply) - {t.name for t in self.tools} - {ANSWER})
+        if unknown:
+            problems.append(f"unknown fields {unknown}; the tools are "
+                            f"{[t.name for t in self.tools]}")
+        answer = reply.get(ANSWER)
+        if answer is not None and not isinstance(answer, str):
+            problems.append(f'"{ANSWER}" must be a string')
+            answer = None
+        if self.single:
+            calls = calls[:1]
+        if self.required and not calls:
+            problems.append("call at least one tool")
+        if not calls and not (answer or "").strip() and not problems:
+            problems.append(f'the reply calls no tool and its "{ANSWER}" is empty')
+        return tuple(calls), answer, problems
+
+
+def render(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation as plain chat messages (no tool roles, no ``tool_calls``): a
+    turn that made calls becomes the JSON object it answered; consecutive results
+    become one user message, each line naming its call."""
+    out: list[dict[str, Any]] = []
+    calls: dict[str, tuple[str, dict[str, Any]]] = {}
+    results: list[str] = []
+
+    def flush() -> None:
+        if results:
+            out.append({"role": "user", "content": "Tool results:\n" + "\n".join(results)})
+            results.clear()
+
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            name, arguments = calls.get(str(message.get("tool_call_id")),
+                                        (str(message.get("name") or "?"), {}))
+            shown = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+            results.append(f"- {name}({shown}) -> {message.get('content') or ''}")
+            continue
+        flush()
+        if role == "assistant" and message.get("tool_calls"):
+            reply: dict[str, Any] = {}
+            for call in message["tool_calls"]:
+                calls[call["id"]] = (call["name"], call.get("arguments") or {})
+                reply.setdefault(call["name"], []).append(call.get("arguments") or {})
+            reply[ANSWER] = message.get("content") or ""
+            out.append({"role": "assistant", "content": json.dumps(reply, ensure_ascii=False)})
+        else:
+            out.append({"role": str(role), "content": message.get("content") or ""})
+    flush()
+    return out
