@@ -123,19 +123,62 @@ class ScriptedModelConfig(_Strict):
 
 
 class OpenAIModelConfig(_Strict):
-    """An OpenAI-compatible chat-completions endpoint."""
+    """An OpenAI-compatible chat-completions endpoint (:class:`meshpoint.llm.openai.
+    OpenAIModel`; every key is described in docs/models.md)."""
 
-    kind: Literal["openai"]
+    kind: Literal["openai"] = "openai"
     #: The model name the endpoint knows (e.g. ``gpt-4o-mini``).
-    name: str
+    name: str = Field(min_length=1)
+    #: The endpoint, e.g. ``http://127.0.0.1:8080/v1``; unset: OpenAI's.
     base_url: str | None = None
-    #: The environment variable holding the API key (never the key itself).
-    api_key_env: str = "OPENAI_API_KEY"
+    #: The environment variable holding the API key (never the key itself). Unset: OpenAI
+    #: needs ``OPENAI_API_KEY``; an endpoint of ``base_url`` is sent no key, so that a
+    #: local server never receives the key meant for OpenAI.
+    api_key_env: str | None = None
     timeout_s: float = Field(default=60.0, gt=0)
+    #: Retries of a failed connection or a 408/409/429/5xx answer.
     max_retries: int = Field(default=2, ge=0)
+    #: Also retry a request that timed out (its generation would run again).
+    retry_timeouts: bool = False
+    #: Tokens one reply may have; null: the server's default (often the whole context).
+    max_tokens: int | None = Field(default=1024, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = None
+    stop: list[str] | None = None
+    tool_choice: Literal["auto", "required", "none"] | None = None
+    parallel_tool_calls: bool | None = None
+    #: For an agent without tools (tool_mode json sets its own).
+    response_format: dict[str, Any] | None = None
+    #: ``native``: tools and tool_calls; ``json``: a JSON reply under a schema made from
+    #: the tools, for models without reliable native tool calls.
+    tool_mode: Literal["native", "json"] = "native"
+    #: Rounds of tool calls after the user's message before the model must answer.
+    max_tool_rounds: int | None = Field(default=None, ge=0)
+    #: Times an unusable reply is handed back to the model before the call fails.
+    repair_attempts: int = Field(default=2, ge=0)
+    #: Server-specific fields added to each request's JSON.
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_response_format(self) -> OpenAIModelConfig:
+        if self.response_format is not None and self.tool_mode == "json":
+            raise ValueError("response_format cannot be set with tool_mode json, which "
+                             "sets its own")
+        return self
 
 
-ModelConfig = Annotated[ScriptedModelConfig | OpenAIModelConfig, Field(discriminator="kind")]
+class PythonModelConfig(_Strict):
+    """A model of your own: ``factory`` (``package.module:name``, a class or a function)
+    called with ``options`` as keyword arguments returns it."""
+
+    kind: Literal["python"] = "python"
+    factory: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+ModelConfig = Annotated[ScriptedModelConfig | OpenAIModelConfig | PythonModelConfig,
+                        Field(discriminator="kind")]
 
 
 class PeerConfig(_Strict):
@@ -274,20 +317,36 @@ class MeshConfig(_Strict):
                                  dedupe_window_s=self.broker.dedupe_window_s)
 
 
-def _build_model(agent: str, spec: ScriptedModelConfig | OpenAIModelConfig) -> Model:
+def _build_model(agent: str,
+                 spec: ScriptedModelConfig | OpenAIModelConfig | PythonModelConfig) -> Model:
+    where = f"agents.{agent}.model"
     if isinstance(spec, ScriptedModelConfig):
         from meshpoint.llm.scripted import ScriptedModel
 
         return ScriptedModel(spec.name or agent, persona=spec.persona or agent,
                              rounds=spec.rounds, delay_s=spec.delay_s)
+    if isinstance(spec, PythonModelConfig):
+        factory = _import(where, spec.factory)
+        try:
+            model = factory(**spec.options)
+        except (TypeError, ValueError, MeshpointError) as error:
+            raise ConfigurationError(f"{where}: {spec.factory}(**options) failed: "
+                                     f"{error}") from None
+        if not isinstance(model, Model):
+            raise ConfigurationError(
+                f"{where}: {spec.factory} returned {type(model).__name__}, which is not a "
+                "meshpoint.llm.Model (it needs a name and an async complete())")
+        return model
     from meshpoint.llm.openai import OpenAIModel
 
-    key = os.environ.get(spec.api_key_env)
-    if not key:
-        raise ConfigurationError(f"agents.{agent}.model: the API key variable "
-                                 f"{spec.api_key_env} is not set")
-    return OpenAIModel(spec.name, base_url=spec.base_url, api_key=key,
-                       timeout_s=spec.timeout_s, max_retries=spec.max_retries)
+    key_env = spec.api_key_env or (None if spec.base_url else "OPENAI_API_KEY")
+    key = os.environ.get(key_env) if key_env else None
+    if key_env and not key:
+        raise ConfigurationError(f"{where}: the API key variable {key_env} is not set"
+                                 + ("" if spec.api_key_env else
+                                    " (OpenAI's endpoint; set base_url for another)"))
+    options = spec.model_dump(exclude={"kind", "name", "base_url", "api_key_env"})
+    return OpenAIModel(spec.name, base_url=spec.base_url, api_key=key, **options)
 
 
 def _build_tool(agent: str, spec: ToolConfig) -> LocalTool:
