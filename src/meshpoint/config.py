@@ -153,6 +153,9 @@ class OpenAIModelConfig(_Strict):
     #: ``native``: tools and tool_calls; ``json``: a JSON reply under a schema made from
     #: the tools, for models without reliable native tool calls.
     tool_mode: Literal["native", "json"] = "native"
+    #: How tool_mode json asks for its schema: OpenAI's ``json_schema`` layout, or
+    #: ``json_object`` with a ``schema`` (llama-cpp-python's server reads only that).
+    json_format: Literal["json_schema", "json_object"] = "json_schema"
     #: Rounds of tool calls after the user's message before the model must answer.
     max_tool_rounds: int | None = Field(default=None, ge=0)
     #: Times an unusable reply is handed back to the model before the call fails.

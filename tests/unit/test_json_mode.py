@@ -34,6 +34,8 @@ def test_the_schema_has_a_list_of_calls_per_tool_and_an_answer() -> None:
     assert JsonPlan(()).schema()["properties"] == {"answer": {"type": "string"}}
     assert JsonPlan((BOOK,)).response_format()["json_schema"]["schema"] == JsonPlan(
         (BOOK,)).schema()
+    assert JsonPlan((BOOK,)).response_format("json_object") == {
+        "type": "json_object", "schema": JsonPlan((BOOK,)).schema()}
 
 
 def test_a_reply_becomes_calls_in_tool_then_item_order() -> None:

@@ -54,8 +54,13 @@ class JsonPlan:
         return {"type": "object", "properties": properties,
                 "required": list(properties), "additionalProperties": False}
 
-    def response_format(self) -> dict[str, Any]:
-        """The chat-completions ``response_format`` that constrains the reply."""
+    def response_format(self, kind: str = "json_schema") -> dict[str, Any]:
+        """The chat-completions ``response_format`` that constrains the reply:
+        OpenAI's layout (``json_schema``, which llama.cpp, vLLM and Ollama read too), or
+        ``json_object`` with a ``schema`` (the only one llama-cpp-python's server
+        constrains; llama.cpp reads it too)."""
+        if kind == "json_object":
+            return {"type": "json_object", "schema": self.schema()}
         # Not "strict": OpenAI's strict mode refuses tool schemas that leave a property
         # optional; grammar-based servers (llama.cpp, vLLM) enforce the schema anyway.
         return {"type": "json_schema", "json_schema": {"name": "reply",

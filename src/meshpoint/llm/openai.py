@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 ToolMode = Literal["native", "json"]
 TOOL_MODES: tuple[str, ...] = ("native", "json")
 TOOL_CHOICES: tuple[str, ...] = ("auto", "required", "none")
+JSON_FORMATS: tuple[str, ...] = ("json_schema", "json_object")
 #: Sent as ``max_tokens`` unless the caller says otherwise (None: the server's default).
 DEFAULT_MAX_TOKENS = 1024
 #: HTTP statuses worth another try: the request may succeed unchanged.
@@ -93,7 +94,9 @@ class OpenAIModel:
     ``name`` is the endpoint's model name. ``api_key`` may be None for a local server
     that checks none. ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``,
     ``tool_choice`` (``auto``, ``required``, ``none``), ``parallel_tool_calls`` and
-    ``response_format`` are sent as the API defines them when not None;
+    ``response_format`` are sent as the API defines them when not None; ``json_format``
+    is the ``response_format`` layout of the JSON tool mode (see
+    :meth:`~meshpoint.llm.json_mode.JsonPlan.response_format`);
     ``extra_body`` adds server-specific fields to the request's JSON (llama.cpp's
     ``cache_prompt``, vLLM's ``top_k``); ``extra`` passes further keyword arguments to
     the openai client's ``create()``.
@@ -106,13 +109,14 @@ class OpenAIModel:
                  stop: Sequence[str] | None = None, tool_choice: str | None = None,
                  parallel_tool_calls: bool | None = None,
                  response_format: dict[str, Any] | None = None,
-                 tool_mode: ToolMode = "native", max_tool_rounds: int | None = None,
+                 tool_mode: ToolMode = "native", json_format: str = "json_schema",
+                 max_tool_rounds: int | None = None,
                  repair_attempts: int = 2, extra_body: dict[str, Any] | None = None,
                  extra: dict[str, Any] | None = None) -> None:
         _check_options(name=name, timeout_s=timeout_s, max_retries=max_retries,
                        max_tokens=max_tokens, tool_choice=tool_choice, tool_mode=tool_mode,
-                       max_tool_rounds=max_tool_rounds, repair_attempts=repair_attempts,
-                       response_format=response_format)
+                       json_format=json_format, max_tool_rounds=max_tool_rounds,
+                       repair_attempts=repair_attempts, response_format=response_format)
         try:
             from openai import AsyncOpenAI
         except ImportError:  # pragma: no cover - depends on the install
@@ -121,6 +125,7 @@ class OpenAIModel:
             ) from None
         self.name = name
         self.tool_mode: ToolMode = tool_mode
+        self.json_format = json_format
         self.max_tokens = max_tokens
         self.tool_choice = tool_choice
         self.parallel_tool_calls = parallel_tool_calls
@@ -196,7 +201,7 @@ class OpenAIModel:
         if plan is not None:
             wire = json_mode.render(messages)
             _add_system(wire, plan.instructions())
-            request["response_format"] = plan.response_format()
+            request["response_format"] = plan.response_format(self.json_format)
         else:
             wire = [_to_wire(m) for m in messages]
             if tools:
@@ -304,7 +309,8 @@ class OpenAIModel:
 
 
 def _check_options(*, name: str, timeout_s: float, max_retries: int, max_tokens: int | None,
-                   tool_choice: str | None, tool_mode: str, max_tool_rounds: int | None,
+                   tool_choice: str | None, tool_mode: str, json_format: str,
+                   max_tool_rounds: int | None,
                    repair_attempts: int, response_format: dict[str, Any] | None) -> None:
     """Bad options fail here, with what was expected, not at the first request."""
     def need(ok: bool, message: str) -> None:
@@ -318,6 +324,8 @@ def _check_options(*, name: str, timeout_s: float, max_retries: int, max_tokens:
     need(tool_choice is None or tool_choice in TOOL_CHOICES,
          f"tool_choice must be one of {TOOL_CHOICES}, got {tool_choice!r}")
     need(tool_mode in TOOL_MODES, f"tool_mode must be one of {TOOL_MODES}, got {tool_mode!r}")
+    need(json_format in JSON_FORMATS,
+         f"json_format must be one of {JSON_FORMATS}, got {json_format!r}")
     need(max_tool_rounds is None or max_tool_rounds >= 0,
          f"max_tool_rounds must be >= 0, got {max_tool_rounds!r}")
     need(repair_attempts >= 0, f"repair_attempts must be >= 0, got {repair_attempts!r}")
