@@ -44,6 +44,7 @@ from meshpoint.runtime.agent import (
 
 if TYPE_CHECKING:
     from meshpoint.broker import Broker
+    from meshpoint.history import HistoryOptions
     from meshpoint.store import SqlStore
 
 _NAME = r"^[A-Za-z0-9_-]{1,64}$"
@@ -235,6 +236,57 @@ class CheckpointConfig(_Strict):
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
 
 
+class SigningConfig(_Strict):
+    """Ed25519 keys that sign the checkpoint history (see :class:`meshpoint.integrity.
+    SigningKeys`): ``keys`` maps a key id to ``env:VAR``, ``file:PATH`` or the key (a
+    PEM private or public key, or the base64 of a 32-byte seed); ``active`` signs."""
+
+    active: str | None = None
+    keys: dict[str, str] = Field(default_factory=dict)
+    #: Unsigned records fail verification (default: whenever a key is configured).
+    require_signatures: bool | None = None
+
+
+class EncryptionConfig(_Strict):
+    """AES-GCM encryption at rest of the history (:mod:`meshpoint.encryption`)."""
+
+    #: The key ring file (``meshpoint keys rotate`` writes it).
+    keyring: str
+    #: Record fields to encrypt besides the security context (dotted paths).
+    fields: list[str] = Field(default_factory=list)
+
+
+class HistoryConfig(_Strict):
+    """The checkpoint history (seed 001; :class:`meshpoint.history.HistoryOptions`)."""
+
+    enabled: bool = True
+    signing: SigningConfig = Field(default_factory=SigningConfig)
+    encryption: EncryptionConfig | None = None
+    #: Price per million tokens by model: ``{model: {prompt_tokens, completion_tokens,
+    #: cached_tokens}}``; the cost attribution of each record.
+    prices: dict[str, dict[str, float]] = Field(default_factory=dict)
+    currency: str = "USD"
+    #: The retention of records whose agent sets none (days:N, last:N, hold).
+    retention: str | None = None
+    #: How often ``serve`` purges what retention lets go (0: never; ``meshpoint purge``
+    #: does it on demand).
+    purge_interval_s: float = Field(default=3600.0, ge=0)
+
+    def options(self) -> HistoryOptions:
+        from meshpoint.encryption import load_keyring
+        from meshpoint.history import HistoryOptions, Prices
+        from meshpoint.integrity import SigningKeys
+
+        return HistoryOptions(
+            enabled=self.enabled,
+            signing=SigningKeys.from_config(self.signing.keys, self.signing.active),
+            require_signatures=self.signing.require_signatures,
+            encryption=None if self.encryption is None else load_keyring(
+                self.encryption.keyring),
+            encrypt_fields=tuple(self.encryption.fields) if self.encryption else (),
+            prices=Prices(self.prices, self.currency), retention=self.retention)
+
+
 class AgentConfig(_Strict):
     description: str = ""
     model: ModelConfig = Field(default_factory=ScriptedModelConfig)
@@ -244,6 +296,9 @@ class AgentConfig(_Strict):
     system_prompt: str | None = None
     max_turns: int = Field(default=25, ge=1)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    #: What its records in the checkpoint history say it is, and how long they stay.
+    agent_type: str = Field(default="general", min_length=1, max_length=64)
+    retention: str | None = None
 
 
 class MeshConfig(_Strict):
@@ -254,6 +309,7 @@ class MeshConfig(_Strict):
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     agents: dict[str, AgentConfig] = Field(min_length=1)
+    history: HistoryConfig = Field(default_factory=HistoryConfig)
 
     @field_validator("store", "broker", mode="before")
     @classmethod
@@ -301,14 +357,24 @@ class MeshConfig(_Strict):
             stateless_checkpointing=spec.stateless_checkpointing,
             system_prompt=spec.system_prompt, max_turns=spec.max_turns,
             checkpoint=CheckpointPolicy(**spec.checkpoint.model_dump(exclude={"recovery"})),
-            recovery=RecoveryPolicy(**spec.checkpoint.recovery.model_dump()))
+            recovery=RecoveryPolicy(**spec.checkpoint.recovery.model_dump()),
+            agent_type=spec.agent_type, retention=spec.retention)
 
     async def open_store(self) -> SqlStore:
         from meshpoint.store import open_store
 
         s = self.store
         return await open_store(s.url, tenant_id=s.tenant, migrate=s.migrate,
-                                schema=s.schema_name, pool_size=s.pool_size)
+                                schema=s.schema_name, pool_size=s.pool_size,
+                                history=self.history_options())
+
+    def history_options(self) -> HistoryOptions:
+        """The store's :class:`~meshpoint.history.HistoryOptions` from ``history:``
+        (keys read now: a missing one is a ConfigurationError naming it)."""
+        try:
+            return self.history.options()
+        except InvalidArgumentError as error:
+            raise ConfigurationError(f"history: {error}") from None
 
     async def open_broker(self) -> Broker:
         from meshpoint.broker import open_broker

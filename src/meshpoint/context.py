@@ -87,6 +87,11 @@ class CheckpointDict(TypedDict):
     """The platform's trust token, propagated to peers (seed 000 §8.4)."""
     token_usage: TokenUsageDict
     """The task's token usage."""
+    history: dict[str, Any]
+    """What the task's checkpoint history records beyond what the store knows (see
+    :mod:`meshpoint.history`): ``agent_type``, ``iteration``, ``retention_policy``,
+    and ``record``, a partial record document the agent fills (a summary, items,
+    a continuation prompt) that each history record includes."""
     active_peer_sub_tasks: dict[str, dict[str, Any]]
     """Sub-task id -> the correlation data of every item still outstanding (a peer
     call: its peer, query, reply subjects, ``invocation_id``, ``function_call_id``,
@@ -210,6 +215,9 @@ class TaskExecutionContext:
         Agent flags, and the platform trust token propagated to peers (seed 000 §8.4).
     ``token_usage``
         A :class:`TokenUsage`.
+    ``history``
+        What the checkpoint history records beyond the store's own knowledge
+        (:mod:`meshpoint.history`).
     ``active_peer_sub_tasks``
         ``sub_task_id`` → correlation data of every peer call still outstanding.
     ``parallel_tool_calls``
@@ -218,7 +226,9 @@ class TaskExecutionContext:
         The conversation, and how many of its events are already stored: a
         checkpoint appends only the events past that index.
 
-    Never persisted: ``lock``, ``cancellation_event``, ``event_loop``,
+    Never persisted: ``history_head`` (the task's last history record, which the
+    store reads with the task and moves at each checkpoint), ``lock``,
+    ``cancellation_event``, ``event_loop``,
     ``original_message`` (the broker delivery, acknowledged at the checkpoint)
     and the streaming state (``streaming_buffer``, ``first_text_seen_in_turn``,
     ``need_spacing_before_next_text``), which restart empty on every instance.
@@ -236,11 +246,13 @@ class TaskExecutionContext:
         self.flags: dict[str, Any] = {}
         self.security_context: dict[str, Any] = {}
         self.token_usage = TokenUsage()
+        self.history: dict[str, Any] = {}
         self.active_peer_sub_tasks: dict[str, dict[str, Any]] = {}
         self.parallel_tool_calls: dict[str, ParallelCalls] = {}
         self.session_events: list[dict[str, Any]] = []
         self.session_events_persisted = 0
         # Transient: recreated on every instance, never stored.
+        self.history_head: Any = None  # a meshpoint.history.HistoryHead, set by the store
         # A threading lock, not an asyncio one: the critical sections never await, and
         # tool code running in worker threads may register sub-tasks too.
         self.lock = threading.Lock()
@@ -369,6 +381,7 @@ class TaskExecutionContext:
                 "flags": self.flags,
                 "security_context": self.security_context,
                 "token_usage": self.token_usage.to_dict(),
+                "history": self.history,
                 "active_peer_sub_tasks": self.active_peer_sub_tasks,
                 "parallel_tool_calls": {inv: calls.to_dict()
                                         for inv, calls in self.parallel_tool_calls.items()},
@@ -412,6 +425,7 @@ class TaskExecutionContext:
         ctx.security_context = _expect(data.get("security_context", {}), dict,
                                        "security_context")
         ctx.token_usage = TokenUsage.from_dict(data.get("token_usage", {}))
+        ctx.history = _expect(data.get("history", {}), dict, "history")
         subs = _expect(data.get("active_peer_sub_tasks", {}), dict, "active_peer_sub_tasks")
         for sub_task_id, corr in subs.items():
             _expect(corr, dict, f"active_peer_sub_tasks[{sub_task_id!r}]")

@@ -8,6 +8,7 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     ├── InvalidArgumentError        (also a ValueError) an argument is malformed
     │   └── ContextSerializationError  a context holds a value that is not JSON
     ├── ConfigurationError          a store URL or option cannot be used
+    │   └── KeyMissingError         a signing or encryption key is not in the key ring
     ├── StoreError                  the checkpoint store refused or failed an operation
     │   ├── StoreUnavailableError   the database cannot be reached, or stayed locked
     │   ├── SchemaError             the database schema is missing or out of date
@@ -15,12 +16,16 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     │   │   ├── UnknownTaskError
     │   │   ├── UnknownSubTaskError
     │   │   ├── UnknownInvocationError
-    │   │   └── UnknownCallError
+    │   │   ├── UnknownCallError
+    │   │   ├── UnknownCheckpointError  no history record has that id
+    │   │   └── UnknownHistoryError     the task has no checkpoint history
     │   ├── ConflictError           the write would break an invariant
     │   │   ├── CheckpointConflictError   the task or a sub-task id is already stored
     │   │   │   └── TaskEndedError        the task already ended (a late copy of its request)
     │   │   └── LeaseNotHeldError         the caller does not hold the task's resume lease
-    │   └── CorruptCheckpointError  a stored row does not decode; it was not used
+    │   ├── CorruptCheckpointError  a stored row does not decode; it was not used
+    │   │   └── IntegrityError      a history record or its chain fails verification
+    │   └── TaskBlockedError        a task whose history cannot be trusted is blocked
     ├── BrokerError                 the message broker refused or failed an operation
     │   └── BrokerClosedError       the broker was closed
     ├── AnswerRefusedError          a human's answer to a waiting task was refused
@@ -129,6 +134,25 @@ class UnknownCallError(NotFoundError):
         self.function_call_id = function_call_id
 
 
+class UnknownCheckpointError(NotFoundError):
+    """No record of the checkpoint history has this id, for this tenant."""
+
+    def __init__(self, checkpoint_id: str) -> None:
+        super().__init__(f"no checkpoint {checkpoint_id!r} in this tenant's history: the "
+                         "id is wrong, it was purged, or it belongs to another tenant")
+        self.checkpoint_id = checkpoint_id
+
+
+class UnknownHistoryError(NotFoundError):
+    """The task has no checkpoint history, for this tenant."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"task {task_id!r} has no checkpoint history in this tenant: it "
+                         "never paused, its history was purged, or it belongs to another "
+                         "tenant")
+        self.task_id = task_id
+
+
 class ConflictError(StoreError):
     """The write would break a store invariant; nothing was written."""
 
@@ -169,6 +193,48 @@ class CorruptCheckpointError(StoreError):
     def __init__(self, message: str, *, task_id: str | None = None) -> None:
         super().__init__(message)
         self.task_id = task_id
+
+
+class IntegrityError(CorruptCheckpointError):
+    """A record of a task's checkpoint history, or the chain that links them, failed
+    verification: a hash or signature does not match, a record is missing or out of
+    place, or the chain is shorter than its signed head says. ``checkpoint_id`` and
+    ``seq`` name the first bad record (None when the head or the whole chain is at
+    fault); ``reason`` says what did not match. Nothing unverified was used."""
+
+    def __init__(self, reason: str, *, task_id: str | None = None,
+                 checkpoint_id: str | None = None, seq: int | None = None) -> None:
+        where = f"task {task_id!r}" if task_id else "a task"
+        if seq is not None:
+            where += f", record {seq}"
+        if checkpoint_id:
+            where += f" ({checkpoint_id})"
+        super().__init__(f"the checkpoint history of {where} fails verification: {reason}",
+                         task_id=task_id)
+        self.reason = reason
+        self.checkpoint_id = checkpoint_id
+        self.seq = seq
+
+
+class TaskBlockedError(StoreError):
+    """The task's checkpoint history could not be verified back to a state it can
+    resume from: it was marked ``blocked`` for an operator (``meshpoint tasks show``
+    says why; ``meshpoint verify`` names the bad record), never resumed silently."""
+
+    def __init__(self, task_id: str, reason: str, *,
+                 a2a_context: dict[str, Any] | None = None) -> None:
+        super().__init__(f"task {task_id!r} is blocked: {reason}")
+        self.task_id = task_id
+        self.reason = reason
+        #: The task's A2A addressing, if its live row still decoded (to tell its caller).
+        self.a2a_context = a2a_context or {}
+
+
+class KeyMissingError(ConfigurationError):
+    """A signing, verification or encryption key that an operation needs is not in
+    the key ring (it was never configured, or was deleted on purpose: crypto-
+    shredding). Nothing was written, and nothing is ever stored or shown in plain
+    text instead."""
 
 
 class BrokerError(MeshpointError):

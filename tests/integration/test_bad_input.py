@@ -14,6 +14,7 @@ from meshpoint.errors import (
     CheckpointConflictError,
     ContextSerializationError,
     CorruptCheckpointError,
+    IntegrityError,
     InvalidArgumentError,
     MeshpointError,
     NotFoundError,
@@ -22,6 +23,7 @@ from meshpoint.errors import (
     UnknownSubTaskError,
     UnknownTaskError,
 )
+from meshpoint.history import DISABLED
 from meshpoint.store import SqlStore
 from meshpoint.store.schema import parallel_invocations, paused_tasks, peer_sub_tasks
 from meshpoint.store.schema import session_events as events_table
@@ -237,11 +239,26 @@ TASK_ROW = (paused_tasks.c.tenant_id == "default") & (paused_tasks.c.logical_tas
 ])
 async def test_a_corrupted_task_row_is_never_restored(store: SqlStore, damage: Any,
                                                       match: str) -> None:
-    await store.checkpoint_task(fan_out("t1"), AGENT)
+    """Without the history, damage to the live rows is refused. With it, a damaged
+    context is restored from the task's last history record instead (exactly what was
+    checkpointed), and a damaged conversation, which the history does not hold, is
+    refused as an IntegrityError: neither changes anything on a read."""
+    ctx = fan_out("t1")
+    await store.checkpoint_task(ctx, AGENT)
     await _corrupt(store, damage)
-    error = await expect_unchanged(store, lambda s: s.restore_task("t1"),
+    bare = store.with_history(DISABLED)
+    error = await expect_unchanged(bare, lambda s: s.restore_task("t1"),
                                    CorruptCheckpointError, match)
     assert error.task_id == "t1"  # type: ignore[attr-defined]
+    if damage.table is paused_tasks:
+        before = await snapshot(store)
+        restored = await store.restore_task("t1")
+        assert restored.context.to_checkpoint_dict() == ctx.to_checkpoint_dict()
+        assert await snapshot(store) == before
+    else:
+        error = await expect_unchanged(store, lambda s: s.restore_task("t1"),
+                                       IntegrityError, match)
+        assert error.task_id == "t1"  # type: ignore[attr-defined]
 
 
 async def test_a_corrupted_sub_task_row_resolves_nothing(store: SqlStore) -> None:

@@ -12,6 +12,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, inspect, select
 
 from meshpoint.errors import SchemaError, StoreError
+from meshpoint.history import DISABLED
 from meshpoint.store import SqlStore, open_database, open_store
 from meshpoint.store.engine import current_revision, downgrade, head_revision, migrate
 from meshpoint.store.schema import ended_tasks, metadata, session_events
@@ -99,7 +100,7 @@ async def test_0002_turns_event_rows_into_batches_and_back(
     url, options = empty_database
     db = open_database(url, busy_timeout_s=5, schema=options.get("schema"),
                        pool_size=1)
-    store = SqlStore(db, tenant_id="default")
+    store = SqlStore(db, tenant_id="default", history=DISABLED)  # older than 0008
     try:
         await migrate(db)
         await store.checkpoint_task(fan_out("t1", peers=1), "agent")  # 2 events, one row
@@ -142,7 +143,7 @@ async def test_0003_compresses_large_columns_with_lz4_on_postgresql(
     url, options = empty_database
     db = open_database(url, busy_timeout_s=5, schema=options.get("schema"),
                        pool_size=1)
-    store = SqlStore(db, tenant_id="default")
+    store = SqlStore(db, tenant_id="default", history=DISABLED)  # older than 0008
 
     def compression(conn: Connection) -> dict[str, str]:
         return {row.name: row.method for row in conn.exec_driver_sql(
@@ -190,7 +191,7 @@ async def test_0005_keeps_stored_values_readable_both_ways(
     gives the columns their old types back, the values with them."""
     url, options = empty_database
     db = open_database(url, busy_timeout_s=5, schema=options.get("schema"), pool_size=1)
-    store = SqlStore(db, tenant_id="default")
+    store = SqlStore(db, tenant_id="default", history=DISABLED)  # older than 0008
 
     def store_raw(value: str) -> Callable[[Connection], None]:
         def body(conn: Connection) -> None:
@@ -230,7 +231,7 @@ async def test_0005_down_refuses_a_value_jsonb_cannot_store_and_says_why(
         empty_database: tuple[str, dict[str, Any]]) -> None:
     url, options = empty_database
     db = open_database(url, busy_timeout_s=5, schema=options.get("schema"), pool_size=1)
-    store = SqlStore(db, tenant_id="default")
+    store = SqlStore(db, tenant_id="default", history=DISABLED)  # older than 0008
     try:
         await migrate(db)
         await store.checkpoint_task(fan_out("t1", peers=1), "agent")

@@ -92,9 +92,15 @@ async def run_race(url: str, options: dict[str, Any], tmp_path: Path, *, tasks: 
         assert resumed == joins
         assert sum(r["steals"] for r in reports) == 0
         assert [task for r in reports for task in r["bad_results"]] == []
-        # Invariant 8: nothing left behind but the ledger, which holds each task once.
+        # Invariant 8: no live row left behind; the ledger holds each task once, and
+        # each task's history its checkpoint and its end, a chain that verifies.
         assert await row_counts(store) == {**dict.fromkeys(await row_counts(store), 0),
-                                           "agent_ended_tasks": tasks}
+                                           "agent_ended_tasks": tasks,
+                                           "agent_checkpoints": 2 * tasks,
+                                           "agent_checkpoint_heads": tasks}
+        for n in range(0, tasks, max(1, tasks // 50)):
+            report = await store.history.verify_task(f"task-{n}")
+            assert report.ok and report.records == 2, report
         print(f"\nrace on {store.dialect}: {len(sub_ids)} sub-tasks, {processes} processes: "
               f"{by['answer']} answered, {by['timeout']} timed out, "
               f"{sum(r['lost_answers'] for r in reports)} late/duplicate answers ignored, "

@@ -291,11 +291,17 @@ async def test_cleanup_removes_every_live_row(store: SqlStore) -> None:
     await store.resolve_peer_sub_task("t1/sub-0", "x")
     await store.cleanup_task("t1")
     counts = await row_counts(store)
+    # The history outlives the live rows: t1's checkpoint and its end, t2's checkpoint.
     assert counts == {"agent_paused_tasks": 1, "agent_peer_sub_tasks": 3,
                       "agent_parallel_invocations": 1, "agent_session_events": 1,
-                      "agent_checkpoints": 0, "agent_events": 0, "agent_ended_tasks": 1}
-    await store.cleanup_task("t2")
-    assert await row_counts(store) == {**dict.fromkeys(counts, 0), "agent_ended_tasks": 2}
+                      "agent_checkpoints": 3, "agent_checkpoint_heads": 2,
+                      "agent_events": 0, "agent_ended_tasks": 1}
+    await store.cleanup_task("t2", outcome="canceled")
+    assert await row_counts(store) == {**dict.fromkeys(counts, 0), "agent_ended_tasks": 2,
+                                       "agent_checkpoints": 4, "agent_checkpoint_heads": 2}
+    phases = [[r.execution_state.phase for r in await store.history.get_checkpoint_history(t)]
+              for t in ("t1", "t2")]
+    assert phases == [["completed", "waiting_peers"], ["canceled", "waiting_peers"]]
 
 
 async def test_cleanup_under_a_lease_is_reserved_to_its_holder(store: SqlStore) -> None:

@@ -14,7 +14,7 @@ from meshpoint.errors import ContextSerializationError, InvalidArgumentError
 PERSISTED_KEYS = {
     "format", "task_id", "a2a_context", "current_invocation_id", "response_buffer",
     "produced_artifacts", "artifact_signals_to_return", "flags", "security_context",
-    "token_usage", "active_peer_sub_tasks", "parallel_tool_calls", "session_events",
+    "token_usage", "history", "active_peer_sub_tasks", "parallel_tool_calls", "session_events",
     "session_events_persisted",
 }
 

@@ -22,7 +22,9 @@ from typing import Any, Literal
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import InvalidArgumentError
+from meshpoint.history import parse_retention
 from meshpoint.llm.base import Model, ToolSpec
 
 logger = logging.getLogger("meshpoint.runtime")
@@ -257,6 +259,18 @@ class Agent:
     checkpoint: CheckpointPolicy = field(default_factory=lambda: CheckpointPolicy())
     #: What recovery does with this agent's stored tasks (seed 004).
     recovery: RecoveryPolicy = field(default_factory=lambda: RecoveryPolicy())
+    #: What the checkpoint history records of this agent (seed 001): its kind
+    #: (architecture, implementation, qa, documentation, or anything else).
+    agent_type: str = "general"
+    #: The retention policy of its tasks' records (``days:N``, ``last:N``, ``hold``);
+    #: None: the store's.
+    retention: str | None = None
+    #: Called with a task's context before each of its checkpoints, to add to its
+    #: history record what only the agent knows: set ``ctx.history["record"]`` to a
+    #: partial record (``context_summary``, ``execution_state``, ``recovery``,
+    #: ``metrics``, ``extensions``; see :mod:`meshpoint.history`). An error in it is
+    #: logged and the checkpoint goes on.
+    history_hook: Callable[[TaskExecutionContext], None] | None = None
 
     def __post_init__(self) -> None:
         check_name("an agent name", self.name)
@@ -272,6 +286,11 @@ class Agent:
             raise InvalidArgumentError(f"agent {self.name!r}: tool names {twice} are used twice")
         if self.max_turns < 1:
             raise InvalidArgumentError(f"agent {self.name!r}: max_turns must be >= 1")
+        if type(self.agent_type) is not str or not 0 < len(self.agent_type) <= 64:
+            raise InvalidArgumentError(f"agent {self.name!r}: agent_type must be a str of "
+                                       f"1 to 64 characters, got {self.agent_type!r}")
+        if self.retention is not None:
+            parse_retention(self.retention)
         if not isinstance(self.checkpoint, CheckpointPolicy):
             raise InvalidArgumentError(
                 f"agent {self.name!r}: checkpoint must be a CheckpointPolicy, got "
@@ -286,6 +305,21 @@ class Agent:
                 f"agent {self.name!r}: tools {approving} need approval, which needs "
                 "stateless_checkpointing: the human's answer may reach any instance, so "
                 "the waiting task must be in the store")
+
+    def history_annotations(self) -> dict[str, Any]:
+        """What a new task's ``ctx.history`` starts with."""
+        return {"agent_type": self.agent_type,
+                **({"retention_policy": self.retention} if self.retention else {})}
+
+    def annotate(self, ctx: TaskExecutionContext) -> None:
+        """Run the history hook on ``ctx`` before a checkpoint (see ``history_hook``)."""
+        if self.history_hook is None:
+            return
+        try:
+            self.history_hook(ctx)
+        except Exception:
+            logger.exception("agent %s: its history hook failed on task %s; the "
+                             "checkpoint goes on without it", self.name, ctx.task_id)
 
     @property
     def pauses(self) -> bool:

@@ -57,6 +57,8 @@ class PauseBoundary:
     stats: InstanceStats
     background: Background
     cancel_stored: Callable[[str], Awaitable[str]]
+    #: The agent's history hook (Agent.annotate), run before each checkpoint.
+    annotate: Callable[[TaskExecutionContext], None]
 
     async def pause(self, run: TaskRun, sub_task_ids: list[str]) -> None:
         """Pause ``run``, whose turn opened the items ``sub_task_ids``."""
@@ -71,6 +73,7 @@ class PauseBoundary:
         ctx = run.ctx
         started = time.perf_counter()
         status = self.kinds.pause_status([ctx.active_peer_sub_tasks[s] for s in sub_task_ids])
+        self.annotate(ctx)
         # Shielded so that a write still in flight when this instance is killed is
         # counted once it commits (it commits either way: it runs in the database).
         write = asyncio.ensure_future(self.store.checkpoint_task(

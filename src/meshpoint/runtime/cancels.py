@@ -19,9 +19,17 @@ from typing import Protocol
 from meshpoint import a2a
 from meshpoint.broker.base import Broker, Delivery
 from meshpoint.context import TaskExecutionContext
-from meshpoint.errors import BadMessageError, StoreError, UnknownTaskError
+from meshpoint.errors import (
+    BadMessageError,
+    CorruptCheckpointError,
+    IntegrityError,
+    StoreError,
+    TaskBlockedError,
+    UnknownTaskError,
+)
 from meshpoint.runtime import wire
 from meshpoint.runtime.calls import CallKinds
+from meshpoint.runtime.ending import OUTCOMES
 from meshpoint.runtime.outages import Outages
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.tasks import DeadLetters, InHand, LeaseOwners, TaskRun
@@ -89,10 +97,12 @@ class Cancels:
         or ``unknown`` (not stored: running before its first checkpoint, or ended)."""
         return await self.end_stored(task_id, a2a.TaskState.CANCELED, "canceled")
 
-    async def end_stored(self, task_id: str, state: a2a.TaskState, text: str) -> str:
+    async def end_stored(self, task_id: str, state: a2a.TaskState, text: str, *,
+                         outcome: str | None = None) -> str:
         """End a stored task nobody is running, in ``state``: its rows go, its items
-        are withdrawn, its caller is answered ``text``. Returns ``canceled`` (done),
-        ``leased`` (another owner runs it) or ``unknown`` (not stored)."""
+        are withdrawn, its caller is answered ``text``; its history records
+        ``outcome`` (by default the state's). Returns ``canceled`` (done), ``leased``
+        (another owner runs it) or ``unknown`` (not stored)."""
         owner = self.owners.next()
         try:
             lease = await self.store.take_resume_lease(
@@ -101,12 +111,30 @@ class Cancels:
             return "unknown"
         if lease is None:
             return "leased"
-        ctx = (await self.store.restore_task(task_id, lease_owner=owner)).context
+        ctx: TaskExecutionContext | None = None
+        try:
+            ctx = (await self.store.restore_task(task_id, lease_owner=owner)).context
+        except TaskBlockedError:
+            # Blocking released the lease; the task still ends when asked to.
+            if await self.store.take_resume_lease(task_id, owner, self.lease_ttl_s,
+                                                  statuses=TASK_STATUSES) is None:
+                return "leased"
+        except IntegrityError as error:
+            logger.warning("%s: ending %s, whose history fails verification: %s",
+                           self.instance_id, task_id, error)
+        if ctx is None:
+            # What its caller is told comes from its live row, if that decodes at all.
+            with contextlib.suppress(CorruptCheckpointError):
+                ctx = (await self.store.restore_task(task_id, lease_owner=owner,
+                                                     verify=False)).context
         # Rows first: once they are gone no answer, sweep or recovery can revive the
         # task. The withdrawals and the answer are then published (at most lost, never
         # half-applied: the peers' own deadlines end their work).
-        await self.store.cleanup_task(task_id, lease_owner=owner)
+        await self.store.cleanup_task(task_id, lease_owner=owner,
+                                      outcome=outcome or OUTCOMES[state], ctx=ctx)
         self.stats.note(state.value, task_id)
+        if ctx is None:
+            return "canceled"
         for sub_task_id, corr in list(ctx.active_peer_sub_tasks.items()):
             await self.kinds.withdraw(sub_task_id, corr)
         await self.endings.answer(ctx, state, text)

@@ -53,6 +53,9 @@ class Client:
         self._waiters: dict[str, asyncio.Future[a2a.Task]] = {}
         #: request id -> the calls its task last said it waits to have approved.
         self.input_required: dict[str, list[dict[str, Any]]] = {}
+        #: Request id -> the other status updates of its task, in arrival order (a task
+        #: its agent had to block, say: state ``unknown``, the reason in its text).
+        self.updates: dict[str, list[a2a.TaskStatusUpdateEvent]] = {}
         self._inputs: dict[str, asyncio.Future[list[dict[str, Any]]]] = {}
         self._replies: dict[str, asyncio.Future[a2a.SuccessResponse | a2a.ErrorResponse]] = {}
         self._subscription: Subscription | None = None
@@ -202,9 +205,11 @@ class Client:
             logger.warning("request %s failed: %s", request_id, response.error.message)
             return
         result = response.result
-        if (kind == "status" and isinstance(result, a2a.TaskStatusUpdateEvent)
-                and result.status.state is a2a.TaskState.INPUT_REQUIRED):
-            self._note_input_required(request_id, result)
+        if kind == "status" and isinstance(result, a2a.TaskStatusUpdateEvent):
+            if result.status.state is a2a.TaskState.INPUT_REQUIRED:
+                self._note_input_required(request_id, result)
+            else:
+                self.updates.setdefault(request_id, []).append(result)
             return
         if kind == "response" and isinstance(result, a2a.Task) and result.status.state.is_final:
             self.answers.setdefault(request_id, []).append(result)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from meshpoint import a2a
 from meshpoint.broker.base import Broker
 from meshpoint.context import TaskExecutionContext
-from meshpoint.errors import LeaseNotHeldError, StoreError, UnknownTaskError
+from meshpoint.errors import LeaseNotHeldError, StoreError, TaskBlockedError, UnknownTaskError
 from meshpoint.runtime import wire
 from meshpoint.runtime.calls import CallKinds
 from meshpoint.runtime.stats import InstanceStats
@@ -24,6 +24,10 @@ from meshpoint.runtime.tasks import InHand, TaskRun
 from meshpoint.store.base import Store
 
 logger = logging.getLogger("meshpoint.runtime")
+
+#: The outcome a task's checkpoint history records when it ends in each state.
+OUTCOMES = {a2a.TaskState.COMPLETED: "completed", a2a.TaskState.FAILED: "failed",
+            a2a.TaskState.CANCELED: "canceled", a2a.TaskState.REJECTED: "failed"}
 
 
 @dataclass(frozen=True)
@@ -60,10 +64,9 @@ class Endings:
         await self.answer(ctx, state, text)
         self.stats.note(state.value, ctx.task_id)
         try:
-            if run.lease_owner is not None:
-                await self.store.cleanup_task(ctx.task_id, lease_owner=run.lease_owner)
-            elif run.maybe_stored:
-                await self.store.cleanup_task(ctx.task_id)
+            if run.lease_owner is not None or run.maybe_stored:
+                await self.store.cleanup_task(ctx.task_id, lease_owner=run.lease_owner,
+                                              outcome=OUTCOMES[state], ctx=ctx)
         except (LeaseNotHeldError, UnknownTaskError):
             pass
         except StoreError as error:
@@ -75,6 +78,20 @@ class Endings:
             self.in_hand.forget(run)
         if run.delivery is not None:
             await run.delivery.ack()
+
+    async def tell_blocked(self, error: TaskBlockedError) -> None:
+        """Tell the caller of a task the store blocked (its history failed
+        verification) that it waits for an operator: a status update in state
+        ``unknown``, not final, the reason in its text and metadata."""
+        status_to = error.a2a_context.get("status_to")
+        if not status_to:
+            return
+        await self.broker.publish(status_to, wire.status_update(
+            error.a2a_context.get("request_id") or error.task_id, error.task_id,
+            error.a2a_context.get("context_id") or error.task_id, a2a.TaskState.UNKNOWN,
+            f"blocked: {error.reason}. An operator must act: meshpoint tasks show "
+            f"{error.task_id}; meshpoint verify --task {error.task_id}",
+            {"meshpoint_blocked": error.reason}))
 
     async def finish_canceled(self, run: TaskRun) -> None:
         """End a canceled task: its outstanding items are withdrawn first."""

@@ -113,10 +113,10 @@ class AgentInstance:
             agent_name=agent.name, instance_id=name,
             checkpointing=agent.stateless_checkpointing, store=store, kinds=kinds,
             memory=memory, in_hand=in_hand, stats=stats, background=background,
-            cancel_stored=cancels.cancel_stored)
+            cancel_stored=cancels.cancel_stored, annotate=agent.annotate)
         mid_turn = MidTurn(agent_name=agent.name, instance_id=name, store=store,
                            owners=owners, in_hand=in_hand, stats=stats,
-                           lease_ttl_s=o.lease_ttl_s)
+                           lease_ttl_s=o.lease_ttl_s, annotate=agent.annotate)
         self._turns = turns = TurnLoop(
             agent=agent, instance_id=name, store=store, kinds=kinds,
             checks=turn_checks(agent), pauses=boundary, ends=endings, in_hand=in_hand,
@@ -139,7 +139,7 @@ class AgentInstance:
             in_hand=in_hand, owners=owners, stats=stats, background=background,
             lease_ttl_s=o.lease_ttl_s, resume=turns.resume,
             fail=lambda task_id, reason: cancels.end_stored(
-                task_id, a2a.TaskState.FAILED, reason))
+                task_id, a2a.TaskState.FAILED, reason, outcome="expired"))
         self._ledger = EndedTasks(agent_name=agent.name, store=store,
                                   memory_s=o.ended_task_memory_s)
         self._keeper = LeaseKeeper(instance_id=name, store=store, in_hand=in_hand,
@@ -290,6 +290,7 @@ class AgentInstance:
             "status_to": status_to, "context_id": message.context_id or task_id,
             "caller": (message.metadata or {}).get("meshpoint_caller")})
         ctx.append_session_event({"role": "user", "content": message.text})
+        ctx.history = self.agent.history_annotations()
         # No "working" status update here: it would cost the caller a database write
         # per call, and the caller can name this task anyway (derive_task_id).
         await self._turns.start(TaskRun(ctx, delivery=delivery))

@@ -17,8 +17,10 @@ that never pauses writes nothing (DESIGN.md invariant 6).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import (
     CheckpointConflictError,
     LeaseNotHeldError,
@@ -43,6 +45,8 @@ class MidTurn:
     in_hand: InHand
     stats: InstanceStats
     lease_ttl_s: float
+    #: The agent's history hook (Agent.annotate), run before each checkpoint.
+    annotate: Callable[[TaskExecutionContext], None]
 
     async def checkpoint(self, run: TaskRun) -> bool:
         """Checkpoint ``run`` as ``working``, keeping its lease (taking one at its first
@@ -56,6 +60,7 @@ class MidTurn:
             return True  # nothing new since the last one
         first = run.lease_owner is None
         owner = self.owners.next() if first else run.lease_owner
+        self.annotate(ctx)
         try:
             await self.store.checkpoint_task(
                 ctx, self.agent_name, status="working", lease_owner=None if first else owner,

@@ -22,7 +22,13 @@ from typing import Protocol
 
 from meshpoint import a2a
 from meshpoint.context import TaskExecutionContext
-from meshpoint.errors import LeaseNotHeldError, MeshpointError, StoreError, UnknownTaskError
+from meshpoint.errors import (
+    LeaseNotHeldError,
+    MeshpointError,
+    StoreError,
+    TaskBlockedError,
+    UnknownTaskError,
+)
 from meshpoint.llm.base import ModelResponse
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent
@@ -76,6 +82,8 @@ class Ends(Protocol):
 
     async def finish_canceled(self, run: TaskRun) -> None: ...
 
+    async def tell_blocked(self, error: TaskBlockedError) -> None: ...
+
 
 @dataclass(frozen=True)
 class TurnLoop:
@@ -106,6 +114,11 @@ class TurnLoop:
             restored = await self.store.restore_task(task_id, lease_owner=owner)
         except (LeaseNotHeldError, UnknownTaskError):
             return  # taken over or canceled meanwhile
+        except TaskBlockedError as error:
+            logger.error("%s: %s", self.instance_id, error)
+            self.stats.note("blocked", task_id)
+            await self.ends.tell_blocked(error)
+            return
         except StoreError as error:
             logger.error("%s: cannot restore task %s: %s", self.instance_id, task_id, error)
             return

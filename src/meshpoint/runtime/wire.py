@@ -100,10 +100,14 @@ def cancel_request(task_id: str) -> bytes:
 
 
 def status_update(request_id: str | int, task_id: str, context_id: str,
-                  state: a2a.TaskState) -> bytes:
+                  state: a2a.TaskState, text: str | None = None,
+                  metadata: dict[str, Any] | None = None) -> bytes:
+    message = None if text is None else a2a.Message(
+        role="agent", parts=[a2a.TextPart(text=text)], message_id=new_id(), task_id=task_id)
     return a2a.encode(a2a.SuccessResponse(id=request_id, result=a2a.TaskStatusUpdateEvent(
-        task_id=task_id, context_id=context_id, status=a2a.TaskStatus(state=state),
-        final=False)))
+        task_id=task_id, context_id=context_id,
+        status=a2a.TaskStatus(state=state, message=message), final=False,
+        metadata=metadata)))
 
 
 def final_task(request_id: str | int, task_id: str, context_id: str, state: a2a.TaskState,

@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy.engine import URL
 
 from meshpoint.errors import ConfigurationError
+from meshpoint.history import HistoryOptions
 from meshpoint.store.base import TIMEOUT_RESULT, Store
 from meshpoint.store.engine import Database, check_schema, migrate, parse_url
 from meshpoint.store.records import (
@@ -86,7 +87,7 @@ class StoreOpener:
                 await check_schema(db)
             return SqlStore(db, tenant_id=opts["tenant_id"], clock=opts["clock"],
                             compress_threshold_bytes=opts["compress_threshold_bytes"],
-                            fast_paths=opts["fast_paths"])
+                            fast_paths=opts["fast_paths"], history=opts["history"])
         except BaseException:
             await db.dispose()
             raise
@@ -106,7 +107,8 @@ class StoreOpener:
 def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = True,
                schema: str | None = None, clock: Callable[[], float] = time.time,
                busy_timeout_s: float = 30.0, pool_size: int = 5,
-               compress_threshold_bytes: int = 16_384, fast_paths: bool = True) -> StoreOpener:
+               compress_threshold_bytes: int = 16_384, fast_paths: bool = True,
+               history: HistoryOptions | None = None) -> StoreOpener:
     """Open the checkpoint store at ``url`` for ``tenant_id``.
 
     ``migrate`` brings the schema up to date first (under an advisory lock on
@@ -119,8 +121,11 @@ def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = Tr
     ``compress_threshold_bytes`` are stored zlib-compressed. ``fast_paths=False``
     runs every operation's portable body, even where the dialect has a faster one
     (:mod:`meshpoint.store.hooks`): slower, and meant for tests and benchmarks.
+    ``history`` says how the checkpoint history is kept (signing and encryption
+    keys, prices, retention; :class:`~meshpoint.history.HistoryOptions`): by default
+    a hash-chained, unsigned record of every checkpoint.
     """
     return StoreOpener(url, tenant_id=tenant_id, migrate=migrate, schema=schema, clock=clock,
                        busy_timeout_s=busy_timeout_s, pool_size=pool_size,
                        compress_threshold_bytes=compress_threshold_bytes,
-                       fast_paths=fast_paths)
+                       fast_paths=fast_paths, history=history)

@@ -168,10 +168,18 @@ class Store(Protocol):
 
     # -- reads --------------------------------------------------------------------------
 
-    async def restore_task(self, task_id: str, *, lease_owner: str | None = None) -> RestoredTask:
+    async def restore_task(self, task_id: str, *, lease_owner: str | None = None,
+                           verify: bool = True) -> RestoredTask:
         """Read a paused task back as a live context, with its conversation, pending
         sub-tasks and every known result. UnknownTaskError for an unknown task; with
-        ``lease_owner``, LeaseNotHeldError unless that owner holds the lease."""
+        ``lease_owner``, LeaseNotHeldError unless that owner holds the lease.
+
+        With the checkpoint history on, the task is verified against it first
+        (:mod:`meshpoint.store.verified`): restored from its history if its live row
+        fails, rewound to its last verified checkpoint by the lease holder if its
+        last record fails, or blocked (TaskBlockedError) if its chain is broken; a
+        read without a lease raises IntegrityError instead. ``verify=False`` checks
+        the live row's own checksum only (to end a task whatever its history)."""
         ...
 
     async def get_peer_sub_task(self, sub_task_id: str) -> PeerSubTask:
@@ -192,11 +200,16 @@ class Store(Protocol):
 
     # -- ending a task, and operators ---------------------------------------------------
 
-    async def cleanup_task(self, task_id: str, *, lease_owner: str | None = None) -> None:
-        """Delete every live row of a task (it completed, failed or was canceled), and
-        remember that it ended, so that a late copy of its request cannot store it
-        again. UnknownTaskError for an unknown task; with ``lease_owner``, only that
-        lease holder may do it (LeaseNotHeldError otherwise)."""
+    async def cleanup_task(self, task_id: str, *, lease_owner: str | None = None,
+                           outcome: str = "completed",
+                           ctx: TaskExecutionContext | None = None) -> None:
+        """Delete every live row of a task (it completed, failed, was canceled or
+        expired: ``outcome``), and remember that it ended, so that a late copy of its
+        request cannot store it again. With the checkpoint history on, the same
+        transaction appends the task's last record (its final state from ``ctx``, if
+        given) and marks its history ended. UnknownTaskError for an unknown task; with
+        ``lease_owner``, only that lease holder may do it (LeaseNotHeldError
+        otherwise)."""
         ...
 
     async def forget_ended_tasks(self, agent_name: str, *, older_than_s: float) -> int:

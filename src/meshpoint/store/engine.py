@@ -81,7 +81,8 @@ class Database:
     fast_paths: FastPaths = NO_FAST_PATHS
 
     async def run(self, body: Callable[[Connection], R], *, write: bool,
-                  one_statement: bool = False, short: bool = False) -> R:
+                  one_statement: bool = False, short: bool = False,
+                  tenant: str | None = None) -> R:
         """Run ``body`` in one transaction: committed if it returns, rolled back if
         it raises. ``write`` transactions take SQLite's write lock up front; the
         others see one consistent snapshot of the database.
@@ -94,13 +95,16 @@ class Database:
 
         ``short`` promises that ``body`` touches a few rows by key (a checkpoint, a
         resolution, a restore): SQLite may then run it on the event loop's thread.
-        PostgreSQL ignores it."""
+        PostgreSQL ignores it.
+
+        ``tenant``: the transaction is that tenant's. PostgreSQL sets it first, for
+        its row-level security policies (migration 0009); SQLite has none."""
         if self.closed:
             raise StoreError("the store is closed; open a new one with open_store()")
-        return await self._run(body, write, one_statement, short)
+        return await self._run(body, write, one_statement, short, tenant)
 
     async def _run(self, body: Callable[[Connection], R], write: bool,
-                   one_statement: bool, short: bool) -> R:
+                   one_statement: bool, short: bool, tenant: str | None) -> R:
         raise NotImplementedError
 
     def before_migration(self, sync_conn: Connection, direction: str) -> None:
@@ -182,8 +186,12 @@ _SCHEMA_MARKERS = ("no such table", "undefinedtable")
 
 
 def is_retryable(error: BaseException) -> bool:
-    """A PostgreSQL deadlock or serialization failure: the whole transaction may be retried."""
-    return getattr(getattr(error, "orig", None), "sqlstate", None) in ("40P01", "40001")
+    """A PostgreSQL deadlock or serialization failure, or a prepared statement that a
+    migration invalidated (the driver has dropped its cache of them by then): the
+    whole transaction may be run again."""
+    orig = getattr(error, "orig", None)
+    return getattr(orig, "sqlstate", None) in ("40P01", "40001") or \
+        type(orig).__name__ == "InvalidCachedStatementError"
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import re
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -53,14 +54,23 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import PoolProxiedConnection
 
 from meshpoint import _json
-from meshpoint.errors import ConfigurationError, MeshpointError, StoreError, UnknownSubTaskError
+from meshpoint.errors import (
+    ConfigurationError,
+    InvalidArgumentError,
+    MeshpointError,
+    StoreError,
+    UnknownSubTaskError,
+)
+from meshpoint.store import history_queries as hq
 from meshpoint.store import queries as q
 from meshpoint.store.engine import Database
 from meshpoint.store.hooks import PORTABLE, FastPaths, Portable
 from meshpoint.store.records import Resolution
 from meshpoint.store.rows import (
     EventRow,
+    HeadRow,
     InvocationRow,
+    RecordRow,
     RestoreRows,
     SubTaskRow,
     TaskRow,
@@ -122,28 +132,45 @@ def _child_inserts(*where: Any) -> tuple[Any, ...]:
             q.append_events(*where).cte("new_events"))
 
 
-def _first_checkpoint() -> Any:
-    """The task row and its children; the children only if the task row was written
-    (insert_task writes none for a task that already ended). Returns how many task
-    rows it wrote: 0 means the portable body must say why."""
+def _first_checkpoint(history: bool) -> Any:
+    """The task row and its children (and its history record, with ``history``); the
+    children only if the task row was written (insert_task writes none for a task
+    that already ended). Returns how many task rows it wrote: 0 means the portable
+    body must say why."""
     new_task = q.insert_task().returning(T.c.logical_task_id).cte("new_task")
     written = select(new_task.c.logical_task_id).exists()
     return (select(func.count()).select_from(new_task)
-            .add_cte(new_task, *_child_inserts(written)))
+            .add_cte(new_task, *_child_inserts(written),
+                     *(_record_inserts(written) if history else ())))
 
 
-FIRST_CHECKPOINT = Statement(
-    "pg_first_checkpoint", "Writes a first checkpoint in one statement: the task row "
-    "(insert_task), and if it was written its sub-tasks, invocations and new events.",
-    _first_checkpoint(), dialects=ONLY)
+def _record_inserts(*where: Any) -> tuple[Any, ...]:
+    """The CTEs writing a checkpoint's history record and moving its task's head
+    (insert_record, and insert_head or advance_head), each under ``where``."""
+    return (hq.insert_record(*where).cte("new_record"),
+            hq.insert_head(*where).cte("new_head"),
+            hq.advance_head().where(*where).cte("moved_head"))
 
 
-def _recheckpoint() -> Any:
+#: Each write and the restore come in two forms: with the history (the default) and
+#: without it, for a store that keeps none (it does not touch the history's tables).
+FIRST_CHECKPOINT = {
+    True: Statement(
+        "pg_first_checkpoint", "Writes a first checkpoint in one statement: the task row "
+        "(insert_task), and if it was written its sub-tasks, invocations, new events and "
+        "history record.", _first_checkpoint(True), dialects=ONLY),
+    False: Statement(
+        "pg_first_checkpoint_no_history", "pg_first_checkpoint without the history record.",
+        _first_checkpoint(False), dialects=ONLY)}
+
+
+def _recheckpoint(history: bool) -> Any:
     """recheckpoint_task guarded as count_open_sub_tasks guards it (no sub-task still
-    open), then delete_task_sub_tasks, delete_task_invocations and the inserts of the
-    new children, each only if the task row was rewritten. Returns the new version,
-    or no row if the rewrite was refused: the portable body then says why (or finds
-    that the open sub-tasks were resolved since).
+    open) and as advance_head does (the history's head is the new record's parent),
+    then delete_task_sub_tasks, delete_task_invocations, the inserts of the new
+    children and the history record, each only if the task row was rewritten.
+    Returns the new version, or no row if the rewrite was refused: the portable body
+    then says why (or finds that the open sub-tasks were resolved since).
 
     A data-modifying CTE that no other reads runs in an order PostgreSQL does not
     promise, and an invocation checkpointed again keeps its key: so each insert's
@@ -152,7 +179,9 @@ def _recheckpoint() -> Any:
     deleted by this transaction). The task row is locked first, as the portable body
     locks it."""
     no_open_sub_task = ~select(literal(1)).where(q.OF_TASK[S], q.OPEN).exists()
-    rewritten = q.recheckpoint_task().where(no_open_sub_task).cte("rewritten")
+    rewritten = (q.recheckpoint_task()
+                 .where(no_open_sub_task, *((hq.head_is_parent(),) if history else ()))
+                 .cte("rewritten"))
     done = select(rewritten.c.version).exists()
     old_subs = (delete(S).where(q.OF_TASK[S], done).returning(S.c.sub_task_id)
                 .cte("old_sub_tasks"))
@@ -161,13 +190,19 @@ def _recheckpoint() -> Any:
     deletes_done = (select(func.count()).select_from(old_subs).scalar_subquery()
                     + select(func.count()).select_from(old_invs).scalar_subquery()) >= 0
     return (select(rewritten.c.version)
-            .add_cte(rewritten, old_subs, old_invs, *_child_inserts(done, deletes_done)))
+            .add_cte(rewritten, old_subs, old_invs, *_child_inserts(done, deletes_done),
+                     *(_record_inserts(done) if history else ())))
 
 
-RECHECKPOINT = Statement(
-    "pg_recheckpoint", "Writes a re-checkpoint in one statement: recheckpoint_task (if no "
-    "sub-task is open), the old children deleted, the new ones inserted.",
-    _recheckpoint(), dialects=ONLY)
+RECHECKPOINT = {
+    True: Statement(
+        "pg_recheckpoint", "Writes a re-checkpoint in one statement: recheckpoint_task (if "
+        "no sub-task is open and the history's head is the new record's parent), the old "
+        "children deleted, the new ones and the history record inserted.",
+        _recheckpoint(True), dialects=ONLY),
+    False: Statement(
+        "pg_recheckpoint_no_history", "pg_recheckpoint without the history record.",
+        _recheckpoint(False), dialects=ONLY)}
 
 
 def _resolve_one() -> Any:
@@ -229,7 +264,7 @@ RESOLVE_ONE = Statement(
     "pg_resolve_one", "Resolves one sub-task in one statement: resolve_pending, "
     "advance_invocation and, if that completes the join, mark_resuming.",
     _resolve_one(), dialects=ONLY)
-def _restore() -> Any:
+def _restore(history: bool) -> Any:
     """A paused task's row with its children as JSON arrays of arrays (``[seq, data]``
     per event row, ``[invocation_id, call_order, results]`` per invocation, a
     sub-task's SUB_COLUMNS in order), each read by key in a subquery. One statement
@@ -250,13 +285,24 @@ def _restore() -> Any:
                     JSON).label("invocation_rows"),
         type_coerce(rows_of(S, q.SUB_COLUMNS, order_by=(S.c.created_at, S.c.sub_task_id)),
                     JSON).label("sub_task_rows"),
+        *((type_coerce(select(func.json_build_array(*hq.HEAD_COLUMNS)).where(hq.HEAD_KEY)
+                       .scalar_subquery(), JSON).label("head_row"),
+           type_coerce(select(func.json_build_array(*hq.RECORD_COLUMNS)).where(
+               hq.OF_TASK, hq.C.c.seq == select(hq.H.c.records).where(hq.HEAD_KEY)
+               .scalar_subquery()).scalar_subquery(), JSON).label("latest_row"))
+          if history else ()),
     ).where(q.TASK_KEY)
 
 
-RESTORE = Statement(
-    "pg_restore", "Reads a paused task's row and all its children in one statement "
-    "(get_task, get_events, get_invocations and get_task_sub_tasks).",
-    _restore(), dialects=ONLY)
+RESTORE = {
+    True: Statement(
+        "pg_restore", "Reads a paused task's row, all its children and its history head "
+        "with the record it names in one statement (get_task, get_events, "
+        "get_invocations, get_task_sub_tasks, get_head and get_record_at).",
+        _restore(True), dialects=ONLY),
+    False: Statement(
+        "pg_restore_no_history", "pg_restore without the history's head and record.",
+        _restore(False), dialects=ONLY)}
 
 
 class PostgresFastPaths(FastPaths):
@@ -272,11 +318,12 @@ class PostgresFastPaths(FastPaths):
             return await fetch(statement, conn, self._db.engine.dialect, params)
 
     async def first_checkpoint(self, params: dict[str, Any]) -> int | Portable:
-        (written,), = await self._fetch(FIRST_CHECKPOINT, _children_as_text(params))
+        (written,), = await self._fetch(FIRST_CHECKPOINT[params["p_history"]],
+                                        _children_as_text(params))
         return 1 if written else PORTABLE  # not written: the task ended, as the body says
 
     async def recheckpoint(self, params: dict[str, Any]) -> int | Portable:
-        rows = await self._fetch(RECHECKPOINT, _children_as_text(params))
+        rows = await self._fetch(RECHECKPOINT[params["p_history"]], _children_as_text(params))
         return rows[0].version if rows else PORTABLE  # refused: the body says why
 
     async def resolve_one(self, params: Callable[[], dict[str, Any]],
@@ -306,14 +353,19 @@ class PostgresFastPaths(FastPaths):
                           completed=row.completed, total=row.total, lease_owner=granted)
 
     async def restore(self, params: dict[str, Any]) -> RestoreRows:
-        rows = await self._fetch(RESTORE, params)
+        history = params["p_history"]
+        rows = await self._fetch(RESTORE[history], params)
         if not rows:
             return RestoreRows(None, [], [], [])
         row = rows[0]
+        head = row.head_row if history else None
+        latest = row.latest_row if history else None
         return RestoreRows(TaskRow(*row[:len(TaskRow._fields)]),
                            [EventRow(*r) for r in row.event_rows],
                            [InvocationRow(*r) for r in row.invocation_rows],
-                           [SubTaskRow(*r) for r in row.sub_task_rows])
+                           [SubTaskRow(*r) for r in row.sub_task_rows],
+                           None if head is None else HeadRow(*head),
+                           None if latest is None else RecordRow(*latest))
 
 
 def _children_as_text(params: dict[str, Any]) -> dict[str, Any]:
@@ -417,15 +469,24 @@ class PostgresDatabase(Database):
             proxied.close()
 
     async def _run(self, body: Callable[[Connection], R], write: bool,
-                   one_statement: bool, short: bool) -> R:
-        engine = self._autocommit if write and one_statement else \
-            self.engine if write else self._reader
+                   one_statement: bool, short: bool, tenant: str | None) -> R:
+        # A tenant's transaction begins by setting the tenant, which lasts only a
+        # transaction: so a tenant's one-statement write is a transaction too.
+        autocommit = write and one_statement and tenant is None
+        engine = self._autocommit if autocommit else self.engine if write else self._reader
+        if tenant is not None:
+            unscoped = body
+
+            def body(conn: Connection) -> R:
+                SET_TENANT.rows(conn, {"p_tenant": tenant})
+                return unscoped(conn)
+
         async with contextlib.AsyncExitStack() as stack:
             # The connection's own context manager closes it, and finishes closing
             # even if this task is cancelled meanwhile; the wait counts the checkout.
             async with self._pool_wait():
                 conn = await stack.enter_async_context(engine.connect())
-            if write and one_statement:
+            if autocommit:
                 result: R = await conn.run_sync(body)
                 return result
             async with conn.begin():
@@ -456,20 +517,136 @@ class PostgresDatabase(Database):
         await self.engine.dispose()
 
 
+# -- the tenant of a transaction (row-level security, migration 0009) ------------------
+
+#: The first statement of every transaction of a tenant's store: it sets the tenant
+#: the row-level security policies compare with, for that transaction only
+#: (``is_local``), from a bind parameter.
+SET_TENANT = Statement(
+    "pg_set_tenant", "Sets the tenant of this transaction for the row-level security "
+    "policies (for this transaction only).",
+    select(func.set_config(literal("meshpoint.tenant_id"), q.tenant, true())),
+    dialects=ONLY)
+
+#: Per process: the ``CREATE FUNCTION`` of each native statement's wrapper, built from
+#: the types the server reports for it (the same on every connection).
+_WRAPPERS: dict[str, str] = {}
+#: Per asyncpg connection: the wrappers created on it (temporary functions live as long
+#: as their session).
+_CREATED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+async def _wrapper(driver: Any, statement: Statement, compiled: Compiled) -> str:
+    """The name of a ``pg_temp`` function that runs ``statement`` with the tenant set
+    first, created on this connection if it is not there yet.
+
+    A native statement runs outside any transaction, as one statement, in one round
+    trip; the tenant must be set inside the same transaction, before the statement
+    reads a row, and from a bind parameter. So the statement runs inside a PL/pgSQL
+    function of the session (``pg_temp``, which any role may create in and nobody
+    else sees): ``PERFORM set_config('meshpoint.tenant_id', $1, true)``, then the
+    statement with its own parameters shifted by one; called in one round trip, it is
+    one implicit transaction, and the setting ends with it. PL/pgSQL keeps the
+    statement's plan for the session, as asyncpg's prepared statements do."""
+    name = f"mp_{statement.name}"
+    created = _CREATED.setdefault(driver, set())
+    if name in created:
+        return name
+    ddl = _WRAPPERS.get(name)
+    if ddl is None:
+        prepared = await driver.prepare(compiled.sql)
+        params = [_type_name(t) for t in prepared.get_parameters()]
+        columns = [(a.name, _type_name(a.type)) for a in prepared.get_attributes()]
+        body = re.sub(r"\$(\d+)", lambda m: f"${int(m.group(1)) + 1}", compiled.sql)
+        signature = ", ".join(["text", *params])
+        if columns:
+            returns = "TABLE (" + ", ".join(f'"{n}" {t}' for n, t in columns) + ")"
+            run = f"RETURN QUERY {body};"
+        else:
+            returns, run = "void", f"{body};"
+        ddl = _WRAPPERS[name] = (
+            f"CREATE OR REPLACE FUNCTION pg_temp.{name}({signature}) RETURNS {returns} "
+            f"LANGUAGE plpgsql AS $meshpoint$\n#variable_conflict use_column\nBEGIN\n"
+            f"PERFORM set_config('meshpoint.tenant_id', $1, true);\n{run}\n"
+            f"END $meshpoint$")
+    await driver.execute(ddl)
+    created.add(name)
+    return name
+
+
+def _type_name(kind: Any) -> str:
+    """A type as DDL names it (``varchar``, ``json``, ``"myschema"."mytype"``)."""
+    if kind.schema in ("pg_catalog", "", None):
+        return str(kind.name)
+    return f'"{kind.schema}"."{kind.name}"'
+
+
+# -- the runtime role ---------------------------------------------------------------------
+
+_ROLE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+async def grant_runtime_role(store: Any, role: str, *, password: str | None = None) -> None:
+    """Create (if it does not exist) the role ``serve`` connects as, and grant it
+    what the store needs and nothing more: to read and write meshpoint's tables (not
+    to own or alter them), to read the schema's version, and to create the
+    temporary functions of its one-statement writes (``TEMPORARY``). The role owns
+    nothing and has no BYPASSRLS, so every row it touches passes the tenant policies.
+    Run as the tables' owner (``meshpoint migrate --runtime-role``). An existing
+    role that is a superuser or bypasses row security is refused, not used."""
+    if not _ROLE.fullmatch(role):
+        raise InvalidArgumentError(f"a runtime role name is 1-63 lower-case letters, "
+                                   f"digits or _, starting with a letter, got {role!r}")
+    from meshpoint.store.schema import metadata
+
+    def body(conn: Connection) -> None:
+        def run(template: str, *args: Any) -> None:
+            # Identifiers and literals are quoted by the server (format %I, %L).
+            ddl = conn.exec_driver_sql(f"SELECT format({template!r}, " + ", ".join(
+                "$" + str(n) + "::text" for n in range(1, len(args) + 1)) + ")",
+                tuple(args)).scalar()
+            conn.exec_driver_sql(str(ddl))
+
+        found = conn.exec_driver_sql(
+            "SELECT rolsuper, rolbypassrls FROM pg_roles WHERE rolname = $1",
+            (role,)).first()
+        if found is None:
+            run("CREATE ROLE %I LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE",
+                role)
+        elif found.rolsuper or found.rolbypassrls:
+            raise ConfigurationError(
+                f"role {role!r} is a superuser or has BYPASSRLS: row-level security would "
+                "not hold it; use another role for the runtime")
+        if password is not None:
+            run("ALTER ROLE %I PASSWORD %L", role, password)
+        schema = str(conn.exec_driver_sql("SELECT current_schema()").scalar())
+        run("GRANT USAGE ON SCHEMA %I TO %I", schema, role)
+        for table in sorted(metadata.tables):
+            run("GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE %I.%I TO %I", schema, table,
+                role)
+        run("GRANT SELECT ON TABLE %I.alembic_version TO %I", schema, role)
+        run("GRANT TEMPORARY ON DATABASE %I TO %I",
+            str(conn.exec_driver_sql("SELECT current_database()").scalar()), role)
+
+    await store.run(body, write=True)
+
+
 # -- asyncpg, awaited directly ----------------------------------------------------------
 
 async def fetch(statement: Statement, native: PoolProxiedConnection, dialect: Dialect,
                 params: dict[str, Any]) -> list[Any]:
     """Run ``statement`` with ``params`` on the asyncpg connection under ``native``
     (outside any transaction) and return its rows, decoded as the statement decodes
-    them. asyncpg keeps the prepared statement in its own cache (and re-prepares it,
-    outside a transaction, if a migration changed the tables). Its errors are
-    raised as the SQLAlchemy exceptions its adapter would raise, with asyncpg's
-    exception as ``orig`` (``sqlstate`` included)."""
+    them; for a tenant's statement (``p_tenant``), through its :func:`_wrapper`, the
+    tenant set first. asyncpg keeps the prepared statement in its own cache (and
+    re-prepares it, outside a transaction, if a migration changed the tables). Its
+    errors are raised as the SQLAlchemy exceptions its adapter would raise, with
+    asyncpg's exception as ``orig`` (``sqlstate`` included)."""
     compiled: Compiled = statement.compiled(dialect)
     driver = native.driver_connection
     assert driver is not None, "a statement runs on an open connection"
     args = statement.bind(compiled, params)
+    tenant = params.get("p_tenant")
     codes: list[int] = []
     try:
         if not statement.decodes(dialect):
@@ -477,7 +654,13 @@ async def fetch(statement: Statement, native: PoolProxiedConnection, dialect: Di
             # asyncpg's statement cache, which fetch() uses.)
             prepared = await driver.prepare(compiled.sql)
             codes = [attr.type.oid for attr in prepared.get_attributes()]
-        fetched = await driver.fetch(compiled.sql, *args)
+        if tenant is None:
+            fetched = await driver.fetch(compiled.sql, *args)
+        else:
+            name = await _wrapper(driver, statement, compiled)
+            call = f"SELECT * FROM pg_temp.{name}(" + ", ".join(
+                f"${n}" for n in range(1, len(args) + 2)) + ")"
+            fetched = await driver.fetch(call, tenant, *args)
     except Exception as error:
         raise _asyncpg_error(compiled.sql, args, error, driver) from error
     return statement.decode(dialect, compiled, fetched, lambda: codes)

@@ -190,6 +190,27 @@ DELETE_TASK_SUB_TASKS = Statement(
 DELETE_TASK_INVOCATIONS = Statement(
     "delete_task_invocations", "Deletes every parallel invocation of a task.",
     delete(I).where(OF_TASK[I]))
+DELETE_EVENTS_FROM = Statement(
+    "delete_events_from", "Deletes a task's conversation rows from event p_first on (a "
+    "rewind to an earlier checkpoint).",
+    delete(E).where(OF_TASK[E], E.c.seq >= bindparam("p_first", type_=Integer)))
+#: A rewind (meshpoint.store.verified): the lease holder's task takes the state of an
+#: earlier, verified checkpoint, its join complete (the calls it waited on are lost).
+REWIND_TASK = Statement(
+    "rewind_task", "Rewrites a task's row, for the holder of its lease, with the state "
+    "of an earlier checkpoint, ready to resume.",
+    update(T).where(TASK_KEY, T.c.owner == owner)
+    .values(status="resuming", current_invocation_id=invocation,
+            context=bindparam("p_context", type_=T.c.context.type),
+            context_encoding=bindparam("p_encoding", type_=String),
+            context_sha256=bindparam("p_sha256", type_=String),
+            session_event_count=bindparam("p_event_count", type_=Integer),
+            version=T.c.version + 1, checkpointed_at=now))
+BLOCK_TASK = Statement(
+    "block_task", "Marks a task blocked for an operator and releases its lease, for the "
+    "holder of the lease.",
+    update(T).where(TASK_KEY, T.c.owner == owner)
+    .values(status="blocked", owner=None, lease_expires_at=None, version=T.c.version + 1))
 DELETE_TASK_EVENTS = Statement(
     "delete_task_events", "Deletes a task's conversation.", delete(E).where(OF_TASK[E]))
 DELETE_TASK = Statement(

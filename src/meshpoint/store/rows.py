@@ -74,13 +74,47 @@ class SubTaskRow(NamedTuple):
     result: Any
 
 
+class RecordRow(NamedTuple):
+    """A row of ``agent_checkpoints``, without its snapshot (read apart, when needed)."""
+
+    tenant_id: str
+    checkpoint_id: str
+    logical_task_id: str
+    seq: int
+    data: Any  # the record document, unverified
+    hash: str
+    signature: str | None
+    key_id: str | None
+
+
+class HeadRow(NamedTuple):
+    """A row of ``agent_checkpoint_heads``."""
+
+    tenant_id: str
+    logical_task_id: str
+    agent_name: str
+    records: int
+    head_id: str
+    head_hash: str
+    signature: str | None
+    key_id: str | None
+    pruned_through: int
+    pruned_hash: str
+    outcome: str | None
+    retention_policy: str | None
+    updated_at: float
+
+
 class RestoreRows(NamedTuple):
-    """What a restore reads: the task's row (None if it is not stored) and its children."""
+    """What a restore reads: the task's row (None if it is not stored), its children,
+    and its history head with the record it names (None without history)."""
 
     task: TaskRow | None
     events: Sequence[EventRow]
     invocations: Sequence[InvocationRow]
     sub_tasks: Sequence[SubTaskRow]
+    head: HeadRow | None = None
+    latest: RecordRow | None = None
 
 
 MAX_ID = 255

@@ -75,8 +75,10 @@ JSONDoc = (JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postg
 ID = String(255)
 TENANT = String(64)
 
-#: Statuses of a paused task (DESIGN.md §3). ``resuming`` is set by the store only.
-TASK_STATUSES = ("waiting_peers", "input_required", "handoff", "resuming", "working")
+#: Statuses of a paused task (DESIGN.md §3). ``resuming`` is set by the store only, and
+#: ``blocked`` too: a task whose history failed verification waits for an operator.
+TASK_STATUSES = ("waiting_peers", "input_required", "handoff", "resuming", "working",
+                 "blocked")
 #: Statuses a caller may checkpoint a task in.
 CHECKPOINT_STATUSES = ("waiting_peers", "input_required", "handoff", "working")
 
@@ -185,27 +187,61 @@ session_events = Table(
     Column("created_at", Float, nullable=False),
 )
 
+#: The checkpoint history (seed 001, :mod:`meshpoint.history`): one immutable record per
+#: checkpoint and end of a task, hash-chained per task (migration 0008). Not live
+#: state: it outlives the task's live rows until its retention lets a purge remove it.
 checkpoints = Table(
     "agent_checkpoints",
     metadata,
     Column("tenant_id", TENANT, primary_key=True),
     Column("checkpoint_id", String(36), primary_key=True),  # UUIDv7: sorts by time
     Column("logical_task_id", ID, nullable=False),
+    Column("seq", Integer, nullable=False),  # position in the task's chain, from 1
     Column("agent_name", ID, nullable=False),
     Column("agent_type", String(64), nullable=False),
     Column("iteration", Integer, nullable=False),
     Column("phase", String(32), nullable=False),
     Column("parent_id", String(36)),
+    # The record document (schema 1.0) without its hash and signature: what is hashed.
     Column("data", JSONDoc, nullable=False),
+    # The task as checkpointed, to restore from (JSON, zlib past the threshold).
+    Column("snapshot", LargeBinary),
+    Column("snapshot_encoding", String(8)),
     Column("hash", String(64), nullable=False),
     Column("signature", Text),
+    Column("key_id", String(64)),
     Column("retention_policy", String(64)),
     Column("created_at", Float, nullable=False),
-    Index("ix_agent_checkpoints_task", "tenant_id", "logical_task_id", "created_at"),
-    Index("ix_agent_checkpoints_agent", "tenant_id", "agent_name", "created_at"),
+    # A task's chain in order; unique, so two writers cannot both append record n.
+    Index("ix_agent_checkpoints_task", "logical_task_id", "tenant_id", "seq", unique=True),
+    Index("ix_agent_checkpoints_agent", "agent_name", "tenant_id", "created_at"),
     # PostgreSQL only: a GIN index answers JSONB containment queries on the documents.
     Index("ix_agent_checkpoints_data", "data", postgresql_using="gin").ddl_if(
         dialect="postgresql"),
+)
+
+#: The head of each task's chain: how many records it has and the last one's hash,
+#: signed, so that a cut-off tail is detected (a chain alone cannot tell). A purge
+#: that removes the oldest records moves ``pruned_through``/``pruned_hash`` (the last
+#: removed record) so the rest still verifies. Written with every record.
+checkpoint_heads = Table(
+    "agent_checkpoint_heads",
+    metadata,
+    Column("tenant_id", TENANT, primary_key=True),
+    Column("logical_task_id", ID, primary_key=True),
+    Column("agent_name", ID, nullable=False),
+    Column("records", Integer, nullable=False),
+    Column("head_id", String(36), nullable=False),
+    Column("head_hash", String(64), nullable=False),
+    Column("signature", Text),
+    Column("key_id", String(64)),
+    Column("pruned_through", Integer, nullable=False, server_default=text("0")),
+    Column("pruned_hash", String(64), nullable=False, server_default=text("''")),
+    # How the task ended (completed, failed, canceled, expired); None while it lives.
+    Column("outcome", String(32)),
+    Column("retention_policy", String(64)),
+    Column("updated_at", Float, nullable=False),
+    Index("ix_agent_checkpoint_heads_agent", "agent_name", "tenant_id", "updated_at"),
 )
 
 events = Table(

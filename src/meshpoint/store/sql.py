@@ -28,6 +28,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from meshpoint import _json
 from meshpoint._retry import retried
 from meshpoint.context import ParallelCalls, TaskExecutionContext
+from meshpoint.encryption import is_envelope
 from meshpoint.errors import (
     CheckpointConflictError,
     CorruptCheckpointError,
@@ -39,9 +40,26 @@ from meshpoint.errors import (
     UnknownSubTaskError,
     UnknownTaskError,
 )
+from meshpoint.history import (
+    END_PHASES,
+    HistoryHead,
+    HistoryOptions,
+    PlannedRecord,
+    open_context,
+    plan_record,
+    seal_context,
+)
+from meshpoint.store import history_queries as hq
 from meshpoint.store import queries as q
 from meshpoint.store.base import TIMEOUT_RESULT, Store
 from meshpoint.store.engine import Database, is_retryable, translate
+from meshpoint.store.history import (
+    HistoryStore,
+    head_of,
+    record_params,
+    stored_record,
+    write_record,
+)
 from meshpoint.store.hooks import NO_FAST_PATHS, Portable
 from meshpoint.store.records import (
     CheckpointReceipt,
@@ -63,6 +81,7 @@ from meshpoint.store.rows import (
     sub_task,
 )
 from meshpoint.store.schema import CHECKPOINT_STATUSES, TASK_STATUSES
+from meshpoint.store.verified import VerifiedRestore
 
 __all__ = ["TIMEOUT_RESULT", "SqlStore"]
 
@@ -101,7 +120,7 @@ class SqlStore(Store):
     def __init__(self, db: Database, *, tenant_id: str,
                  clock: Callable[[], float] = time.time,
                  compress_threshold_bytes: int = 16_384, fast_paths: bool = True,
-                 owns_db: bool = True) -> None:
+                 owns_db: bool = True, history: HistoryOptions | None = None) -> None:
         check_id("tenant_id", tenant_id, max_len=64)
         self._db = db
         self.tenant_id = tenant_id
@@ -109,6 +128,18 @@ class SqlStore(Store):
         self._compress_threshold = compress_threshold_bytes
         self._fast = db.fast_paths if fast_paths else NO_FAST_PATHS
         self._owns_db = owns_db
+        self._history = HistoryOptions() if history is None else history
+        #: The checkpoint history of this tenant (seed 001's operations).
+        self.history = HistoryStore(
+            tenant_id=tenant_id, options=self._history, clock=clock,
+            compress_threshold=compress_threshold_bytes,
+            read=lambda doing, body: self._read(doing, body, short=False),
+            write=lambda doing, body: self._write(doing, body))
+        self._verified = VerifiedRestore(
+            tenant_id=tenant_id, options=self._history, clock=clock,
+            compress_threshold=compress_threshold_bytes,
+            read=lambda doing, body: self._read(doing, body, short=False),
+            write=lambda doing, body: self._write(doing, body))
 
     def __repr__(self) -> str:
         return (f"SqlStore({self.dialect}, tenant={self.tenant_id!r}, "
@@ -128,7 +159,14 @@ class SqlStore(Store):
         """A view of the same database for another tenant, sharing this store's pool."""
         return SqlStore(self._db, tenant_id=tenant_id, clock=self._clock,
                         compress_threshold_bytes=self._compress_threshold,
-                        fast_paths=self.fast_paths, owns_db=False)
+                        fast_paths=self.fast_paths, owns_db=False, history=self._history)
+
+    def with_history(self, history: HistoryOptions) -> SqlStore:
+        """A view of the same database and tenant keeping the history as ``history``
+        says (other keys, say, to verify with), sharing this store's pool."""
+        return SqlStore(self._db, tenant_id=self.tenant_id, clock=self._clock,
+                        compress_threshold_bytes=self._compress_threshold,
+                        fast_paths=self.fast_paths, owns_db=False, history=history)
 
     async def close(self) -> None:
         """Close the connection pool (a no-op on a :meth:`for_tenant` view)."""
@@ -156,7 +194,8 @@ class SqlStore(Store):
                      one_statement: bool = False, short: bool = True) -> R:
         """Run a write transaction (``short`` and ``one_statement``: see Database.run)."""
         return await self._retried(doing, lambda: self._db.run(
-            body, write=True, one_statement=one_statement, short=short))
+            body, write=True, one_statement=one_statement, short=short,
+            tenant=self.tenant_id))
 
     async def _retried(self, doing: str, attempt: Callable[[], Awaitable[R]]) -> R:
         """Run ``attempt`` (a write), again if PostgreSQL picked it as a deadlock
@@ -167,7 +206,9 @@ class SqlStore(Store):
     async def _read(self, doing: str, body: Callable[[Connection], R], *,
                     short: bool = True) -> R:
         with translate(doing):
-            return await self._db.run(body, write=False, short=short)
+            return await retried(lambda: self._db.run(body, write=False, short=short,
+                                                      tenant=self.tenant_id),
+                                 _deadlock_retries, is_retryable)
 
     def _keys(self, **extra: Any) -> dict[str, Any]:
         return {"p_tenant": self.tenant_id, **extra}
@@ -211,16 +252,31 @@ class SqlStore(Store):
                 f"says {first_new} events are already stored: a resumed task is checkpointed "
                 "again with lease_owner=, by the holder of its resume lease")
         context_doc = {k: v for k, v in doc.items() if k not in _SPLIT_KEYS}
+        cipher = self._history.encryption
+        if cipher is not None:
+            seal_context(cipher, context_doc, self.tenant_id, ctx.task_id)
         raw = _json.dump_bytes(context_doc)
         compressed = len(raw) > self._compress_threshold
         blob = zlib.compress(raw, 1) if compressed else raw
+        sha256 = hashlib.sha256(raw).hexdigest()
+
+        def replan(head: HistoryHead | None) -> PlannedRecord:
+            return plan_record(
+                tenant_id=self.tenant_id, task_id=ctx.task_id, agent_name=agent_name,
+                status=status, phase=None, doc=doc, context_sha256=sha256,
+                session_event_count=event_count, head=head, now=now,
+                options=self._history, compress_threshold=self._compress_threshold,
+                snapshot_context=context_doc)
+
+        planned = replan(None if lease_owner is None else ctx.history_head) \
+            if self._history.enabled else None
         # One set of parameters for every statement of either path; the sub-tasks,
         # invocations and new events also travel as JSON arrays (for fast paths).
         params = self._keys(
             p_task=ctx.task_id, p_agent=agent_name, p_status=status, p_owner=lease_owner,
             p_invocation=doc["current_invocation_id"], p_context=blob,
             p_encoding="zlib" if compressed else "json",
-            p_sha256=hashlib.sha256(raw).hexdigest(), p_event_count=event_count, p_now=now,
+            p_sha256=sha256, p_event_count=event_count, p_now=now,
             p_expires_at=expires_at, p_events=new_events, p_first=first_new,
             p_holder=holder, p_hold_until=None if holder is None else now + hold_lease_s,
             p_has_events=bool(new_events),
@@ -232,7 +288,8 @@ class SqlStore(Store):
                     for sub_task_id, corr, timeout_s in subs],
             p_invs=[{"invocation_id": inv, "total_expected": calls.total,
                      "completed_count": calls.completed, "call_order": calls.call_order,
-                     "results": calls.results} for inv, calls in invocations.items()])
+                     "results": calls.results} for inv, calls in invocations.items()],
+            **record_params(planned))
 
         async def fast() -> int | Portable:
             try:
@@ -251,6 +308,7 @@ class SqlStore(Store):
                 else:
                     version = self._rewrite_task(conn, params)
                 _insert_children(conn, params)
+                write_record(conn, params)
                 return version
             except exc.IntegrityError as error:
                 raise _Collision(str(error.orig)) from None
@@ -260,21 +318,50 @@ class SqlStore(Store):
             done = await self._retried(doing, fast)
             version = await self._write(doing, body) if isinstance(done, Portable) else done
         except _Collision as collision:
+            problem = str(collision)
             # Which key collided? A one-statement first checkpoint reports whichever
             # constraint it hit first, so ask the database (error path only).
-            def task_exists(conn: Connection) -> bool:
-                return q.TASK_STATE.first(conn, params) is not None
+            def task_exists(conn: Connection) -> tuple[bool, HistoryHead | None]:
+                if q.TASK_STATE.first(conn, params) is not None:
+                    return True, None
+                head = hq.GET_HEAD.first(conn, params)
+                last = None if head is None else hq.GET_RECORD_AT.first(
+                    conn, {**params, "p_rec_seq": head.records})
+                return False, None if last is None else head_of(stored_record(last), head)
 
-            if lease_owner is None and await self._read("checking a collision", task_exists):
+            exists, head = await self._read("checking a collision", task_exists)
+            if lease_owner is None and exists:
                 raise CheckpointConflictError(
                     f"task {ctx.task_id!r} is already checkpointed; a resumed task is "
                     "checkpointed again by the holder of its resume lease (lease_owner=)"
                 ) from None
+            if lease_owner is None and planned is not None and head is not None:
+                # The id of an ended task whose end was forgotten, started again: its
+                # history goes on from where the earlier task's ended.
+                planned = replan(head)
+                params.update(record_params(planned))
+                try:
+                    version = await self._write(doing, body)
+                except _Collision as again:
+                    problem = str(again)
+                else:
+                    return self._checkpointed(ctx, event_count, planned, version, params,
+                                              blob, compressed)
             raise CheckpointConflictError(
                 f"checkpoint of task {ctx.task_id!r} collides with stored rows (a sub-task "
-                f"id already in use, or conversation events already stored): {collision}"
+                f"id already in use, or conversation events already stored): {problem}"
             ) from None
+        return self._checkpointed(ctx, event_count, planned, version, params, blob,
+                                  compressed)
+
+    @staticmethod
+    def _checkpointed(ctx: TaskExecutionContext, event_count: int,
+                      planned: PlannedRecord | None, version: int, params: dict[str, Any],
+                      blob: bytes, compressed: bool) -> CheckpointReceipt:
+        """What a checkpoint that committed tells its context, and its receipt."""
         ctx.session_events_persisted = event_count
+        if planned is not None:
+            ctx.history_head = planned.head(planned.document["metrics"]["tokens"]["total"])
         return CheckpointReceipt(
             task_id=ctx.task_id, version=version,
             sub_task_deadlines={sub["sub_task_id"]: sub["timeout_deadline"]
@@ -514,21 +601,34 @@ class SqlStore(Store):
 
     # -- reads --------------------------------------------------------------------------------
 
-    async def restore_task(self, task_id: str, *, lease_owner: str | None = None) -> RestoredTask:
+    async def restore_task(self, task_id: str, *, lease_owner: str | None = None,
+                           verify: bool = True) -> RestoredTask:
         check_id("task_id", task_id)
-        keys = self._keys(p_task=task_id)
+        history = self._history.enabled
+        keys = self._keys(p_task=task_id, p_history=history)
         doing = f"restoring task {task_id!r}"
 
         def body(conn: Connection) -> RestoreRows:
-            return RestoreRows(q.GET_TASK.first(conn, keys), q.GET_EVENTS.rows(conn, keys),
-                               q.GET_INVOCATIONS.rows(conn, keys),
-                               q.GET_TASK_SUB_TASKS.rows(conn, keys))
+            head = hq.GET_HEAD.first(conn, keys) if history else None
+            return RestoreRows(
+                q.GET_TASK.first(conn, keys), q.GET_EVENTS.rows(conn, keys),
+                q.GET_INVOCATIONS.rows(conn, keys), q.GET_TASK_SUB_TASKS.rows(conn, keys),
+                head, None if head is None else hq.GET_RECORD_AT.first(
+                    conn, {**keys, "p_rec_seq": head.records}))
 
         with translate(doing):
             rows = await self._fast.restore(keys)
         if isinstance(rows, Portable):
             rows = await self._read(doing, body)
-        return restored(task_id, rows, lease_owner)
+        result = restored(task_id, rows, lease_owner) if not (history and verify) \
+            else await self._verified.restore(task_id, rows, lease_owner)
+        ctx = result.context
+        if is_envelope(ctx.security_context) or is_envelope(ctx.history):
+            sealed: dict[str, Any] = {"security_context": ctx.security_context,
+                                      "history": ctx.history}
+            open_context(self._history, sealed, self.tenant_id, task_id)
+            ctx.security_context, ctx.history = sealed["security_context"], sealed["history"]
+        return result
 
     async def get_peer_sub_task(self, sub_task_id: str) -> PeerSubTask:
         check_id("sub_task_id", sub_task_id)
@@ -571,9 +671,44 @@ class SqlStore(Store):
 
     # -- cleanup and operators ----------------------------------------------------------------
 
-    async def cleanup_task(self, task_id: str, *, lease_owner: str | None = None) -> None:
+    async def cleanup_task(self, task_id: str, *, lease_owner: str | None = None,
+                           outcome: str = "completed",
+                           ctx: TaskExecutionContext | None = None) -> None:
         check_id("task_id", task_id)
+        if outcome not in END_PHASES:
+            raise InvalidArgumentError(f"outcome must be one of {END_PHASES}, got {outcome!r}")
+        if ctx is not None and ctx.task_id != task_id:
+            raise InvalidArgumentError(f"ctx is task {ctx.task_id!r}, not {task_id!r}")
         keys = self._keys(p_task=task_id, p_owner=lease_owner)
+        final = None if ctx is None or not self._history.enabled else ctx.checkpoint_delta()
+
+        def finalize(conn: Connection, agent_name: str) -> None:
+            """Append the task's last record, chained to its head: the one ``ctx`` knows,
+            or else the stored one, read in this transaction."""
+            if not self._history.enabled:
+                return
+            head = None if ctx is None else ctx.history_head
+            doc: dict[str, Any] = dict(final) if final is not None else {}
+            if head is None:
+                head_row = hq.GET_HEAD.first(conn, keys)
+                if head_row is None:
+                    return  # the task was checkpointed without a history
+                last = hq.GET_RECORD_AT.first(conn, {**keys, "p_rec_seq": head_row.records})
+                head = None if last is None else head_of(stored_record(last), head_row)
+                if head is None:
+                    return  # its chain is broken; verify reports it, the end goes on
+                if final is None:  # the task's retention stays with its last record
+                    doc = {"history": {"retention_policy": head_row.retention_policy}}
+            now = self._clock()
+            planned = plan_record(
+                tenant_id=self.tenant_id, task_id=task_id, agent_name=agent_name,
+                status=outcome, phase=outcome, doc=doc, context_sha256=None,
+                session_event_count=0 if final is None else
+                final["session_events_persisted"] + len(final["session_events"]),
+                head=head, now=now, options=self._history,
+                compress_threshold=self._compress_threshold, snapshot_context=None)
+            write_record(conn, {**keys, "p_agent": agent_name, "p_now": now,
+                                **record_params(planned, outcome=outcome)})
 
         def body(conn: Connection) -> None:
             # Children first, matching the lock order of resolvers (see queries.py).
@@ -588,6 +723,7 @@ class SqlStore(Store):
                 raise LeaseNotHeldError(task_id, lease_owner)
             q.RECORD_ENDED.rows(conn, {**keys, "p_agent": deleted.agent_name,
                                        "p_now": self._clock()})
+            finalize(conn, deleted.agent_name)
 
         await self._write(f"cleaning up task {task_id!r}", body)
 

@@ -162,7 +162,7 @@ class SqliteDatabase(Database):
             self._inline_busy.release()
 
     async def _run(self, body: Callable[[Connection], R], write: bool,
-                   one_statement: bool, short: bool) -> R:
+                   one_statement: bool, short: bool, tenant: str | None) -> R:
         if short and self._inline is not None:
             done, result = self._try_inline(body, write)
             if done:

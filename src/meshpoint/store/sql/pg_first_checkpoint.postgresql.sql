@@ -1,4 +1,4 @@
--- Writes a first checkpoint in one statement: the task row (insert_task), and if it was written its sub-tasks, invocations and new events.
+-- Writes a first checkpoint in one statement: the task row (insert_task), and if it was written its sub-tasks, invocations, new events and history record.
 WITH
   new_task AS
   (INSERT INTO agent_paused_tasks (
@@ -42,6 +42,46 @@ WITH
                   tenant_id, logical_task_id, seq, data, created_at) SELECT :p_tenant::VARCHAR AS anon_1, :p_task::VARCHAR AS anon_2, :p_first::INTEGER AS anon_17,
      :p_events::JSON AS anon_18, :p_now::FLOAT AS anon_11
    WHERE :p_has_events::BOOLEAN
+     AND (EXISTS
+            (SELECT new_task.logical_task_id
+             FROM new_task))),
+  new_record AS
+  (INSERT INTO agent_checkpoints (
+                  tenant_id, checkpoint_id, logical_task_id, seq, agent_name, agent_type, iteration,
+                  phase, parent_id, data, snapshot, snapshot_encoding, hash, signature, key_id,
+                  retention_policy, created_at) SELECT :p_tenant::VARCHAR AS anon_1, :p_rec_id::VARCHAR AS anon_19, :p_task::VARCHAR AS anon_2,
+     :p_rec_seq::INTEGER AS anon_20, :p_agent::VARCHAR AS anon_3, :p_rec_agent_type::VARCHAR AS anon_21,
+     :p_rec_iteration::INTEGER AS anon_22, :p_rec_phase::VARCHAR AS anon_23, :p_rec_parent_id::VARCHAR AS anon_24,
+     :p_rec_data::JSONB AS anon_25, :p_rec_snapshot::BYTEA AS anon_26, :p_rec_snapshot_encoding::VARCHAR AS anon_27,
+     :p_rec_hash::VARCHAR AS anon_28, :p_rec_signature::VARCHAR AS anon_29, :p_rec_key_id::VARCHAR AS anon_30,
+     :p_rec_retention::VARCHAR AS anon_31, :p_now::FLOAT AS anon_11
+   WHERE :p_history::BOOLEAN
+     AND (EXISTS
+            (SELECT new_task.logical_task_id
+             FROM new_task))),
+  new_head AS
+  (INSERT INTO agent_checkpoint_heads (
+                  tenant_id, logical_task_id, agent_name, records, head_id, head_hash, signature,
+                  key_id, outcome, retention_policy, updated_at) SELECT :p_tenant::VARCHAR AS anon_1, :p_task::VARCHAR AS anon_2, :p_agent::VARCHAR AS anon_3,
+     :p_rec_seq::INTEGER AS anon_20, :p_rec_id::VARCHAR AS anon_32, :p_rec_hash::VARCHAR AS anon_28,
+     :p_rec_head_signature::VARCHAR AS anon_33, :p_rec_head_key_id::VARCHAR AS anon_34, :p_rec_outcome::VARCHAR AS anon_35,
+     :p_rec_retention::VARCHAR AS anon_36, :p_now::FLOAT AS anon_11
+   WHERE :p_history::BOOLEAN
+     AND :p_rec_seq::INTEGER = 1
+     AND (EXISTS
+            (SELECT new_task.logical_task_id
+             FROM new_task))),
+  moved_head AS
+  (UPDATE agent_checkpoint_heads
+   SET records=:p_rec_seq::INTEGER, head_id=:p_rec_id::VARCHAR, head_hash=:p_rec_hash::VARCHAR,
+     signature=:p_rec_head_signature::VARCHAR, key_id=:p_rec_head_key_id::VARCHAR, outcome=:p_rec_outcome::VARCHAR,
+     retention_policy=:p_rec_retention::VARCHAR, updated_at=:p_now::FLOAT
+   WHERE agent_checkpoint_heads.tenant_id = :p_tenant::VARCHAR
+     AND agent_checkpoint_heads.logical_task_id = :p_task::VARCHAR
+     AND :p_history::BOOLEAN
+     AND :p_rec_seq::INTEGER > 1
+     AND agent_checkpoint_heads.records = :p_rec_seq::INTEGER - 1
+     AND agent_checkpoint_heads.head_hash = :p_rec_parent_hash::VARCHAR
      AND (EXISTS
             (SELECT new_task.logical_task_id
              FROM new_task)))

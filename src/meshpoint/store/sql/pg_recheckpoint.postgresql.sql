@@ -1,4 +1,4 @@
--- Writes a re-checkpoint in one statement: recheckpoint_task (if no sub-task is open), the old children deleted, the new ones inserted.
+-- Writes a re-checkpoint in one statement: recheckpoint_task (if no sub-task is open and the history's head is the new record's parent), the old children deleted, the new ones and the history record inserted.
 WITH
   rewritten AS
   (UPDATE agent_paused_tasks
@@ -14,7 +14,21 @@ WITH
                  FROM agent_peer_sub_tasks
                  WHERE agent_peer_sub_tasks.tenant_id = :p_tenant::VARCHAR
                    AND agent_peer_sub_tasks.logical_task_id = :p_task::VARCHAR
-                   AND status IN ('pending', 'claimed'))) RETURNING agent_paused_tasks.version),
+                   AND status IN ('pending', 'claimed')))
+     AND (NOT :p_history::BOOLEAN
+          OR :p_rec_seq::INTEGER = 1
+          AND NOT (EXISTS
+                     (SELECT agent_checkpoint_heads.records
+                      FROM agent_checkpoint_heads
+                      WHERE agent_checkpoint_heads.tenant_id = :p_tenant::VARCHAR
+                        AND agent_checkpoint_heads.logical_task_id = :p_task::VARCHAR))
+          OR (EXISTS
+                (SELECT agent_checkpoint_heads.head_hash
+                 FROM agent_checkpoint_heads
+                 WHERE agent_checkpoint_heads.tenant_id = :p_tenant::VARCHAR
+                   AND agent_checkpoint_heads.logical_task_id = :p_task::VARCHAR
+                   AND agent_checkpoint_heads.records = :p_rec_seq::INTEGER - 1
+                   AND agent_checkpoint_heads.head_hash = :p_rec_parent_hash::VARCHAR))) RETURNING agent_paused_tasks.version),
   old_sub_tasks AS
   (DELETE
    FROM agent_peer_sub_tasks
@@ -76,6 +90,46 @@ WITH
        (SELECT count(*) AS count_1
         FROM old_sub_tasks) +
        (SELECT count(*) AS count_2
-        FROM old_invocations) >= 0)
+        FROM old_invocations) >= 0),
+  new_record AS
+  (INSERT INTO agent_checkpoints (
+                  tenant_id, checkpoint_id, logical_task_id, seq, agent_name, agent_type, iteration,
+                  phase, parent_id, data, snapshot, snapshot_encoding, hash, signature, key_id,
+                  retention_policy, created_at) SELECT :p_tenant::VARCHAR AS anon_2, :p_rec_id::VARCHAR AS anon_9, :p_task::VARCHAR AS anon_3,
+     :p_rec_seq::INTEGER AS anon_10, :p_agent::VARCHAR AS anon_4, :p_rec_agent_type::VARCHAR AS anon_11,
+     :p_rec_iteration::INTEGER AS anon_12, :p_rec_phase::VARCHAR AS anon_13, :p_rec_parent_id::VARCHAR AS anon_14,
+     :p_rec_data::JSONB AS anon_15, :p_rec_snapshot::BYTEA AS anon_16, :p_rec_snapshot_encoding::VARCHAR AS anon_17,
+     :p_rec_hash::VARCHAR AS anon_18, :p_rec_signature::VARCHAR AS anon_19, :p_rec_key_id::VARCHAR AS anon_20,
+     :p_rec_retention::VARCHAR AS anon_21, :p_now::FLOAT AS anon_6
+   WHERE :p_history::BOOLEAN
+     AND (EXISTS
+            (SELECT rewritten.version
+             FROM rewritten))),
+  new_head AS
+  (INSERT INTO agent_checkpoint_heads (
+                  tenant_id, logical_task_id, agent_name, records, head_id, head_hash, signature,
+                  key_id, outcome, retention_policy, updated_at) SELECT :p_tenant::VARCHAR AS anon_2, :p_task::VARCHAR AS anon_3, :p_agent::VARCHAR AS anon_4,
+     :p_rec_seq::INTEGER AS anon_10, :p_rec_id::VARCHAR AS anon_22, :p_rec_hash::VARCHAR AS anon_18,
+     :p_rec_head_signature::VARCHAR AS anon_23, :p_rec_head_key_id::VARCHAR AS anon_24, :p_rec_outcome::VARCHAR AS anon_25,
+     :p_rec_retention::VARCHAR AS anon_26, :p_now::FLOAT AS anon_6
+   WHERE :p_history::BOOLEAN
+     AND :p_rec_seq::INTEGER = 1
+     AND (EXISTS
+            (SELECT rewritten.version
+             FROM rewritten))),
+  moved_head AS
+  (UPDATE agent_checkpoint_heads
+   SET records=:p_rec_seq::INTEGER, head_id=:p_rec_id::VARCHAR, head_hash=:p_rec_hash::VARCHAR,
+     signature=:p_rec_head_signature::VARCHAR, key_id=:p_rec_head_key_id::VARCHAR, outcome=:p_rec_outcome::VARCHAR,
+     retention_policy=:p_rec_retention::VARCHAR, updated_at=:p_now::FLOAT
+   WHERE agent_checkpoint_heads.tenant_id = :p_tenant::VARCHAR
+     AND agent_checkpoint_heads.logical_task_id = :p_task::VARCHAR
+     AND :p_history::BOOLEAN
+     AND :p_rec_seq::INTEGER > 1
+     AND agent_checkpoint_heads.records = :p_rec_seq::INTEGER - 1
+     AND agent_checkpoint_heads.head_hash = :p_rec_parent_hash::VARCHAR
+     AND (EXISTS
+            (SELECT rewritten.version
+             FROM rewritten)))
 SELECT rewritten.version
 FROM rewritten;

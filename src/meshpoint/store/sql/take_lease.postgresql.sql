@@ -4,7 +4,8 @@ SET status='resuming', owner=:p_owner::VARCHAR, lease_expires_at=:p_lease_until:
 WHERE agent_paused_tasks.tenant_id = :p_tenant::VARCHAR
   AND agent_paused_tasks.logical_task_id = :p_task::VARCHAR
   AND (agent_paused_tasks.status || '') IN (:p_status_0::VARCHAR, :p_status_1::VARCHAR,
-                                              :p_status_2::VARCHAR, :p_status_3::VARCHAR, :p_status_4::VARCHAR)
+                                              :p_status_2::VARCHAR, :p_status_3::VARCHAR, :p_status_4::VARCHAR,
+                                              :p_status_5::VARCHAR)
   AND (agent_paused_tasks.owner IS NULL
        OR agent_paused_tasks.lease_expires_at <= :p_now::FLOAT
        OR agent_paused_tasks.owner = :p_owner::VARCHAR) RETURNING agent_paused_tasks.version;

@@ -4,7 +4,7 @@ SET status='resuming', owner=:p_owner, lease_expires_at=:p_lease_until, version=
 WHERE agent_paused_tasks.tenant_id = :p_tenant
   AND agent_paused_tasks.logical_task_id = :p_task
   AND (agent_paused_tasks.status || '') IN (:p_status_0, :p_status_1, :p_status_2,
-                                              :p_status_3, :p_status_4)
+                                              :p_status_3, :p_status_4, :p_status_5)
   AND (agent_paused_tasks.owner IS NULL
        OR agent_paused_tasks.lease_expires_at <= :p_now
        OR agent_paused_tasks.owner = :p_owner) RETURNING version;

@@ -1,0 +1,447 @@
+"""The checkpoint history in the store: writing a record inside a checkpoint's
+transaction, and seed 001's operations on it (:class:`HistoryStore`, reached as
+``store.history``).
+
+Records are immutable. Seed 001's write operations therefore append: an update is a
+new record that amends an earlier one, a finalize a last record with the task's
+outcome, a link a record naming another chain's record (and its hash). Every read
+verifies what it returns before decoding it (:func:`meshpoint.history.verify_record`,
+and the links between the records it returns), and raises
+:class:`~meshpoint.errors.IntegrityError` naming the first bad record rather than
+return it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection
+
+from meshpoint.errors import (
+    CheckpointConflictError,
+    IntegrityError,
+    InvalidArgumentError,
+    UnknownCheckpointError,
+    UnknownHistoryError,
+)
+from meshpoint.history import (
+    END_PHASES,
+    ChainReport,
+    CheckpointRecord,
+    HistoryHead,
+    HistoryOptions,
+    PlannedRecord,
+    StoredHead,
+    StoredRecord,
+    parse_retention,
+    plan_record,
+    record_model,
+    verify_chain,
+    verify_head,
+    verify_record,
+)
+from meshpoint.integrity import head_message
+from meshpoint.store import history_queries as hq
+from meshpoint.store.rows import HeadRow, RecordRow, check_id, check_limit
+
+R = TypeVar("R")
+#: Heads read per query by a purge.
+_PAGE = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Purge:
+    """What a purge removed (or would remove) from one task's chain: ``removed`` of its
+    ``records`` records, through record ``through``; ``whole``: all of them, and its
+    head; ``skipped``: why nothing was removed after all."""
+
+    task_id: str
+    policy: str
+    records: int
+    removed: int
+    through: int
+    through_hash: str
+    whole: bool
+    skipped: str | None = None
+
+#: The parameters of a checkpoint that writes no record.
+NO_RECORD: dict[str, Any] = {
+    "p_history": False, "p_rec_id": None, "p_rec_seq": 0, "p_rec_agent_type": None,
+    "p_rec_iteration": None, "p_rec_phase": None, "p_rec_parent_id": None,
+    "p_rec_parent_hash": None, "p_rec_data": None, "p_rec_snapshot": None,
+    "p_rec_snapshot_encoding": None, "p_rec_hash": None, "p_rec_signature": None,
+    "p_rec_key_id": None, "p_rec_retention": None, "p_rec_head_signature": None,
+    "p_rec_head_key_id": None, "p_rec_outcome": None}
+
+
+def record_params(planned: PlannedRecord | None, *, outcome: str | None = None
+                  ) -> dict[str, Any]:
+    """The ``p_rec_*`` parameters of ``planned`` (:data:`NO_RECORD` for None)."""
+    if planned is None:
+        return NO_RECORD
+    return {
+        "p_history": True, "p_rec_id": planned.checkpoint_id, "p_rec_seq": planned.seq,
+        "p_rec_agent_type": planned.agent_type, "p_rec_iteration": planned.iteration,
+        "p_rec_phase": planned.phase, "p_rec_parent_id": planned.parent_id,
+        "p_rec_parent_hash": planned.parent_hash, "p_rec_data": planned.document,
+        "p_rec_snapshot": planned.snapshot,
+        "p_rec_snapshot_encoding": planned.snapshot_encoding, "p_rec_hash": planned.hash,
+        "p_rec_signature": planned.signature, "p_rec_key_id": planned.key_id,
+        "p_rec_retention": planned.retention_policy,
+        "p_rec_head_signature": planned.head_signature,
+        "p_rec_head_key_id": planned.head_key_id, "p_rec_outcome": outcome}
+
+
+def write_record(conn: Connection, params: dict[str, Any]) -> None:
+    """Insert the record of ``params`` and move the task's head to it (portable body),
+    inside the caller's transaction. CheckpointConflictError if the head is not the
+    record's parent: another writer appended first, or this one's view is stale."""
+    if not params["p_history"]:
+        return
+    hq.INSERT_RECORD.rowcount(conn, params)
+    if params["p_rec_seq"] == 1:
+        hq.INSERT_HEAD.rowcount(conn, params)
+    elif not hq.ADVANCE_HEAD.rowcount(conn, params):
+        raise CheckpointConflictError(
+            f"the history of task {params['p_task']!r} no longer ends at record "
+            f"{params['p_rec_seq'] - 1} ({params['p_rec_parent_id']}): another writer "
+            "appended to it; restore the task and checkpoint it again")
+
+
+def stored_record(row: RecordRow) -> StoredRecord:
+    return StoredRecord(tenant_id=row.tenant_id, checkpoint_id=row.checkpoint_id,
+                        task_id=row.logical_task_id, seq=row.seq, document=row.data,
+                        hash=row.hash, signature=row.signature, key_id=row.key_id)
+
+
+def stored_head(row: HeadRow) -> StoredHead:
+    return StoredHead(tenant_id=row.tenant_id, task_id=row.logical_task_id,
+                      records=row.records, head_id=row.head_id, head_hash=row.head_hash,
+                      signature=row.signature, key_id=row.key_id,
+                      pruned_through=row.pruned_through, pruned_hash=row.pruned_hash)
+
+
+def head_of(record: StoredRecord, head: HeadRow | None = None) -> HistoryHead:
+    """The head a writer continues from, given the task's (verified) last record and
+    its head row (where a purge left the chain starting)."""
+    try:
+        tokens = record.document["metrics"]["tokens"]["total"]
+    except (KeyError, TypeError):
+        tokens = {}
+    return HistoryHead(record.checkpoint_id, record.hash, record.seq,
+                       tokens if isinstance(tokens, dict) else {},
+                       0 if head is None else head.pruned_through,
+                       "" if head is None else head.pruned_hash)
+
+
+class HistoryStore:
+    """Seed 001's operations on one tenant's checkpoint history (see the module
+    docstring). Built by :class:`~meshpoint.store.sql.SqlStore`, which hands it the
+    way to run a transaction; use it as ``store.history``."""
+
+    def __init__(self, *, tenant_id: str, options: HistoryOptions,
+                 read: Callable[[str, Callable[[Connection], Any]], Awaitable[Any]],
+                 write: Callable[[str, Callable[[Connection], Any]], Awaitable[Any]],
+                 clock: Callable[[], float] = time.time,
+                 compress_threshold: int = 16_384) -> None:
+        self.tenant_id = tenant_id
+        self.options = options
+        self._read = read
+        self._write = write
+        self._clock = clock
+        self._compress_threshold = compress_threshold
+
+    def _keys(self, **extra: Any) -> dict[str, Any]:
+        return {"p_tenant": self.tenant_id, **extra}
+
+    # -- reads ------------------------------------------------------------------------
+
+    async def get_checkpoint(self, checkpoint_id: str) -> CheckpointRecord:
+        """One record, verified (its content, signature and link to its parent)."""
+        check_id("checkpoint_id", checkpoint_id, max_len=36)
+
+        def body(conn: Connection) -> tuple[RecordRow | None, RecordRow | None, Any]:
+            row = hq.GET_RECORD.first(conn, self._keys(p_rec_id=checkpoint_id))
+            if row is None:
+                return None, None, None
+            keys = self._keys(p_task=row.logical_task_id)
+            parent = hq.GET_RECORD_AT.first(conn, {**keys, "p_rec_seq": row.seq - 1}) \
+                if row.seq > 1 else None
+            return row, parent, hq.GET_HEAD.first(conn, keys)
+
+        row, parent, head = await self._read(f"reading checkpoint {checkpoint_id!r}", body)
+        if row is None:
+            raise UnknownCheckpointError(checkpoint_id)
+        record = stored_record(row)
+        self._check(record, self._parent_hash(record, parent, head))
+        return record_model(record, self.options)
+
+    async def get_latest_checkpoint(self, task_id: str) -> CheckpointRecord | None:
+        """The task's last record, verified against its signed head; None if the task
+        has no history."""
+        records = await self.get_checkpoint_history(task_id, limit=1)
+        return records[0] if records else None
+
+    async def get_checkpoint_history(self, task_id: str, limit: int = 100
+                                     ) -> list[CheckpointRecord]:
+        """The task's newest ``limit`` records, newest first, each verified, linked to
+        the next, and the newest matching the task's signed head."""
+        check_id("task_id", task_id)
+        check_limit(limit)
+        keys = self._keys(p_task=task_id, p_limit=limit)
+
+        def body(conn: Connection) -> tuple[list[RecordRow], HeadRow | None,
+                                              RecordRow | None]:
+            rows = hq.GET_HISTORY.rows(conn, keys)
+            oldest = rows[-1] if rows else None
+            parent = hq.GET_RECORD_AT.first(conn, {**keys, "p_rec_seq": oldest.seq - 1}) \
+                if oldest is not None and oldest.seq > 1 else None
+            return rows, hq.GET_HEAD.first(conn, keys), parent
+
+        rows, head, parent = await self._read(f"reading the history of task {task_id!r}",
+                                              body)
+        if not rows and head is None:
+            return []
+        records = [stored_record(row) for row in reversed(rows)]  # oldest first
+        if head is None:
+            raise IntegrityError("it has records but no head", task_id=task_id)
+        stored = stored_head(head)
+        why = verify_head(stored, self.options)
+        if why is not None:
+            raise IntegrityError(f"its head: {why}", task_id=task_id)
+        if not records or records[-1].seq != head.records or records[-1].hash != head.head_hash:
+            raise IntegrityError(f"its head says {head.records} records, the newest stored is "
+                                 f"record {records[-1].seq if records else 0}: its tail was "
+                                 "cut off or replaced", task_id=task_id)
+        expected = self._parent_hash(records[0], parent, head)
+        for record in records:
+            self._check(record, expected)
+            expected = record.hash
+        return [record_model(r, self.options) for r in reversed(records)]
+
+    async def get_checkpoints_by_agent(self, agent_id: str, *, since: float = 0.0,
+                                       until: float | None = None,
+                                       limit: int = 1000) -> list[CheckpointRecord]:
+        """An agent's records written in ``[since, until)`` (epoch seconds), oldest
+        first, each verified (content and signature)."""
+        check_id("agent_id", agent_id)
+        check_limit(limit)
+        keys = self._keys(p_agent=agent_id, p_since=float(since),
+                          p_until=float("inf") if until is None else float(until),
+                          p_limit=limit)
+        rows = await self._read(f"reading the history of agent {agent_id!r}",
+                                lambda conn: hq.GET_BY_AGENT.rows(conn, keys))
+        out = []
+        for row in rows:
+            record = stored_record(row)
+            self._check(record, None)
+            out.append(record_model(record, self.options))
+        return out
+
+    async def verify_task(self, task_id: str) -> ChainReport:
+        """Walk the task's whole chain against its head (see ChainReport)."""
+        check_id("task_id", task_id)
+        keys = self._keys(p_task=task_id)
+
+        def body(conn: Connection) -> tuple[list[RecordRow], HeadRow | None]:
+            return hq.GET_CHAIN.rows(conn, keys), hq.GET_HEAD.first(conn, keys)
+
+        rows, head = await self._read(f"verifying the history of task {task_id!r}", body)
+        if not rows and head is None:
+            raise UnknownHistoryError(task_id)
+        return verify_chain(task_id, [stored_record(r) for r in rows],
+                            None if head is None else stored_head(head), self.options)
+
+    async def task_ids(self, *, after: str = "", limit: int = 1000) -> list[str]:
+        """The tenant's tasks that have a history, by id, after ``after`` (paging)."""
+        check_limit(limit)
+        return [row.logical_task_id for row in await self._heads(after, limit)]
+
+    async def _heads(self, after: str, limit: int) -> list[HeadRow]:
+        keys = self._keys(p_after=after, p_limit=limit)
+        return list(await self._read("listing the history heads", lambda conn: (
+            hq.LIST_HEADS.rows(conn, keys))))
+
+    # -- retention ------------------------------------------------------------------------
+
+    async def purge(self, *, dry_run: bool = False,
+                    progress: Callable[[int], None] | None = None) -> list[Purge]:
+        """Remove what retention lets go, from the chains of tasks that ended (a live
+        task's chain is never cut: its restore may need it). Per chain, its policy
+        (the head's, else the options' ``retention``): ``hold`` keeps everything,
+        ``last:N`` the newest N records, ``days:N`` the records of the last N days. The
+        oldest records go; the head then says where the chain starts (re-signed), so
+        the rest still verifies; a chain left empty goes with its head. With
+        ``dry_run`` nothing is removed. Returns what was (or would be) purged;
+        ``progress(n)`` is called after each chain."""
+        now = self._clock()
+        out: list[Purge] = []
+        after = ""
+        while True:
+            heads = await self._heads(after, _PAGE)
+            for head in heads:
+                plan = await self._purge_plan(head, now)
+                if plan is not None:
+                    if not dry_run and plan.skipped is None:
+                        plan = await self._purge(head, plan)
+                    out.append(plan)
+                if progress is not None:
+                    progress(1)
+            if len(heads) < _PAGE:
+                return out
+            after = heads[-1].logical_task_id
+
+    async def _purge_plan(self, head: HeadRow, now: float) -> Purge | None:
+        policy = head.retention_policy or self.options.retention
+        if head.outcome is None or policy is None:
+            return None
+        kind, amount = parse_retention(policy)
+        if kind == "hold":
+            return None
+        keys = self._keys(p_task=head.logical_task_id)
+        dates = await self._read("reading a chain's dates", lambda conn: (
+            hq.CHAIN_DATES.rows(conn, keys)))
+        kept = [d for d in dates if d.seq > head.pruned_through]
+        if kind == "last":
+            gone = kept[:max(0, len(kept) - amount)]
+        else:
+            cutoff = now - amount * 86_400.0
+            gone = []
+            for d in kept:  # oldest first: the prefix written before the cutoff
+                if d.created_at >= cutoff:
+                    break
+                gone.append(d)
+        if not gone:
+            return None
+        skipped = None
+        if head.signature is not None and not self.options.signing.signs \
+                and len(gone) < len(kept):
+            skipped = "its head is signed and this process has no signing key to sign " \
+                      "where the chain now starts"
+        return Purge(task_id=head.logical_task_id, policy=policy, records=len(kept),
+                     removed=len(gone), through=gone[-1].seq, through_hash=gone[-1].hash,
+                     whole=len(gone) == len(kept), skipped=skipped)
+
+    async def _purge(self, head: HeadRow, plan: Purge) -> Purge:
+        signature = key_id = None
+        if not plan.whole and self.options.signing.signs:
+            key_id, signature = self.options.signing.sign(head_message(
+                self.tenant_id, head.logical_task_id, head.records, head.head_hash,
+                plan.through, plan.through_hash))
+        params = self._keys(p_task=head.logical_task_id, p_through=plan.through,
+                            p_records=head.records, p_old_through=head.pruned_through,
+                            p_pruned_hash=plan.through_hash, p_head_signature=signature,
+                            p_head_key_id=key_id, p_now=self._clock())
+
+        def body(conn: Connection) -> bool:
+            moved = (hq.DELETE_HEAD if plan.whole else hq.PRUNE_HEAD).rowcount(conn, params)
+            if moved:
+                hq.DELETE_RECORDS_THROUGH.rowcount(conn, params)
+            return bool(moved)
+
+        done = await self._write(f"purging the history of {head.logical_task_id!r}", body)
+        return plan if done else replace(plan, skipped="its chain changed meanwhile")
+
+    # -- seed 001's writes: appends -----------------------------------------------------
+
+    async def create_checkpoint(self, task_id: str, agent_id: str,
+                                state: Mapping[str, Any], *, phase: str | None = None
+                                ) -> str:
+        """Append a record of ``state`` (sections of the record: ``execution_state``,
+        ``context_summary``, ``metrics``, ``recovery``, ``extensions``) to the task's
+        chain, for history kept without the runtime; its checkpoint id."""
+        return await self._append(task_id, agent_id, dict(state), phase=phase)
+
+    async def update_checkpoint(self, checkpoint_id: str, partial_state: Mapping[str, Any]
+                                ) -> str:
+        """Records are immutable: append a record that amends ``checkpoint_id`` with
+        ``partial_state`` merged over its sections; the new record's id."""
+        base = await self.get_checkpoint(checkpoint_id)
+        document = base.model_dump(mode="json")
+        state: dict[str, Any] = {}
+        for section in ("execution_state", "context_summary", "recovery", "extensions"):
+            merged = {**document.get(section, {}), **dict(partial_state.get(section) or {})}
+            state[section] = merged
+        state["extensions"] = {**state["extensions"], "amends": checkpoint_id}
+        state["recovery"] = {k: v for k, v in state["recovery"].items()
+                             if k in ("rollback_instructions", "continuation_prompt")}
+        return await self._append(base.metadata.task_id, base.metadata.agent_id, state,
+                                  phase=state["execution_state"].get("phase"))
+
+    async def finalize_checkpoint(self, checkpoint_id: str, status: str) -> str:
+        """Append the task's last record, with its outcome ``status`` (completed,
+        failed, canceled or expired), and mark its head ended; the new record's id."""
+        if status not in END_PHASES:
+            raise InvalidArgumentError(f"status must be one of {END_PHASES}, got {status!r}")
+        base = await self.get_checkpoint(checkpoint_id)
+        return await self._append(base.metadata.task_id, base.metadata.agent_id,
+                                  {"extensions": {"finalizes": checkpoint_id}},
+                                  phase=status, outcome=status)
+
+    async def link_checkpoints(self, parent_id: str, child_id: str) -> str:
+        """Record that ``child_id``'s chain continues ``parent_id``'s (a handoff to a
+        fresh iteration): a record appended to the child's chain names the parent
+        record and its hash, so the link is verifiable; the new record's id."""
+        parent = await self.get_checkpoint(parent_id)
+        child = await self.get_checkpoint(child_id)
+        return await self._append(child.metadata.task_id, child.metadata.agent_id, {
+            "extensions": {"link": {"parent": parent_id, "parent_task": parent.metadata.task_id,
+                                    "parent_hash": parent.compliance.hash,
+                                    "child": child_id}}})
+
+    async def _append(self, task_id: str, agent_id: str, state: dict[str, Any], *,
+                      phase: str | None = None, outcome: str | None = None) -> str:
+        check_id("task_id", task_id)
+        check_id("agent_id", agent_id)
+        if not self.options.enabled:
+            raise InvalidArgumentError("this store keeps no history (HistoryOptions("
+                                       "enabled=False))")
+        keys = self._keys(p_task=task_id, p_agent=agent_id)
+
+        def body(conn: Connection) -> str:
+            head_row = hq.GET_HEAD.first(conn, keys)
+            head = None
+            if head_row is not None:
+                last = hq.GET_RECORD_AT.first(conn, {**keys, "p_rec_seq": head_row.records})
+                if last is None:
+                    raise IntegrityError("its head names a record that is not stored",
+                                         task_id=task_id)
+                head = head_of(stored_record(last), head_row)
+            now = self._clock()
+            planned = plan_record(
+                tenant_id=self.tenant_id, task_id=task_id, agent_name=agent_id,
+                status=outcome or "recorded", phase=phase,
+                doc={"history": {"record": state}}, context_sha256=None,
+                session_event_count=0, head=head, now=now, options=self.options,
+                compress_threshold=self._compress_threshold, snapshot_context=None)
+            write_record(conn, {**keys, "p_now": now,
+                                **record_params(planned, outcome=outcome)})
+            return planned.checkpoint_id
+
+        return str(await self._write(f"appending to the history of task {task_id!r}", body))
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _parent_hash(self, record: StoredRecord, parent: RecordRow | None,
+                     head: HeadRow | None) -> str | None:
+        """The hash ``record`` must name as its parent: its stored parent's, the
+        purge's anchor for the first record kept, or the empty genesis."""
+        if record.seq == 1:
+            return ""
+        if head is not None and record.seq == head.pruned_through + 1:
+            return head.pruned_hash
+        if parent is None:
+            raise IntegrityError(f"record {record.seq - 1}, its parent, is missing",
+                                 task_id=record.task_id, checkpoint_id=record.checkpoint_id,
+                                 seq=record.seq)
+        return parent.hash
+
+    def _check(self, record: StoredRecord, parent_hash: str | None) -> None:
+        why = verify_record(record, self.options, parent_hash=parent_hash)
+        if why is not None:
+            raise IntegrityError(why, task_id=record.task_id,
+                                 checkpoint_id=record.checkpoint_id, seq=record.seq)
+

@@ -1,0 +1,6 @@
+-- Marks a task blocked for an operator and releases its lease, for the holder of the lease.
+UPDATE agent_paused_tasks
+SET status='blocked', owner=:owner, lease_expires_at=:lease_expires_at, version=(agent_paused_tasks.version + 1)
+WHERE agent_paused_tasks.tenant_id = :p_tenant
+  AND agent_paused_tasks.logical_task_id = :p_task
+  AND agent_paused_tasks.owner = :p_owner;

@@ -1,0 +1,6 @@
+-- Deletes a task's records up to and including p_through (a purge: the oldest records).
+DELETE
+FROM agent_checkpoints
+WHERE agent_checkpoints.logical_task_id = :p_task::VARCHAR
+  AND agent_checkpoints.tenant_id = :p_tenant::VARCHAR
+  AND agent_checkpoints.seq <= :p_through::INTEGER;

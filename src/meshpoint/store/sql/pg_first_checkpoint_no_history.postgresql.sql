@@ -1,0 +1,49 @@
+-- pg_first_checkpoint without the history record.
+WITH
+  new_task AS
+  (INSERT INTO agent_paused_tasks (
+                  tenant_id, logical_task_id, agent_name, status, current_invocation_id, context,
+                  context_encoding, context_sha256, session_event_count, version, created_at, checkpointed_at,
+                  expires_at, owner, lease_expires_at) SELECT :p_tenant::VARCHAR AS anon_1, :p_task::VARCHAR AS anon_2, :p_agent::VARCHAR AS anon_3,
+     :p_status::VARCHAR AS anon_4, :p_invocation::VARCHAR AS anon_5, :p_context::BYTEA AS anon_6,
+     :p_encoding::VARCHAR AS anon_7, :p_sha256::VARCHAR AS anon_8, :p_event_count::INTEGER AS anon_9, 1 AS anon_10,
+     :p_now::FLOAT AS anon_11, :p_now::FLOAT AS anon__1, :p_expires_at::FLOAT AS anon_12, :p_holder::VARCHAR AS anon_13,
+     :p_hold_until::FLOAT AS anon_14
+   WHERE NOT (EXISTS
+                (SELECT 1 AS anon_15
+                 FROM agent_ended_tasks
+                 WHERE agent_ended_tasks.tenant_id = :p_tenant::VARCHAR
+                   AND agent_ended_tasks.logical_task_id = :p_task::VARCHAR)) RETURNING agent_paused_tasks.logical_task_id),
+  new_sub_tasks AS
+  (INSERT INTO agent_peer_sub_tasks (
+                  tenant_id, logical_task_id, agent_name, sub_task_id, invocation_id,
+                  function_call_id, peer_agent_name, peer_task_id, correlation_data, timeout_s, timeout_deadline,
+                  status, created_at) SELECT :p_tenant::VARCHAR AS anon_1, :p_task::VARCHAR AS anon_2, :p_agent::VARCHAR AS anon_3,
+     subs.sub_task_id AS sub_task_id, subs.invocation_id AS invocation_id, subs.function_call_id AS function_call_id,
+     subs.peer_agent_name AS peer_agent_name, subs.peer_task_id AS peer_task_id,
+     CAST(subs.correlation_data AS JSON) AS correlation_data, subs.timeout_s AS timeout_s, subs.timeout_deadline AS timeout_deadline,
+     'pending' AS anon_16, :p_now::FLOAT AS anon_11
+   FROM json_to_recordset(:p_subs::JSON) AS subs(sub_task_id VARCHAR, invocation_id VARCHAR, function_call_id VARCHAR, peer_agent_name VARCHAR, peer_task_id VARCHAR, correlation_data TEXT, timeout_s FLOAT, timeout_deadline FLOAT)
+   WHERE EXISTS
+       (SELECT new_task.logical_task_id
+        FROM new_task)),
+  new_invocations AS
+  (INSERT INTO agent_parallel_invocations (
+                  tenant_id, logical_task_id, invocation_id, total_expected, completed_count,
+                  call_order, results, created_at) SELECT :p_tenant::VARCHAR AS anon_1, :p_task::VARCHAR AS anon_2,
+     invs.invocation_id AS invocation_id, invs.total_expected AS total_expected, invs.completed_count AS completed_count,
+     CAST(invs.call_order AS JSON) AS call_order, CAST(invs.results AS JSON) AS results, :p_now::FLOAT AS anon_11
+   FROM json_to_recordset(:p_invs::JSON) AS invs(invocation_id VARCHAR, total_expected INTEGER, completed_count INTEGER, call_order TEXT, results TEXT)
+   WHERE EXISTS
+       (SELECT new_task.logical_task_id
+        FROM new_task)),
+  new_events AS
+  (INSERT INTO agent_session_events (
+                  tenant_id, logical_task_id, seq, data, created_at) SELECT :p_tenant::VARCHAR AS anon_1, :p_task::VARCHAR AS anon_2, :p_first::INTEGER AS anon_17,
+     :p_events::JSON AS anon_18, :p_now::FLOAT AS anon_11
+   WHERE :p_has_events::BOOLEAN
+     AND (EXISTS
+            (SELECT new_task.logical_task_id
+             FROM new_task)))
+SELECT count(*) AS count_1
+FROM new_task;

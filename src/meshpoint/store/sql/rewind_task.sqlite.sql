@@ -1,0 +1,7 @@
+-- Rewrites a task's row, for the holder of its lease, with the state of an earlier checkpoint, ready to resume.
+UPDATE agent_paused_tasks
+SET status='resuming', current_invocation_id=:p_invocation, context=:p_context,
+  context_encoding=:p_encoding, context_sha256=:p_sha256, session_event_count=:p_event_count, version=(agent_paused_tasks.version + 1), checkpointed_at=:p_now
+WHERE agent_paused_tasks.tenant_id = :p_tenant
+  AND agent_paused_tasks.logical_task_id = :p_task
+  AND agent_paused_tasks.owner = :p_owner;

@@ -1,0 +1,181 @@
+"""Tenant isolation enforced by PostgreSQL (issue 15 §5, DESIGN.md invariant 10): every
+table has row-level security enabled and forced, and the runtime role that ``serve``
+connects as owns nothing and cannot bypass it. Every test here talks to the database
+as that role, with raw SQL as well as through the store: another tenant's rows are
+invisible, a write into another tenant is refused by the database, no tenant set
+reads nothing, and nothing leaks across commit and rollback on a reused pooled
+connection."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Connection, text
+from sqlalchemy.engine import make_url
+
+from meshpoint.errors import StoreError, UnknownTaskError
+from meshpoint.store import SqlStore, open_store
+from meshpoint.store.postgres import grant_runtime_role
+from meshpoint.store.schema import metadata
+from tests.conftest import fresh_pg_schema, pg_execute_async
+from tests.integration.test_store import AGENT, fan_out
+
+pytestmark = pytest.mark.postgres
+
+
+class Tenancy:
+    """A fresh schema migrated by the owner, a runtime role granted on it, and stores
+    of two tenants connected as that role."""
+
+    def __init__(self, owner_url: str, schema: str, role: str) -> None:
+        self.owner_url = owner_url
+        self.schema = schema
+        self.role = role
+        self.role_url = make_url(owner_url).set(username=role).render_as_string(
+            hide_password=False)
+
+
+@pytest.fixture
+async def tenancy(postgres_url: str) -> AsyncIterator[Tenancy]:
+    schema = await fresh_pg_schema()
+    role = f"mp_rls_{uuid.uuid4().hex[:10]}"
+    owner = await open_store(postgres_url, schema=schema)
+    try:
+        await grant_runtime_role(owner, role)
+        yield Tenancy(postgres_url, schema, role)
+    finally:
+        await owner.close()
+        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
+        await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+@pytest.fixture
+async def acme(tenancy: Tenancy) -> AsyncIterator[SqlStore]:
+    async with open_store(tenancy.role_url, schema=tenancy.schema, tenant_id="acme",
+                          migrate=False, pool_size=1) as store:
+        yield store
+
+
+async def raw(store: SqlStore, sql: str, tenant: str | None = None,
+              params: dict[str, Any] | None = None, *, write: bool = False) -> list[Any]:
+    """``sql`` as the store's role, in one transaction, with ``tenant`` set first (as
+    the store sets it) or none."""
+    def body(conn: Connection) -> list[Any]:
+        if tenant is not None:
+            conn.execute(text("SELECT set_config('meshpoint.tenant_id', :t, true)"),
+                         {"t": tenant})
+        result = conn.execute(text(sql), params or {})
+        return list(result) if result.returns_rows else []
+
+    return await store.run(body, write=write)
+
+
+async def test_every_table_has_row_security_enabled_and_forced_and_the_role_owns_nothing(
+        tenancy: Tenancy, acme: SqlStore) -> None:
+    tables = await raw(acme, """
+        SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity,
+               pg_get_userbyid(c.relowner) AS owner
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = :schema AND c.relkind = 'r' AND c.relname LIKE 'agent\\_%'""",
+                       params={"schema": tenancy.schema})
+    assert {t.relname for t in tables} == set(metadata.tables)
+    assert all(t.relrowsecurity and t.relforcerowsecurity for t in tables), tables
+    assert tenancy.role not in {t.owner for t in tables}
+    policies = await raw(acme, """
+        SELECT tablename, qual, with_check FROM pg_policies WHERE schemaname = :schema""",
+                         params={"schema": tenancy.schema})
+    assert {p.tablename for p in policies} == set(metadata.tables)
+    for p in policies:
+        for clause in (p.qual, p.with_check):
+            assert "current_setting('meshpoint.tenant_id'::text, true)" in clause, p
+    role = (await raw(acme, "SELECT rolsuper, rolbypassrls, rolcreaterole FROM pg_roles "
+                            "WHERE rolname = current_user"))[0]
+    assert not role.rolsuper and not role.rolbypassrls and not role.rolcreaterole
+
+
+async def test_another_tenants_rows_are_invisible_to_raw_sql_and_to_the_store(
+        tenancy: Tenancy, acme: SqlStore) -> None:
+    globex = acme.for_tenant("globex")
+    for store, task_id in ((acme, "a1"), (globex, "g1")):
+        await store.checkpoint_task(fan_out(task_id), AGENT)
+        await store.resolve_peer_sub_task(f"{task_id}/sub-0", "x")
+    await acme.cleanup_task("a1")
+    await globex.cleanup_task("g1")
+    await acme.checkpoint_task(fan_out("a2"), AGENT)
+    await globex.checkpoint_task(fan_out("g2"), AGENT)
+    async with open_store(tenancy.owner_url, schema=tenancy.schema) as owner:
+        for table in metadata.tables:
+            everyone = await raw(owner, f"SELECT DISTINCT tenant_id FROM {table}")
+            seen = await raw(acme, f"SELECT DISTINCT tenant_id FROM {table}", "acme")
+            assert [r.tenant_id for r in seen] == (
+                ["acme"] if any(r.tenant_id == "acme" for r in everyone) else []), table
+            assert await raw(acme, f"SELECT * FROM {table}") == [], table  # no tenant set
+        assert {r.tenant_id for r in await raw(
+            owner, "SELECT tenant_id FROM agent_paused_tasks")} == {"acme", "globex"}
+    # Even naming the other tenant's rows outright, under our tenant, finds nothing.
+    assert await raw(acme, "SELECT * FROM agent_paused_tasks WHERE tenant_id = 'globex'",
+                     "acme") == []
+    with pytest.raises(UnknownTaskError):
+        await acme.restore_task("g2")
+    assert (await globex.restore_task("g2")).context.task_id == "g2"
+    assert (await acme.history.verify_task("a1")).ok
+    assert await acme.history.task_ids() == ["a1", "a2"]
+
+
+async def test_a_write_into_another_tenant_is_refused_by_the_database(
+        acme: SqlStore) -> None:
+    await acme.checkpoint_task(fan_out("a1"), AGENT)
+    with pytest.raises(StoreError, match="row-level security"):
+        await raw(acme, "INSERT INTO agent_ended_tasks VALUES ('globex', 't', 'x', 0)",
+                  "acme", write=True)
+    with pytest.raises(StoreError, match="row-level security"):
+        await raw(acme, "INSERT INTO agent_ended_tasks VALUES ('acme', 't', 'x', 0)",
+                  write=True)  # no tenant set: no row may be written at all
+    with pytest.raises(StoreError, match="row-level security"):
+        await raw(acme, "UPDATE agent_paused_tasks SET tenant_id = 'globex'", "acme",
+                  write=True)
+    assert len(await raw(acme, "SELECT * FROM agent_paused_tasks", "acme")) == 1
+
+
+async def test_nothing_leaks_across_commit_and_rollback_on_a_reused_connection(
+        acme: SqlStore) -> None:
+    """The store's pool has one connection: every transaction below reuses it."""
+    await acme.checkpoint_task(fan_out("a1"), AGENT)  # a native statement, tenant set
+    assert await raw(acme, "SELECT * FROM agent_paused_tasks") == []
+    setting = await raw(acme, "SELECT coalesce(current_setting('meshpoint.tenant_id', "
+                              "true), '') AS tenant")
+    assert setting[0].tenant == ""  # the setting ended with its transaction
+    with pytest.raises(StoreError):
+        await raw(acme, "SELECT 1/0", "acme")  # a transaction that rolls back
+    assert await raw(acme, "SELECT * FROM agent_paused_tasks") == []
+    restored = await acme.restore_task("a1")  # the fast path, on the same connection
+    assert restored.context.task_id == "a1"
+    assert await raw(acme, "SELECT * FROM agent_paused_tasks") == []
+
+
+async def test_the_store_works_whole_as_the_runtime_role(tenancy: Tenancy,
+                                                          acme: SqlStore) -> None:
+    """Every kind of operation, fast paths and portable bodies, under row security."""
+    portable = await open_store(tenancy.role_url, schema=tenancy.schema, tenant_id="acme",
+                                migrate=False, fast_paths=False)
+    for store in (acme, portable):
+        ctx = fan_out("t1")
+        await store.checkpoint_task(ctx, AGENT)
+        for n in range(3):
+            await store.resolve_peer_sub_task(f"t1/sub-{n}", "x", lease_owner="i-1")
+        ctx = (await store.restore_task("t1", lease_owner="i-1")).context
+        ctx.current_invocation_id = "inv-2"
+        ctx.register_peer_sub_task("t1/again", {"peer_agent_name": "p"})
+        await store.checkpoint_task(ctx, AGENT, lease_owner="i-1")
+        assert await store.reset_timeout_deadline("t1/again", timeout_s=30) is not None
+        assert (await store.stats()).total == 1
+        assert await store.take_resume_lease("t1", "i-2", 30,
+                                             statuses=("waiting_peers",)) is not None
+        await store.cleanup_task("t1", lease_owner="i-2")
+        assert (await store.history.verify_task("t1")).ok
+        assert await store.forget_ended_tasks(AGENT, older_than_s=0) == 1
+        await store.history.purge()
+    await portable.close()

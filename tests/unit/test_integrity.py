@@ -1,0 +1,184 @@
+"""The history's integrity and encryption primitives (no I/O): RFC 8785 canonical JSON,
+the hash chain, Ed25519 key rings, AES-GCM envelopes bound to where they belong."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import rfc8785
+from hypothesis import given
+from hypothesis import strategies as st
+
+from meshpoint.encryption import EncryptionKeys, is_envelope, load_keyring, save_keyring
+from meshpoint.errors import (
+    ConfigurationError,
+    IntegrityError,
+    InvalidArgumentError,
+    KeyMissingError,
+)
+from meshpoint.history import (
+    HistoryOptions,
+    Prices,
+    StoredHead,
+    StoredRecord,
+    parse_retention,
+    plan_record,
+    verify_chain,
+)
+from meshpoint.integrity import SigningKeys, canonical, chain_hash, private_seed
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner,
+                                                                 max_size=4),
+    max_leaves=20)
+
+
+@given(json_values)
+def test_canonical_json_is_the_same_whatever_the_key_order_or_spacing(value: object) -> None:
+    text = json.dumps(value, indent=2, sort_keys=False)
+    reordered = json.loads(json.dumps(json.loads(text), sort_keys=True))
+    assert canonical(value) == canonical(reordered) == rfc8785.dumps(value)
+
+
+def test_canonical_json_refuses_what_it_cannot_represent() -> None:
+    for bad in (float("nan"), 2**60, {1: "x"}):
+        with pytest.raises(InvalidArgumentError):
+            canonical({"x": bad})
+
+
+def test_the_chain_hash_is_sha256_of_the_parent_hash_and_the_record() -> None:
+    record = {"b": 1, "a": "x"}
+    first = chain_hash("", canonical(record))
+    assert first == hashlib.sha256(b'{"a":"x","b":1}').hexdigest()
+    second = chain_hash(first, canonical(record))
+    assert second == hashlib.sha256(bytes.fromhex(first) + b'{"a":"x","b":1}').hexdigest()
+    with pytest.raises(InvalidArgumentError, match="hex"):
+        chain_hash("not hex", b"{}")
+
+
+def test_signing_keys_from_the_config_forms(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    ring = SigningKeys.generate("k1")
+    seed = private_seed(ring.private["k1"])
+    pem = ring.public_pem("k1")
+    (tmp_path / "k0.pem").write_text(pem)
+    monkeypatch.setenv("MP_KEY", seed)
+    loaded = SigningKeys.from_config({"k1": "env:MP_KEY", "k0": f"file:{tmp_path}/k0.pem",
+                                      "k2": seed}, active="k1")
+    key_id, signature = loaded.sign(b"message")
+    assert key_id == "k1" and loaded.verify("k1", b"message", signature) is None
+    assert loaded.verify("k0", b"message", signature) is None  # the same key, public half
+    assert "does not verify" in (loaded.verify("k1", b"other", signature) or "")
+    assert "does not hold" in (loaded.verify("k9", b"message", signature) or "")
+    with pytest.raises(KeyMissingError, match="MP_MISSING is not set"):
+        SigningKeys.from_config({"k1": "env:MP_MISSING"}, active="k1")
+    with pytest.raises(KeyMissingError, match="cannot read"):
+        SigningKeys.from_config({"k1": f"file:{tmp_path}/nope"}, active=None)
+    with pytest.raises(ConfigurationError, match="not an Ed25519 key"):
+        SigningKeys.from_config({"k1": "bm90IGEga2V5"}, active=None)
+    with pytest.raises(ConfigurationError, match="has no private key"):
+        SigningKeys.from_config({"k0": f"file:{tmp_path}/k0.pem"}, active="k0")
+    with pytest.raises(KeyMissingError, match="no active signing key"):
+        SigningKeys().sign(b"x")
+
+
+def test_encrypted_values_open_only_where_they_were_sealed() -> None:
+    keys = EncryptionKeys.generate("acme", "globex")
+    where = {"task": "t1", "record": "r1", "field": "security_context"}
+    envelope = keys.encrypt({"token": "s3cret"}, tenant="acme", aad=where)
+    assert is_envelope(envelope) and "s3cret" not in json.dumps(envelope)
+    assert keys.decrypt(envelope, tenant="acme", aad=where) == {"token": "s3cret"}
+    for tenant, aad in (("globex", where), ("acme", {**where, "task": "t2"}),
+                        ("acme", {**where, "record": "r2"}),
+                        ("acme", {**where, "field": "other"})):
+        with pytest.raises((IntegrityError, KeyMissingError)):
+            keys.decrypt(envelope, tenant=tenant, aad=aad)
+    flipped = json.loads(json.dumps(envelope))
+    ct = bytearray(base64.b64decode(flipped["$encrypted"]["ct"]))
+    ct[0] ^= 1
+    flipped["$encrypted"]["ct"] = base64.b64encode(bytes(ct)).decode()
+    with pytest.raises(IntegrityError, match="does not decrypt"):
+        keys.decrypt(flipped, tenant="acme", aad=where)
+    with pytest.raises(KeyMissingError, match="no encryption key 'k1'"):
+        keys.shredded("acme").decrypt(envelope, tenant="acme", aad=where)
+    with pytest.raises(KeyMissingError, match="no active encryption key"):
+        keys.encrypt("x", tenant="initech", aad=where)
+
+
+def test_rotation_keeps_old_keys_and_the_ring_file_round_trips(tmp_path: Path) -> None:
+    keys = EncryptionKeys.generate("acme")
+    where = {"task": "t1", "record": "r1", "field": "f"}
+    old = keys.encrypt("before", tenant="acme", aad=where)
+    keys, new_id = keys.rotated("acme")
+    assert new_id == "k2" and keys.active["acme"] == "k2"
+    new = keys.encrypt("after", tenant="acme", aad=where)
+    assert new["$encrypted"]["kid"] == "k2"
+    path = tmp_path / "keys.json"
+    save_keyring(keys, path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    again = load_keyring(path)
+    assert again.decrypt(old, tenant="acme", aad=where) == "before"
+    assert again.decrypt(new, tenant="acme", aad=where) == "after"
+    with pytest.raises(KeyMissingError, match="does not exist"):
+        load_keyring(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text('{"tenants": {"acme": {"keys": {"k1": "AAAA"}}}}')
+    with pytest.raises(ConfigurationError, match="not 32"):
+        load_keyring(tmp_path / "bad.json")
+
+
+def test_retention_policies_and_prices() -> None:
+    assert parse_retention("days:30") == ("days", 30)
+    assert parse_retention("last:5") == ("last", 5)
+    assert parse_retention("hold") == ("hold", 0)
+    for bad in ("days", "days:0", "last:-1", "forever", "hold:3"):
+        with pytest.raises(InvalidArgumentError, match="days:N"):
+            parse_retention(bad)
+    prices = Prices({"m": {"prompt_tokens": 1.0, "completion_tokens": 4.0,
+                           "cached_tokens": 0.5}})
+    assert prices.cost("m", {"prompt_tokens": 1_000_000, "cached_tokens": 400_000,
+                             "completion_tokens": 100_000}) == pytest.approx(1.2)
+    assert prices.cost("unknown", {"prompt_tokens": 5}) is None
+    with pytest.raises(InvalidArgumentError, match="not one of"):
+        Prices({"m": {"input": 1.0}})
+    with pytest.raises(InvalidArgumentError, match="encrypt_fields"):
+        HistoryOptions(encrypt_fields=("metadata.task_id",))
+
+
+def _chain(n: int, options: HistoryOptions) -> tuple[list[StoredRecord], StoredHead]:
+    records, head = [], None
+    for _ in range(n):
+        planned = plan_record(
+            tenant_id="acme", task_id="t1", agent_name="agent", status="waiting_peers",
+            phase=None, doc={}, context_sha256=None, session_event_count=0,
+            head=head, now=1_700_000_000.0, options=options, compress_threshold=1 << 20,
+            snapshot_context={"a": 1})
+        records.append(StoredRecord("acme", planned.checkpoint_id, "t1", planned.seq,
+                                    json.loads(json.dumps(planned.document)), planned.hash,
+                                    planned.signature, planned.key_id))
+        head = planned.head({})
+        last = planned
+    return records, StoredHead("acme", "t1", n, last.checkpoint_id, last.hash,
+                               last.head_signature, last.head_key_id)
+
+
+def test_a_chain_verifies_and_each_kind_of_damage_is_named() -> None:
+    options = HistoryOptions(signing=SigningKeys.generate("k1"))
+    records, head = _chain(4, options)
+    assert verify_chain("t1", records, head, options).ok
+    damaged = [*records[:1], records[2], records[3]]
+    report = verify_chain("t1", damaged, head, options)
+    assert (report.kind, report.first_bad_seq) == ("broken", 3)
+    assert "record 2 is missing" in (report.reason or "")
+    report = verify_chain("t1", records[:3], head, options)
+    assert report.kind == "broken" and "cut off" in (report.reason or "")
+    assert report.last_good_seq == 3
+    tampered = replace(records[1], document={**records[1].document, "extensions": {"x": 1}})
+    report = verify_chain("t1", [records[0], tampered, *records[2:]], head, options)
+    assert (report.kind, report.first_bad_seq, report.last_good_seq) == ("corrupt", 2, 1)
