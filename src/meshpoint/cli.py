@@ -27,13 +27,15 @@ from meshpoint.cli_common import (
     fail,
     run_on_store,
 )
+from meshpoint.cli_history import history_commands
 from meshpoint.cli_tasks import recover, tasks_app
-from meshpoint.errors import MeshpointError
+from meshpoint.errors import ConfigurationError, MeshpointError
 
 app = typer.Typer(help="meshpoint: AI agents that are stateless while they wait.",
                   no_args_is_help=True, add_completion=False)
 app.add_typer(tasks_app, name="tasks")
 app.command()(recover)
+history_commands(app, tasks_app)
 
 #: ``serve`` and ``submit`` need the whole mesh, not only its store.
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", envvar="MESHPOINT_CONFIG",
@@ -81,8 +83,10 @@ def demo(
         print(json.dumps(figures))
     else:
         _demo_table(figures, db)
-    if figures["completed"] != figures["submitted"] or figures["rows_left"]:
-        err.print("[red]not every task completed, or rows were left behind[/red]")
+    if figures["completed"] != figures["submitted"] or figures["rows_left"] \
+            or figures["chains_failed"]:
+        err.print("[red]not every task completed, rows were left behind, or a history "
+                  "chain fails verification[/red]")
         raise typer.Exit(code=2)
 
 
@@ -112,25 +116,59 @@ def _demo_table(figures: dict[str, Any], db: Path) -> None:
         ("  approved · with edited arguments · denied",
          f"{figures['approved']} · {figures['approved_edited']} · {figures['denied']}"),
         ("live rows left", figures["rows_left"]),
+        ("history records (a chain per task)", figures["history_records"]),
+        ("  chains that verify · that fail", f"{figures['chains_verified']} · "
+                                             f"{figures['chains_failed']}"),
+        ("cost of every task, from the records (USD)", f"{figures['cost_usd']:.6f}"),
         ("checkpoint write p50 / p99 (ms)", pair(figures["checkpoint_write_ms"])),
         ("pause-to-resume p50 / p99 (ms)", pair(figures["pause_resume_ms"])),
         ("wall time (s)", figures["seconds"]),
     ]:
         table.add_row(name, str(value))
     console.print(table)
-    if figures["completed"] == figures["submitted"] and not figures["rows_left"]:
+    if figures["completed"] == figures["submitted"] and not figures["rows_left"] \
+            and not figures["chains_failed"]:
         console.print("[green]every task completed while instances were being killed; "
-                      "nothing left behind[/green]")
+                      "nothing left behind; every history chain verifies[/green]")
+        console.print(f"try: meshpoint verify --all --url sqlite:///{db}")
+        if figures["a_task"]:
+            console.print(f"     meshpoint tasks cost {figures['a_task']} --url "
+                          f"sqlite:///{db}")
 
 
 @app.command()
-def migrate(url: Url = None, config: Config = None, schema: Schema = None) -> None:
-    """Bring a database's schema up to date (safe to run from many hosts at once)."""
-    async def nothing(store: Any) -> None:
-        return None
+def migrate(url: Url = None, config: Config = None, schema: Schema = None,
+            runtime_role: Annotated[str | None, typer.Option(
+                "--runtime-role", help="PostgreSQL: create (if missing) and grant the role "
+                "serve connects as: no ownership, no BYPASSRLS.")] = None,
+            password_env: Annotated[str | None, typer.Option(
+                "--runtime-password-env", help="Set the runtime role's password from this "
+                "environment variable.")] = None) -> None:
+    """Bring a database's schema up to date (safe to run from many hosts at once), as
+    the owner of meshpoint's tables; on PostgreSQL, optionally set up the runtime role
+    that row-level security holds to one tenant per transaction."""
+    import os
 
-    run_on_store(url, config, schema, None, False, nothing, migrate=True)
-    console.print("schema is up to date")
+    password = None
+    if password_env is not None:
+        password = os.environ.get(password_env)
+        if not password:
+            raise typer.BadParameter(f"the environment variable {password_env} is not set",
+                                     param_hint="--runtime-password-env")
+
+    async def grant(store: Any) -> None:
+        if runtime_role is None:
+            return
+        if store.dialect != "postgresql":
+            raise ConfigurationError("--runtime-role is for PostgreSQL (SQLite has no roles)")
+        from meshpoint.store.postgres import grant_runtime_role
+
+        await grant_runtime_role(store, runtime_role, password=password)
+
+    run_on_store(url, config, schema, None, False, grant, migrate=True)
+    console.print("schema is up to date" + (f"; role {runtime_role} may use it (row-level "
+                                            "security holds it to one tenant per "
+                                            "transaction)" if runtime_role else ""))
 
 
 @app.command()

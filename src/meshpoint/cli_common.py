@@ -5,8 +5,10 @@ opened from them, and how a meshpoint error becomes a message and exit code 1.
 A command reaches the store from any host in one of two ways: a URL (``--url`` or
 ``MESHPOINT_STORE_URL``, with ``--schema`` for a PostgreSQL schema other than the
 search path's), or the mesh config (``--config`` or ``MESHPOINT_CONFIG``), whose
-``store`` section gives the URL, schema and tenant. ``--tenant`` overrides the
-config's tenant; without either it is ``default``.
+``store`` section gives the URL, schema and tenant, and whose ``history`` section
+the keys that sign and encrypt the checkpoint history (a URL alone verifies hashes,
+not signatures, and reads no encrypted field). ``--tenant`` overrides the config's
+tenant; without either it is ``default``.
 """
 
 from __future__ import annotations
@@ -56,9 +58,10 @@ def store_opener(url: str | None, config: Path | None, *, schema: str | None = N
                                    "(or MESHPOINT_CONFIG)")
     from meshpoint.config import load_config
 
-    s = load_config(config).store
+    mesh = load_config(config)
+    s = mesh.store
     return open_store(s.url, tenant_id=tenant or s.tenant, schema=schema or s.schema_name,
-                      migrate=migrate)
+                      migrate=migrate, history=mesh.history_options())
 
 
 def run_on_store(url: str | None, config: Path | None, schema: str | None,

@@ -15,7 +15,10 @@ console would) answers through the broker: most are approved, some with edited
 arguments, some denied. Whichever instance takes the answer resumes the task.
 
 The demo ends when every task is answered (or ``deadline_s`` passes) and reports
-what happened: every task must be completed, each answered once, no row left.
+what happened: every task must be completed, each answered once, no row left, and
+every task's checkpoint history (a record per checkpoint and end, priced with
+:data:`DEMO_PRICES`) must verify. ``meshpoint verify --all`` and ``meshpoint tasks
+cost ID`` then work on the demo's database.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 from meshpoint import a2a
 from meshpoint.broker.inprocess import InProcessBroker
 from meshpoint.errors import AlreadyAnsweredError, ConfigurationError, MeshpointError
+from meshpoint.history import HistoryOptions, Prices
 from meshpoint.llm.base import ModelResponse, ToolSpec
 from meshpoint.llm.scripted import ScriptedModel
 from meshpoint.runtime import Agent, AgentInstance, Client, LocalTool, Peer, RuntimeOptions
@@ -41,6 +45,10 @@ from meshpoint.runtime.stats import percentile
 from meshpoint.store import open_store
 
 PEERS = ("flights", "hotels", "weather")
+#: Illustrative prices per million tokens, so that the cost attribution has numbers:
+#: the coordinator's scripted model, and each peer agent's.
+DEMO_PRICES = {"scripted": {"prompt_tokens": 0.15, "completion_tokens": 0.60},
+               **{peer: {"prompt_tokens": 0.10, "completion_tokens": 0.40} for peer in PEERS}}
 
 
 @dataclass(frozen=True)
@@ -112,18 +120,20 @@ class Approver:
                 for sub in subs:
                     if sub.status == "pending" and "approval" in sub.correlation_data \
                             and sub.sub_task_id not in self.seen:
+                        # Answers go by the order calls are seen: every run of 5 has
+                        # 3 approved as asked, 1 edited and 1 denied.
+                        turn = len(self.seen) % 5
                         self.seen.add(sub.sub_task_id)
-                        asyncio.get_running_loop().create_task(self._answer(sub))
+                        asyncio.get_running_loop().create_task(self._answer(sub, turn))
             await asyncio.sleep(0.05)
 
-    async def _answer(self, sub: Any) -> None:
-        share = _share(sub.sub_task_id)
+    async def _answer(self, sub: Any, turn: int) -> None:
         arguments = sub.correlation_data["approval"]["arguments"]
         try:
-            if share < 0.6:
+            if turn in (0, 1, 2):
                 await self.client.approve(sub.task_id, sub.sub_task_id, timeout_s=20)
                 self.decided[sub.sub_task_id] = "approved"
-            elif share < 0.8:
+            elif turn == 3:
                 await self.client.approve(sub.task_id, sub.sub_task_id, {
                     "query": f"{arguments.get('query')} (economy)"}, timeout_s=20)
                 self.decided[sub.sub_task_id] = "edited"
@@ -182,7 +192,8 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
     peers = [Agent(name, StallingPeerModel(name, config.stall_rate,
                                            config.peer_timeout_s * 2)) for name in PEERS]
     started = time.perf_counter()
-    async with open_store(f"sqlite:///{config.db_path}") as store:
+    history = HistoryOptions(prices=Prices(DEMO_PRICES))
+    async with open_store(f"sqlite:///{config.db_path}", history=history) as store:
         broker = InProcessBroker()
         every: list[AgentInstance] = []
 
@@ -231,6 +242,10 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
             await instance.stop()
         await broker.close()
         rows_left = sum((await store.live_row_counts()).values())
+        with_history = await store.history.task_ids(limit=config.tasks + 1)
+        chains = [await store.history.verify_task(task_id) for task_id in with_history]
+        costs = [record.metrics.cost["total"] for task_id in with_history
+                 if (record := await store.history.get_latest_checkpoint(task_id))]
     seconds = time.perf_counter() - started
     coordinators = [i for i in every if i.agent.name == "coordinator"]
 
@@ -255,6 +270,11 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
         "denied": sum(d == "denied" for d in approver.decided.values()),
         "kills": kills, "instances": config.instances, "fan_out": config.fan_out,
         "rows_left": rows_left,
+        "history_records": sum(c.records for c in chains),
+        "chains_verified": sum(c.ok for c in chains),
+        "chains_failed": sum(not c.ok for c in chains),
+        "cost_usd": round(sum(costs), 6),
+        "a_task": with_history[0] if with_history else None,
         "checkpoint_write_ms": _ms([s for i in coordinators for s in i.stats.checkpoint_ms]),
         "pause_resume_ms": _ms([s for i in coordinators for s in i.stats.pause_resume_ms]),
         "seconds": round(seconds, 2),

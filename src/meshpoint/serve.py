@@ -26,8 +26,9 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 from meshpoint import a2a
 from meshpoint._retry import retried
 from meshpoint.config import MeshConfig
-from meshpoint.errors import BrokerError, StoreUnavailableError
+from meshpoint.errors import BrokerError, MeshpointError, StoreUnavailableError
 from meshpoint.runtime import AgentInstance, Client
+from meshpoint.store import SqlStore
 
 logger = logging.getLogger("meshpoint.serve")
 
@@ -66,7 +67,12 @@ async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None 
                         instance.instance_id, agent_name, config.namespace, config.broker.url)
             if on_ready is not None:
                 on_ready(instance)
+            purging = asyncio.create_task(_purge_every(
+                store, config.history.purge_interval_s, stop))
             await stop.wait()
+            purging.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await purging
             logger.info("%s: signal received, draining (up to %gs)", instance.instance_id,
                         config.runtime.drain_timeout_s)
             await instance.drain(config.runtime.drain_timeout_s)
@@ -76,6 +82,28 @@ async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None 
             await broker.close()
     finally:
         await store.close()
+
+
+async def _purge_every(store: SqlStore, interval_s: float, stop: asyncio.Event) -> None:
+    """Apply the history's retention every ``interval_s`` (0: never), from the first
+    interval on; a failing pass is logged and tried again next time. Every ``serve``
+    process runs it: a purge changes a chain only if it is as the purge read it, so
+    two at once remove each record once."""
+    while interval_s > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)
+        if stop.is_set():
+            return
+        try:
+            purged = await store.history.purge()
+        except MeshpointError as error:
+            logger.warning("history purge failed (%s); trying again in %gs", error,
+                           interval_s)
+            continue
+        removed = sum(p.removed for p in purged if p.skipped is None)
+        if removed:
+            logger.info("history purge: %d record(s) of %d chain(s) removed", removed,
+                        len(purged))
 
 
 class _Stopped(Exception):

@@ -1,0 +1,296 @@
+"""The checkpoint history from the command line: ``meshpoint verify`` walks chains,
+``meshpoint tasks cost`` attributes a task's tokens and cost, ``meshpoint purge``
+applies retention and ``meshpoint keys`` manages the encryption key ring.
+
+Like ``meshpoint tasks``, every command works on the store directly (see
+:mod:`meshpoint.cli_common` for ``--url``/``--config``/``--tenant``), prints a table
+or, with ``--json``, one JSON object, and exits 1 with the reason on an error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+
+from meshpoint.cli_common import (
+    AsJson,
+    Config,
+    Schema,
+    Tenant,
+    Url,
+    console,
+    err,
+    fail,
+    run_on_store,
+)
+from meshpoint.errors import (
+    ConfigurationError,
+    InvalidArgumentError,
+    MeshpointError,
+    UnknownHistoryError,
+)
+from meshpoint.history import ChainReport
+
+R = TypeVar("R")
+#: Tasks whose history is read per query when walking every chain.
+_PAGE = 500
+
+
+def verify(task: Annotated[str | None, typer.Option(
+               "--task", help="Verify this task's chain.")] = None,
+           every: Annotated[bool, typer.Option(
+               "--all", help="Verify every chain of the tenant.")] = False,
+           url: Url = None, config: Config = None, schema: Schema = None,
+           tenant: Tenant = None, as_json: AsJson = False) -> None:
+    """Walk checkpoint history chains: each record's hash and signature, each link to
+    its parent, and the signed head (a cut-off tail). Names the first bad record of
+    each chain and why; exits 1 if any chain fails."""
+    if (task is None) == (not every):
+        err.print("[red]error:[/red] give --task ID or --all")
+        raise typer.Exit(code=2)
+
+    async def body(store: Any) -> list[ChainReport]:
+        if task is not None:
+            return [await store.history.verify_task(task)]
+        reports: list[ChainReport] = []
+        with Progress(TextColumn("verifying chains"), BarColumn(), MofNCompleteColumn(),
+                      console=err, disable=as_json) as progress:
+            job = progress.add_task("chains", total=None)
+            after = ""
+            while True:
+                ids = await store.history.task_ids(after=after, limit=_PAGE)
+                for task_id in ids:
+                    reports.append(await store.history.verify_task(task_id))
+                    progress.advance(job)
+                if len(ids) < _PAGE:
+                    return reports
+                after = ids[-1]
+
+    reports = run_on_store(url, config, schema, tenant, as_json, body)
+    failed = [r for r in reports if not r.ok]
+    if as_json:
+        print(json.dumps({"chains": len(reports), "ok": len(reports) - len(failed),
+                          "failed": len(failed), "reports": [
+                              {"task_id": r.task_id, "records": r.records, "ok": r.ok,
+                               "kind": r.kind, "first_bad_seq": r.first_bad_seq,
+                               "first_bad_id": r.first_bad_id, "reason": r.reason,
+                               "last_good_seq": r.last_good_seq} for r in reports]}))
+    else:
+        table = Table(title=f"checkpoint history: {len(reports)} chain(s), "
+                            f"{len(failed)} failed")
+        for column in ("task", "records", "result", "first bad record", "why"):
+            table.add_column(column)
+        for r in reports if task is not None else failed:
+            bad = "-" if r.first_bad_seq is None and r.ok else (
+                f"{r.first_bad_seq or 'head'} {r.first_bad_id or ''}".strip())
+            table.add_row(r.task_id, str(r.records),
+                          "[green]ok[/green]" if r.ok else f"[red]{r.kind}[/red]", bad,
+                          r.reason or "")
+        if table.row_count:
+            console.print(table)
+        console.print(f"{len(reports) - len(failed)} of {len(reports)} chain(s) verify")
+    if failed:
+        raise typer.Exit(code=1)
+
+
+def cost(task_id: Annotated[str, typer.Argument(help="The task.")],
+         url: Url = None, config: Config = None, schema: Schema = None,
+         tenant: Tenant = None, as_json: AsJson = False) -> None:
+    """A task's tokens and cost, checkpoint by checkpoint and in total, by model and by
+    source (the agent itself, each peer), from its verified history (prices: the
+    config's ``history.prices``, applied when each record was written)."""
+    async def body(store: Any) -> list[Any]:
+        return list(reversed(await store.history.get_checkpoint_history(task_id,
+                                                                         limit=100_000)))
+
+    records = run_on_store(url, config, schema, tenant, as_json, body)
+    if not records:
+        fail(UnknownHistoryError(task_id), as_json)
+    last = records[-1].metrics
+    rows = [{"seq": r.metadata.seq, "checkpoint_id": r.metadata.checkpoint_id,
+             "phase": r.execution_state.phase, "timestamp": r.metadata.timestamp,
+             "tokens": r.metrics.tokens["iteration"]["totals"],
+             "cost": r.metrics.cost.get("iteration", 0.0)} for r in records]
+    total = {"tokens": last.tokens["total"], "cost": last.cost}
+    if as_json:
+        print(json.dumps({"task_id": task_id, "currency": last.cost.get("currency"),
+                          "checkpoints": rows, "total": total}))
+        return
+    currency = last.cost.get("currency", "")
+    table = Table(title=f"cost of task {task_id}, checkpoint by checkpoint")
+    for column in ("#", "phase", "written", "prompt", "completion", "cached",
+                   f"cost ({currency})"):
+        table.add_column(column, justify="right" if column != "phase" else "left")
+    for row in rows:
+        t = row["tokens"]
+        table.add_row(str(row["seq"]), row["phase"], row["timestamp"][:19],
+                      str(t.get("prompt_tokens", 0)), str(t.get("completion_tokens", 0)),
+                      str(t.get("cached_tokens", 0)), f"{row['cost']:.6f}")
+    console.print(table)
+    for title, key in (("by model", "by_model"), ("by source", "by_source")):
+        breakdown = Table(title=f"in total, {title}")
+        for column in (title.split()[-1], "prompt", "completion", "cached",
+                       f"cost ({currency})"):
+            breakdown.add_column(column)
+        for name, counts in sorted(total["tokens"].get(key, {}).items()):
+            price = total["cost"].get("by_model", {}).get(name, {}).get("total") \
+                if key == "by_model" else None
+            breakdown.add_row(name, str(counts.get("prompt_tokens", 0)),
+                              str(counts.get("completion_tokens", 0)),
+                              str(counts.get("cached_tokens", 0)),
+                              "-" if price is None else f"{price:.6f}")
+        console.print(breakdown)
+    unpriced = total["cost"].get("unpriced") or []
+    console.print(f"total: {total['cost'].get('total', 0.0):.6f} {currency}"
+                  + (f" (no price for {', '.join(unpriced)})" if unpriced else ""))
+
+
+def purge(dry_run: Annotated[bool, typer.Option(
+              "--dry-run", help="Show what would be removed; remove nothing.")] = False,
+          url: Url = None, config: Config = None, schema: Schema = None,
+          tenant: Tenant = None, as_json: AsJson = False) -> None:
+    """Remove what retention lets go from the checkpoint history of tasks that ended:
+    ``last:N`` keeps a chain's newest N records, ``days:N`` its last N days, ``hold``
+    everything (per task or agent, else the config's ``history.retention``). What
+    stays still verifies. ``serve`` does the same every ``history.purge_interval_s``."""
+    async def body(store: Any) -> list[Any]:
+        with Progress(TextColumn("purging" if not dry_run else "planning a purge"),
+                      BarColumn(), MofNCompleteColumn(), console=err,
+                      disable=as_json) as progress:
+            job = progress.add_task("chains", total=None)
+            return list(await store.history.purge(
+                dry_run=dry_run, progress=lambda n: progress.advance(job, n)))
+
+    purged = run_on_store(url, config, schema, tenant, as_json, body)
+    done = [p for p in purged if p.skipped is None]
+    if as_json:
+        print(json.dumps({"dry_run": dry_run, "chains": len(done),
+                          "records_removed": sum(p.removed for p in done),
+                          "purges": [{"task_id": p.task_id, "policy": p.policy,
+                                      "records": p.records, "removed": p.removed,
+                                      "through": p.through, "whole": p.whole,
+                                      "skipped": p.skipped} for p in purged]}))
+        return
+    table = Table(title="what the purge " + ("would remove" if dry_run else "removed"))
+    for column in ("task", "policy", "records", "removed", "result"):
+        table.add_column(column)
+    for p in purged:
+        result = (f"skipped: {p.skipped}" if p.skipped else
+                  ("the whole chain and its head" if p.whole else
+                   f"records 1-{p.through}; the rest verifies"))
+        table.add_row(p.task_id, p.policy, str(p.records), str(p.removed), result)
+    console.print(table if purged else "nothing to purge")
+    verb = "would remove" if dry_run else "removed"
+    console.print(f"{verb} {sum(p.removed for p in done)} record(s) of {len(done)} chain(s)")
+
+
+keys_app = typer.Typer(help="The encryption key ring of the checkpoint history.",
+                       no_args_is_help=True)
+KeyRing = Annotated[Path | None, typer.Option(
+    "--keyring", help="The key ring file (default: the config's history.encryption.keyring).")]
+
+
+def _keyring_path(keyring: Path | None, config: Path | None) -> Path:
+    if keyring is not None:
+        return keyring
+    if config is not None:
+        from meshpoint.config import load_config
+
+        encryption = load_config(config).history.encryption
+        if encryption is not None:
+            return Path(encryption.keyring)
+        raise ConfigurationError(f"{config}: history.encryption.keyring is not set")
+    raise InvalidArgumentError("give --keyring PATH or --config (its "
+                               "history.encryption.keyring)")
+
+
+@keys_app.command()
+def rotate(tenant: Annotated[str, typer.Option("--tenant", help="Whose key.")],
+           keyring: KeyRing = None, config: Config = None, as_json: AsJson = False) -> None:
+    """Add a new encryption key for TENANT and make it active (the ring file is created
+    if it does not exist). New records are encrypted with it; the older keys stay to
+    read what they encrypted. Restart (or reload) the processes that read the ring."""
+    from meshpoint.encryption import EncryptionKeys, load_keyring, save_keyring
+
+    def run() -> tuple[Path, str]:
+        path = _keyring_path(keyring, config)
+        ring = load_keyring(path) if path.exists() else EncryptionKeys()
+        ring, key_id = ring.rotated(tenant)
+        save_keyring(ring, path)
+        return path, key_id
+
+    path, key_id = _sync(run, as_json)
+    if as_json:
+        print(json.dumps({"keyring": str(path), "tenant": tenant, "active": key_id}))
+    else:
+        console.print(f"tenant {tenant!r}: key {key_id} is active in {path}")
+
+
+@keys_app.command("list")
+def list_keys(keyring: KeyRing = None, config: Config = None, as_json: AsJson = False) -> None:
+    """The tenants of the key ring, their key ids and active key (never the keys)."""
+    from meshpoint.encryption import load_keyring
+
+    ring = _sync(lambda: load_keyring(_keyring_path(keyring, config)), as_json)
+    rows: list[dict[str, Any]] = [
+        {"tenant": t, "active": ring.active.get(t), "keys": sorted(keys)}
+        for t, keys in sorted(ring.keys.items())]
+    if as_json:
+        print(json.dumps({"tenants": rows}))
+        return
+    table = Table(title="encryption keys")
+    for column in ("tenant", "active", "key ids"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["tenant"], str(row["active"]), ", ".join(row["keys"]))
+    console.print(table)
+
+
+@keys_app.command()
+def shred(tenant: Annotated[str, typer.Option("--tenant", help="Whose keys.")],
+          yes: Annotated[bool, typer.Option("--yes", help="Confirm: this cannot be "
+                                            "undone.")] = False,
+          keyring: KeyRing = None, config: Config = None, as_json: AsJson = False) -> None:
+    """Crypto-shredding: delete every key of TENANT. Its encrypted fields can never be
+    read again (by anyone, from any backup that lacks the keys); its chains still
+    verify, since each record's hash covers the ciphertext."""
+    from meshpoint.encryption import load_keyring, save_keyring
+
+    if not yes:
+        err.print("[red]error:[/red] this deletes the keys for good; confirm with --yes")
+        raise typer.Exit(code=2)
+
+    def run() -> Path:
+        path = _keyring_path(keyring, config)
+        ring = load_keyring(path)
+        if tenant not in ring.keys:
+            raise InvalidArgumentError(f"the key ring {path} has no keys of tenant {tenant!r}")
+        save_keyring(ring.shredded(tenant), path)
+        return path
+
+    path = _sync(run, as_json)
+    if as_json:
+        print(json.dumps({"keyring": str(path), "tenant": tenant, "shredded": True}))
+    else:
+        console.print(f"tenant {tenant!r}: every key deleted from {path}")
+
+
+def _sync(run: Callable[[], R], as_json: bool) -> R:
+    try:
+        return run()
+    except MeshpointError as error:
+        fail(error, as_json)
+
+
+def history_commands(app: typer.Typer, tasks_app: typer.Typer) -> None:
+    """Register this module's commands on the ``meshpoint`` app."""
+    app.command()(verify)
+    app.command()(purge)
+    app.add_typer(keys_app, name="keys")
+    tasks_app.command()(cost)

@@ -1,0 +1,97 @@
+"""The checkpoint history's commands as a user runs them, subprocesses on the demo's
+database (issue 15: ``meshpoint verify`` and ``tasks cost`` work on it), and the key
+ring's."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def meshpoint(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "meshpoint.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.fixture(scope="module")
+def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = tmp_path_factory.mktemp("demo")
+    done = meshpoint("demo", "--tasks", "12", "--kill-rate", "1", "--json", cwd=where)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    assert figures["chains_verified"] == 12 and figures["chains_failed"] == 0
+    assert figures["history_records"] >= 24 and figures["cost_usd"] > 0
+    return where / "meshpoint-demo.db"
+
+
+def test_verify_and_cost_work_on_the_demos_database(demo_db: Path) -> None:
+    url = f"sqlite:///{demo_db}"
+    done = meshpoint("verify", "--all", "--url", url, "--json", cwd=demo_db.parent)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["chains"], report["ok"], report["failed"]) == (12, 12, 0)
+    task_id = report["reports"][0]["task_id"]
+    done = meshpoint("tasks", "cost", task_id, "--url", url, "--json", cwd=demo_db.parent)
+    assert done.returncode == 0, done.stderr
+    cost = json.loads(done.stdout)
+    assert cost["currency"] == "USD" and cost["total"]["cost"]["total"] > 0
+    assert [c["phase"] for c in cost["checkpoints"]][-1] == "completed"
+    assert sum(c["tokens"]["completion_tokens"] for c in cost["checkpoints"]) == \
+        cost["total"]["tokens"]["totals"]["completion_tokens"]
+    done = meshpoint("tasks", "cost", task_id, "--url", url, cwd=demo_db.parent)
+    assert done.returncode == 0 and "by source" in done.stdout and "USD" in done.stdout
+    done = meshpoint("tasks", "cost", "nope", "--url", url, cwd=demo_db.parent)
+    assert done.returncode == 1 and "no checkpoint history" in " ".join(done.stderr.split())
+    done = meshpoint("purge", "--dry-run", "--url", url, "--json", cwd=demo_db.parent)
+    assert done.returncode == 0 and json.loads(done.stdout)["records_removed"] == 0
+    done = meshpoint("verify", "--url", url, cwd=demo_db.parent)
+    assert done.returncode == 2 and "--task ID or --all" in " ".join(done.stderr.split())
+
+
+def test_verify_names_the_record_someone_changed(demo_db: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "tampered.db"
+    with sqlite3.connect(demo_db) as source, sqlite3.connect(copy) as target:
+        source.backup(target)
+    with sqlite3.connect(copy) as conn:
+        task_id, seq, data = conn.execute(
+            "SELECT logical_task_id, seq, data FROM agent_checkpoints WHERE seq = 1 "
+            "ORDER BY logical_task_id LIMIT 1").fetchone()
+        conn.execute("UPDATE agent_checkpoints SET data = ? WHERE logical_task_id = ? AND "
+                     "seq = 1", (data.replace('"agent_type":"general"', '"agent_type":"generaI"'),
+                                   task_id))
+    url = f"sqlite:///{copy}"
+    done = meshpoint("verify", "--all", "--url", url, "--json", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout
+    report = json.loads(done.stdout)
+    assert report["failed"] == 1
+    bad = next(r for r in report["reports"] if not r["ok"])
+    assert (bad["task_id"], bad["first_bad_seq"], bad["kind"]) == (task_id, seq, "corrupt")
+    done = meshpoint("verify", "--task", task_id, "--url", url, cwd=tmp_path)
+    assert done.returncode == 1 and "corrupt" in done.stdout
+    assert "0 of 1 chain(s) verify" in done.stdout
+
+
+def test_the_key_ring_commands(tmp_path: Path) -> None:
+    ring = tmp_path / "keys.json"
+    done = meshpoint("keys", "rotate", "--tenant", "acme", "--keyring", str(ring), "--json",
+                     cwd=tmp_path)
+    assert done.returncode == 0 and json.loads(done.stdout)["active"] == "k1", done.stderr
+    meshpoint("keys", "rotate", "--tenant", "acme", "--keyring", str(ring), cwd=tmp_path)
+    done = meshpoint("keys", "list", "--keyring", str(ring), "--json", cwd=tmp_path)
+    assert json.loads(done.stdout)["tenants"] == [
+        {"tenant": "acme", "active": "k2", "keys": ["k1", "k2"]}]
+    assert ring.stat().st_mode & 0o777 == 0o600
+    done = meshpoint("keys", "shred", "--tenant", "acme", "--keyring", str(ring), cwd=tmp_path)
+    assert done.returncode == 2 and "--yes" in " ".join(done.stderr.split())
+    done = meshpoint("keys", "shred", "--tenant", "acme", "--keyring", str(ring), "--yes",
+                     cwd=tmp_path)
+    assert done.returncode == 0
+    assert json.loads(meshpoint("keys", "list", "--keyring", str(ring), "--json",
+                                cwd=tmp_path).stdout)["tenants"] == []
+    done = meshpoint("keys", "list", "--keyring", str(tmp_path / "none.json"), cwd=tmp_path)
+    assert done.returncode == 1 and "does not exist" in " ".join(done.stderr.split())
