@@ -7,10 +7,13 @@ For SQLite (a file, WAL, synchronous=NORMAL on both sides) and PostgreSQL:
 
 1. **Write and read of one pause.** The payload is a conversation of 20 messages
    of about 500 B and 3 pending sub-tasks. meshpoint writes it with
-   ``checkpoint_task`` and reads it with ``restore_task``; LangGraph's
-   ``SqliteSaver`` / ``PostgresSaver`` with ``put`` (channels ``messages`` and
-   ``sub_tasks``) and ``get_tuple``. Each run is a new task / thread. Reported:
-   p50/p99/max and the ratio meshpoint / LangGraph.
+   ``checkpoint_task`` (with the checkpoint history, the default; without it; and
+   with it signed) and reads it with ``restore_task`` (verified against the
+   history, the default, and not); LangGraph's ``SqliteSaver`` / ``PostgresSaver``
+   with ``put`` (channels ``messages`` and ``sub_tasks``) and ``get_tuple``. Each
+   run is a new task / thread. On PostgreSQL meshpoint connects as a runtime role
+   held by row-level security, as ``serve`` does. Reported: p50/p99/max and the
+   ratio meshpoint / LangGraph.
 2. **Storage of a growing conversation.** One task, 500 turns; each turn adds one
    message (~500 B) and pauses. meshpoint appends the new event; LangGraph stores a
    new version of the ``messages`` channel. Reported: the tables' size after the
@@ -49,9 +52,13 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
+from sqlalchemy.engine import make_url
 
 from meshpoint import TaskExecutionContext, open_store
+from meshpoint.history import DISABLED, HistoryOptions
+from meshpoint.integrity import SigningKeys
 from meshpoint.store import SqlStore
+from meshpoint.store.postgres import grant_runtime_role
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_store import percentiles
@@ -153,43 +160,65 @@ async def atimed(samples: list[float], call: Callable[[], Any]) -> Any:
 
 async def write_read(store: SqlStore, lg: LangGraphSide, runs: int,
                      progress: Progress, label: str) -> dict[str, Any]:
+    """Pause writes on three meshpoint stores of one database, interleaved with
+    LangGraph's ``put``: with the checkpoint history (the default), without it, and
+    with it signed (Ed25519); then reads: ``restore_task`` verified against the
+    history (the default) and not, interleaved with ``get_tuple``."""
     prefix = uuid.uuid4().hex[:8]
-    job = progress.add_task(f"{label}: write and read, both sides", total=4 * runs)
-    mp_write: list[float] = []
-    mp_read: list[float] = []
-    lg_write: list[float] = []
-    lg_read: list[float] = []
+    sides: dict[str, SqlStore] = {
+        "meshpoint_write": store,
+        "meshpoint_write_no_history": store.with_history(DISABLED),
+        "meshpoint_write_signed": store.with_history(HistoryOptions(
+            signing=SigningKeys.generate("bench")))}
+    job = progress.add_task(f"{label}: write and read, every side", total=6 * runs)
+    samples: dict[str, list[float]] = {name: [] for name in (
+        *sides, "langgraph_put", "meshpoint_restore", "meshpoint_restore_unverified",
+        "langgraph_get_tuple")}
     warm = meshpoint_context(f"{prefix}-warm")
-    await store.checkpoint_task(warm, "bench")
+    for name, side in sides.items():
+        await side.checkpoint_task(meshpoint_context(f"{prefix}-warm-{name}"), "bench")
     lg.put(f"{prefix}-warm", [message(n) for n in range(20)], sub_tasks("w"), 0)
-    # Interleaved, so that both sides see the same machine weather, and in turns
-    # going first, so that neither always runs right after the other's write.
+    # Interleaved, so that every side sees the same machine weather, and in turns
+    # going first, so that none always runs right after another's write.
+    order = [*sides, "langgraph_put"]
     for n in range(runs):
-        ctx = meshpoint_context(f"{prefix}-{n}")
         msgs, subs = [message(i) for i in range(20)], sub_tasks(f"{prefix}-{n}")
-        for side in ((0, 1) if n % 2 else (1, 0)):
-            if side == 0:
-                await atimed(mp_write, lambda ctx=ctx: store.checkpoint_task(ctx, "bench"))
-            else:
-                timed(lg_write, lambda n=n, msgs=msgs, subs=subs: lg.put(
+        shift = n % len(order)
+        for name in order[shift:] + order[:shift]:
+            if name == "langgraph_put":
+                timed(samples[name], lambda n=n, msgs=msgs, subs=subs: lg.put(
                     f"{prefix}-{n}", msgs, subs, 0))
-        progress.advance(job, 2)
+                continue
+            ctx = meshpoint_context(f"{prefix}-{n}-{name}")
+            await atimed(samples[name], lambda ctx=ctx, side=sides[name]: (
+                side.checkpoint_task(ctx, "bench")))
+        progress.advance(job, 4)
+    reads = ["meshpoint_restore", "meshpoint_restore_unverified", "langgraph_get_tuple"]
     for n in range(runs):
-        for side in ((0, 1) if n % 2 else (1, 0)):
-            if side == 0:
-                await atimed(mp_read, lambda n=n: store.restore_task(f"{prefix}-{n}"))
-            else:
-                got = timed(lg_read, lambda n=n: lg.get(f"{prefix}-{n}"))
+        task_id = f"{prefix}-{n}-meshpoint_write"
+        shift = n % len(reads)
+        for name in reads[shift:] + reads[:shift]:
+            if name == "langgraph_get_tuple":
+                got = timed(samples[name], lambda n=n: lg.get(f"{prefix}-{n}"))
                 assert len(got.checkpoint["channel_values"]["messages"]) == 20
+            else:
+                await atimed(samples[name], lambda t=task_id, v=name == "meshpoint_restore": (
+                    store.restore_task(t, verify=v)))
         progress.advance(job, 2)
     for n in range(runs):
-        await store.cleanup_task(f"{prefix}-{n}")
-    await store.cleanup_task(warm.task_id)
+        for name, side in sides.items():
+            await side.cleanup_task(f"{prefix}-{n}-{name}")
+    for name, side in sides.items():
+        await side.cleanup_task(f"{prefix}-warm-{name}")
+    del warm
     progress.remove_task(job)
-    out = {"meshpoint_write": percentiles(mp_write), "langgraph_put": percentiles(lg_write),
-           "meshpoint_restore": percentiles(mp_read), "langgraph_get_tuple": percentiles(lg_read)}
-    for what, ours, theirs in (("write", "meshpoint_write", "langgraph_put"),
-                               ("read", "meshpoint_restore", "langgraph_get_tuple")):
+    out: dict[str, Any] = {name: percentiles(values) for name, values in samples.items()}
+    for what, ours, theirs in (
+            ("write", "meshpoint_write", "langgraph_put"),
+            ("write_no_history", "meshpoint_write_no_history", "langgraph_put"),
+            ("write_signed", "meshpoint_write_signed", "langgraph_put"),
+            ("read", "meshpoint_restore", "langgraph_get_tuple"),
+            ("read_unverified", "meshpoint_restore_unverified", "langgraph_get_tuple")):
         out[f"{what}_ratio_p50"] = round(out[ours]["p50"] / out[theirs]["p50"], 3)
         out[f"{what}_ratio_p99"] = round(out[ours]["p99"] / out[theirs]["p99"], 3)
     return out
@@ -393,11 +422,23 @@ async def run_backend(backend: str, mode: dict[str, int], tmp: Path,
         def lg_saver(schema: str) -> Any:
             return PostgresSaver.from_conn_string(f"{PG_DSN}?options=-csearch_path%3D{schema}")
 
-        async with open_store(POSTGRES_URL, schema=schemas["mp"]) as store:
-            with lg_saver(schemas["lg"]) as saver:
-                saver.setup()
-                out["write_read"] = await write_read(store, LangGraphSide(saver),
-                                                     mode["runs"], progress, backend)
+        # meshpoint as it runs in production: as a runtime role that row-level security
+        # holds to one tenant per transaction (migration 0009).
+        role = f"mp_bench_app_{uuid.uuid4().hex[:8]}"
+        async with open_store(POSTGRES_URL, schema=schemas["mp"]) as owner:
+            await grant_runtime_role(owner, role)
+        role_url = make_url(POSTGRES_URL).set(username=role).render_as_string(
+            hide_password=False)
+        try:
+            async with open_store(role_url, schema=schemas["mp"], migrate=False) as store:
+                with lg_saver(schemas["lg"]) as saver:
+                    saver.setup()
+                    out["write_read"] = await write_read(store, LangGraphSide(saver),
+                                                         mode["runs"], progress, backend)
+        finally:
+            with psycopg.connect(PG_DSN, autocommit=True) as conn:
+                conn.execute(f"DROP OWNED BY {role}")  # its grants; it owns nothing
+                conn.execute(f"DROP ROLE {role}")
         async with open_store(POSTGRES_URL, schema=schemas["mpgrow"]) as store:
             await grow_meshpoint(store, mode["turns"])
         with lg_saver(schemas["lggrow"]) as saver:
@@ -439,12 +480,20 @@ def table(results: dict[str, Any], turns: int) -> str:
             lines.append(f"| {backend} | skipped: {r['skipped']} | | | |")
             continue
         w = r["write_read"]
-        lines.append(f"| {backend} | pause write p50 / p99 ms | {pair(w['meshpoint_write'])} | "
-                     f"{pair(w['langgraph_put'])} | {w['write_ratio_p50']:.2f}, "
-                     f"{w['write_ratio_p99']:.2f} |")
-        lines.append(f"| {backend} | read p50 / p99 ms | {pair(w['meshpoint_restore'])} | "
-                     f"{pair(w['langgraph_get_tuple'])} | {w['read_ratio_p50']:.2f}, "
-                     f"{w['read_ratio_p99']:.2f} |")
+        for what, key, ratio in (
+                ("pause write, history on (default)", "meshpoint_write", "write"),
+                ("pause write, history off", "meshpoint_write_no_history",
+                 "write_no_history"),
+                ("pause write, history signed", "meshpoint_write_signed", "write_signed")):
+            lines.append(f"| {backend} | {what} p50 / p99 ms | {pair(w[key])} | "
+                         f"{pair(w['langgraph_put'])} | {w[f'{ratio}_ratio_p50']:.2f}, "
+                         f"{w[f'{ratio}_ratio_p99']:.2f} |")
+        for what, key, ratio in (("read, verified (default)", "meshpoint_restore", "read"),
+                                 ("read, not verified", "meshpoint_restore_unverified",
+                                  "read_unverified")):
+            lines.append(f"| {backend} | {what} p50 / p99 ms | {pair(w[key])} | "
+                         f"{pair(w['langgraph_get_tuple'])} | {w[f'{ratio}_ratio_p50']:.2f}, "
+                         f"{w[f'{ratio}_ratio_p99']:.2f} |")
         s = r["storage_bytes"]
         lines.append(f"| {backend} | storage after {turns} turns | "
                      f"{s['meshpoint'] / 2**20:.1f} MiB | {s['langgraph'] / 2**20:.1f} MiB | "
