@@ -116,7 +116,7 @@ def cost(task_id: Annotated[str, typer.Argument(help="The task.")],
     rows = [{"seq": r.metadata.seq, "checkpoint_id": r.metadata.checkpoint_id,
              "phase": r.execution_state.phase, "timestamp": r.metadata.timestamp,
              "tokens": r.metrics.tokens["iteration"]["totals"],
-             "cost": r.metrics.cost.get("iteration", 0.0)} for r in records]
+             "cost": r.metrics.cost.get("iteration", "0")} for r in records]
     total = {"tokens": last.tokens["total"], "cost": last.cost}
     if as_json:
         print(json.dumps({"task_id": task_id, "currency": last.cost.get("currency"),
@@ -131,7 +131,7 @@ def cost(task_id: Annotated[str, typer.Argument(help="The task.")],
         t = row["tokens"]
         table.add_row(str(row["seq"]), row["phase"], row["timestamp"][:19],
                       str(t.get("prompt_tokens", 0)), str(t.get("completion_tokens", 0)),
-                      str(t.get("cached_tokens", 0)), f"{row['cost']:.6f}")
+                      str(t.get("cached_tokens", 0)), str(row["cost"]))
     console.print(table)
     for title, key in (("by model", "by_model"), ("by source", "by_source")):
         breakdown = Table(title=f"in total, {title}")
@@ -144,10 +144,10 @@ def cost(task_id: Annotated[str, typer.Argument(help="The task.")],
             breakdown.add_row(name, str(counts.get("prompt_tokens", 0)),
                               str(counts.get("completion_tokens", 0)),
                               str(counts.get("cached_tokens", 0)),
-                              "-" if price is None else f"{price:.6f}")
+                              "-" if price is None else str(price))
         console.print(breakdown)
     unpriced = total["cost"].get("unpriced") or []
-    console.print(f"total: {total['cost'].get('total', 0.0):.6f} {currency}"
+    console.print(f"total: {total['cost'].get('total', '0')} {currency}"
                   + (f" (no price for {', '.join(unpriced)})" if unpriced else ""))
 
 

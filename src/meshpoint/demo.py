@@ -244,7 +244,7 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
         rows_left = sum((await store.live_row_counts()).values())
         with_history = await store.history.task_ids(limit=config.tasks + 1)
         chains = [await store.history.verify_task(task_id) for task_id in with_history]
-        costs = [record.metrics.cost["total"] for task_id in with_history
+        costs = [float(record.metrics.cost["total"]) for task_id in with_history
                  if (record := await store.history.get_latest_checkpoint(task_id))]
     seconds = time.perf_counter() - started
     coordinators = [i for i in every if i.agent.name == "coordinator"]

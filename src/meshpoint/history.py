@@ -151,8 +151,9 @@ class Metrics(_Section):
     them (the agent itself, or a peer, whose tokens come back with its answer)."""
     cost: dict[str, Any]
     """``{"currency", "iteration", "total", "by_model": {model: {"iteration",
-    "total"}}}`` from the price table of :class:`Prices` (models without a price
-    count 0 and are listed in ``unpriced``)."""
+    "total"}}}`` from the price table of :class:`Prices`, amounts as decimal strings
+    (``"0.00036"``); models without a price count 0 and are listed in
+    ``unpriced``."""
     files_modified: list[Any] = Field(default_factory=list)
     tests_status: dict[str, Any] | None = None
 
@@ -536,6 +537,13 @@ def _usage_delta(now: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str,
             "by_model": nested("by_model"), "by_source": nested("by_source")}
 
 
+def amount(value: float) -> str:
+    """A cost as a decimal string, to the nano-unit (``"0.00036"``): exact to read
+    in an audit, and no float in the record (see :func:`meshpoint.integrity.canonical`)."""
+    text = f"{value:.9f}".rstrip("0").rstrip(".")
+    return "0" if text in ("", "-0") else text
+
+
 def _metrics(doc: Mapping[str, Any], tokens_now: Mapping[str, Any],
              head: HistoryHead | None, prices: Prices) -> dict[str, Any]:
     total = {"totals": dict(tokens_now.get("totals") or {}),
@@ -550,7 +558,7 @@ def _metrics(doc: Mapping[str, Any], tokens_now: Mapping[str, Any],
             unpriced.append(model)
             continue
         part = prices.cost(model, iteration["by_model"].get(model) or {}) or 0.0
-        cost_by_model[model] = {"iteration": round(part, 9), "total": round(whole, 9)}
+        cost_by_model[model] = {"iteration": part, "total": whole}
     invocations = doc.get("parallel_tool_calls") or {}
     flags = doc.get("flags") or {}
     return {
@@ -561,9 +569,11 @@ def _metrics(doc: Mapping[str, Any], tokens_now: Mapping[str, Any],
         "model_calls": int(flags.get("model_calls") or 0),
         "tokens": {"iteration": iteration, "total": total},
         "cost": {"currency": prices.currency,
-                 "iteration": round(sum(c["iteration"] for c in cost_by_model.values()), 9),
-                 "total": round(sum(c["total"] for c in cost_by_model.values()), 9),
-                 "by_model": cost_by_model, "unpriced": sorted(unpriced)},
+                 "iteration": amount(sum(c["iteration"] for c in cost_by_model.values())),
+                 "total": amount(sum(c["total"] for c in cost_by_model.values())),
+                 "by_model": {model: {k: amount(v) for k, v in c.items()}
+                              for model, c in cost_by_model.items()},
+                 "unpriced": sorted(unpriced)},
         "files_modified": [], "tests_status": None,
     }
 

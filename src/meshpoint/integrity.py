@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import rfc8785
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -58,16 +59,55 @@ __all__ = [
 GENESIS = ""
 
 
+#: The largest integer RFC 8785 represents exactly (an IEEE 754 double's 53 bits).
+_SAFE_INTEGER = 2**53 - 1
+
+
 def canonical(document: Any) -> bytes:
     """The RFC 8785 canonical JSON of ``document``; InvalidArgumentError naming the
     problem for what JSON cannot represent canonically (NaN, infinities, integers
-    beyond 2**53, keys that are not strings)."""
+    beyond 2**53, keys that are not strings).
+
+    The ``rfc8785`` package is the reference, and is what runs for any document that
+    holds a float (ES6 formats numbers its own way: ``1.0`` as ``1``, ``1e16`` in full)
+    or a key with a character from U+D800 up (RFC 8785 sorts keys by UTF-16 code
+    units, which put U+E000-U+FFFF after the astral planes). For every other document
+    (strings, integers, booleans, null; what the store writes, whose costs are decimal
+    strings) orjson's sorted, compact output is byte for byte the same, about thirty
+    times faster: its string escapes are RFC 8785's for every character, and its key
+    order is code-point order, which equals UTF-16 order below U+D800.
+    ``tests/unit/test_integrity.py`` proves the two agree on generated documents of
+    that kind, and that the reference takes over outside it."""
+    if _plain(document):
+        return orjson.dumps(document, option=orjson.OPT_SORT_KEYS)
     try:
         return rfc8785.dumps(document)
     except rfc8785.CanonicalizationError as error:
         raise InvalidArgumentError(f"a history record must be canonical JSON: {error}") from None
     except TypeError as error:
         raise InvalidArgumentError(f"a history record must be JSON: {error}") from None
+
+
+def _plain(document: Any) -> bool:
+    """Whether ``document`` holds only dicts with keys below U+D800, lists, strings,
+    integers within RFC 8785's range, booleans and null (see :func:`canonical`)."""
+    stack = [document]
+    while stack:
+        value = stack.pop()
+        kind = type(value)
+        if kind is dict:
+            for key in value:
+                if type(key) is not str or (not key.isascii() and max(key) >= "\ud800"):
+                    return False
+            stack.extend(value.values())
+        elif kind is list:
+            stack.extend(value)
+        elif kind is int:
+            if not -_SAFE_INTEGER <= value <= _SAFE_INTEGER:
+                return False
+        elif kind is not str and kind is not bool and value is not None:
+            return False
+    return True
 
 
 def chain_hash(parent_hash: str, canonical_record: bytes) -> str:

@@ -39,7 +39,7 @@ def test_verify_and_cost_work_on_the_demos_database(demo_db: Path) -> None:
     done = meshpoint("tasks", "cost", task_id, "--url", url, "--json", cwd=demo_db.parent)
     assert done.returncode == 0, done.stderr
     cost = json.loads(done.stdout)
-    assert cost["currency"] == "USD" and cost["total"]["cost"]["total"] > 0
+    assert cost["currency"] == "USD" and float(cost["total"]["cost"]["total"]) > 0
     assert [c["phase"] for c in cost["checkpoints"]][-1] == "completed"
     assert sum(c["tokens"]["completion_tokens"] for c in cost["checkpoints"]) == \
         cost["total"]["tokens"]["totals"]["completion_tokens"]

@@ -30,7 +30,7 @@ from meshpoint.history import (
     plan_record,
     verify_chain,
 )
-from meshpoint.integrity import SigningKeys, canonical, chain_hash, private_seed
+from meshpoint.integrity import SigningKeys, _plain, canonical, chain_hash, private_seed
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1)
@@ -45,6 +45,30 @@ def test_canonical_json_is_the_same_whatever_the_key_order_or_spacing(value: obj
     text = json.dumps(value, indent=2, sort_keys=False)
     reordered = json.loads(json.dumps(json.loads(text), sort_keys=True))
     assert canonical(value) == canonical(reordered) == rfc8785.dumps(value)
+
+
+plain_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.text(alphabet=st.characters(max_codepoint=0xD7FF)), inner, max_size=4),
+    max_leaves=30)
+
+
+@given(plain_values)
+def test_the_fast_path_writes_exactly_what_rfc8785_writes(value: object) -> None:
+    """The store's documents (no floats, no key past U+D7FF) take orjson's sorted
+    output, which must be the reference's byte for byte: any string, any key below
+    U+D800, any safe integer."""
+    assert _plain(value)
+    assert canonical(value) == rfc8785.dumps(value)
+
+
+def test_the_reference_takes_over_where_the_fast_path_would_differ() -> None:
+    for value in ({"x": 1.0}, {"x": [1e16]}, {"\ue000": 1, "\U0001f600": 2},
+                  {"x": -0.0}, {"x": 1.5e-6}):
+        assert not _plain(value)
+        assert canonical(value) == rfc8785.dumps(value)
+    assert not _plain({"x": 2**60})  # the reference refuses it (below)
 
 
 def test_canonical_json_refuses_what_it_cannot_represent() -> None:
