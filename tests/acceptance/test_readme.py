@@ -18,6 +18,7 @@ EXAMPLES = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     (1, "completed Answer to 'Plan a trip: flights, hotels'"),  # the runtime
     (2, "refund {'query': 'Refund order 1042'}\ncompleted Answer to 'Refund order 1042':\n"
         "- refund(Refund order 1042) = refunded half of order 1042"),  # approvals
+    (3, "2 completed 0.00036 k1\n1 waiting_peers 0.00036 k1\nTrue"),  # the history
 ])
 def test_the_readme_examples_run(index: int, expected: str, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
