@@ -58,7 +58,7 @@ from meshpoint import TaskExecutionContext, open_store
 from meshpoint.history import DISABLED, HistoryOptions
 from meshpoint.integrity import SigningKeys
 from meshpoint.store import SqlStore
-from meshpoint.store.postgres import grant_runtime_role
+from meshpoint.store.postgres_tenancy import grant_runtime_role
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_store import percentiles

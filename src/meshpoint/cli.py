@@ -161,7 +161,7 @@ def migrate(url: Url = None, config: Config = None, schema: Schema = None,
             return
         if store.dialect != "postgresql":
             raise ConfigurationError("--runtime-role is for PostgreSQL (SQLite has no roles)")
-        from meshpoint.store.postgres import grant_runtime_role
+        from meshpoint.store.postgres_tenancy import grant_runtime_role
 
         await grant_runtime_role(store, runtime_role, password=password)
 

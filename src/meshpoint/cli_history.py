@@ -35,7 +35,7 @@ from meshpoint.errors import (
     MeshpointError,
     UnknownHistoryError,
 )
-from meshpoint.history import ChainReport
+from meshpoint.verification import ChainReport
 
 R = TypeVar("R")
 #: Tasks whose history is read per query when walking every chain.

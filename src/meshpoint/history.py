@@ -6,8 +6,8 @@ expired) append one record to the task's history, in the same transaction as the
 checkpoint itself. The live rows of a task go when it ends; its history stays until
 its retention policy lets a purge remove it.
 
-A record is a JSON document of schema version 1.0 (:class:`CheckpointRecord`,
-documented field by field), stored with:
+A record is a JSON document of schema version 1.0
+(:class:`meshpoint.record.CheckpointRecord`, documented field by field), stored with:
 
 * a **snapshot** of the task as checkpointed (its context, pending items and joins,
   and how many conversation events it had), so that a task whose live row fails
@@ -25,7 +25,8 @@ through the task's context: ``ctx.history["record"]`` is a partial record docume
 ``extensions``) merged into every record the task writes from then on, and
 ``ctx.history`` also sets ``agent_type``, ``iteration`` and ``retention_policy``.
 
-This module is pure: it builds and verifies records; :mod:`meshpoint.store.history`
+This module is pure: it builds records (and holds the options that say how);
+:mod:`meshpoint.verification` judges what is read back; :mod:`meshpoint.store.history`
 reads and writes them.
 """
 
@@ -33,16 +34,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-import uuid
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
-import orjson
 import uuid_utils
-from pydantic import BaseModel, ConfigDict, Field
 
 from meshpoint._json import dump_bytes
 from meshpoint.encryption import EncryptionKeys, is_envelope
@@ -52,11 +50,10 @@ from meshpoint.integrity import (
     SigningKeys,
     canonical,
     chain_hash,
-    hashes_equal,
     head_message,
 )
+from meshpoint.record import SCHEMA_VERSION
 
-SCHEMA_VERSION: Literal["1.0"] = "1.0"
 #: The phases a record's ``execution_state.phase`` takes when the agent does not set
 #: one: the pause it was written at, or how the task ended.
 PAUSE_PHASES = ("waiting_peers", "input_required", "working", "handoff")
@@ -64,151 +61,6 @@ END_PHASES = ("completed", "failed", "canceled", "expired")
 #: Sections of the record an agent may fill through ``ctx.history["record"]``.
 AGENT_SECTIONS = ("execution_state", "context_summary", "metrics", "recovery", "extensions")
 _TOKEN_KINDS = ("prompt_tokens", "completion_tokens", "cached_tokens")
-
-
-# -- the record, field by field ---------------------------------------------------------
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-
-class Metadata(_Section):
-    """Who and what the record is about."""
-
-    checkpoint_id: str
-    """A UUIDv7: unique, and sorting by it sorts records by time."""
-    task_id: str
-    """The logical task id the record belongs to."""
-    tenant_id: str
-    """The tenant that owns the task (part of the hash: a record moved to another
-    tenant fails verification)."""
-    agent_id: str
-    """The agent that checkpointed (its name)."""
-    agent_type: str
-    """What kind of agent it is (seed 001: architecture, implementation, qa,
-    documentation; meshpoint's default is ``general``)."""
-    iteration: int
-    """The loop iteration: 1 until a handoff starts a fresh-context iteration."""
-    seq: int
-    """The record's position in the task's chain, from 1."""
-    timestamp: str
-    """When the record was written, ISO 8601 with time zone (UTC)."""
-
-
-class Item(_Section):
-    """A work item: a call the task made or waits on."""
-
-    id: str
-    """The sub-task id (pending items) or function-call id (completed ones)."""
-    kind: str
-    """``peer``, ``approval`` or ``call``, or an agent's own kind."""
-    name: str | None = None
-    """The peer agent, or the tool waiting for approval."""
-
-
-class ExecutionState(_Section):
-    """Where the task stood."""
-
-    phase: str
-    """The pause the record was written at (``waiting_peers``, ``input_required``,
-    ``working``, ``handoff``) or how the task ended (``completed``, ``failed``,
-    ``canceled``, ``expired``), unless the agent names its own (seed 001:
-    planning, implementing, testing, reviewing, complete)."""
-    completed_items: list[Any] = Field(default_factory=list)
-    """Calls of the current turn that finished."""
-    pending_items: list[Any] = Field(default_factory=list)
-    """Items the task waits on: peer calls and approvals."""
-    blocked_items: list[Any] = Field(default_factory=list)
-    """Items with blockers (filled by the agent)."""
-    current_focus: str | None = None
-    """The turn (invocation) the task is in, or the agent's own focus."""
-
-
-class ContextSummary(_Section):
-    """What the agent decided and assumed (filled by the agent; meshpoint lists the
-    peers the task depends on)."""
-
-    key_decisions: list[Any] = Field(default_factory=list)
-    assumptions: list[Any] = Field(default_factory=list)
-    constraints: list[Any] = Field(default_factory=list)
-    external_dependencies: list[Any] = Field(default_factory=list)
-    """The peer agents the task waits on."""
-
-
-class Metrics(_Section):
-    """What the iteration consumed."""
-
-    tokens_consumed: int
-    """Tokens (prompt + completion) since the previous record."""
-    tools_invoked: int
-    """Calls the task completed in all (tools and peers)."""
-    model_calls: int
-    """Model calls of the task in all."""
-    tokens: dict[str, Any]
-    """``{"iteration": ..., "total": ...}``, each ``{"totals", "by_model",
-    "by_source"}`` of token counts: by the model that spent them, and by what spent
-    them (the agent itself, or a peer, whose tokens come back with its answer)."""
-    cost: dict[str, Any]
-    """``{"currency", "iteration", "total", "by_model": {model: {"iteration",
-    "total"}}}`` from the price table of :class:`Prices`, amounts as decimal strings
-    (``"0.00036"``); models without a price count 0 and are listed in
-    ``unpriced``."""
-    files_modified: list[Any] = Field(default_factory=list)
-    tests_status: dict[str, Any] | None = None
-
-
-class Recovery(_Section):
-    """How to resume from here."""
-
-    last_successful_state: str | None
-    """The parent record's checkpoint id (None for a task's first record)."""
-    rollback_instructions: str = ""
-    continuation_prompt: str = ""
-    """Filled by the agent (and by a handoff): the prompt to resume the work with."""
-    status: str
-    """The live status the task was checkpointed in, or its outcome."""
-    context_sha256: str | None
-    """SHA-256 of the task's context as stored in its live row: the restore checks
-    the live row against it."""
-    snapshot_sha256: str | None
-    """SHA-256 of the snapshot stored with the record (the state to restore from)."""
-    session_event_count: int
-    """How many conversation events the task had."""
-
-
-class Compliance(_Section):
-    """Integrity and retention."""
-
-    parent_hash: str
-    """The hash of the parent record (empty for a task's first record)."""
-    event_log_ref: str | None = None
-    """Where the task's events are (``agent_events`` by task id)."""
-    retention_policy: str | None = None
-    """``days:N``, ``last:N`` or ``hold`` (see :func:`parse_retention`); None keeps
-    the record until the default policy says otherwise."""
-    hash: str | None = None
-    """SHA-256 of the parent hash and the record's canonical JSON (filled on read)."""
-    signature: str | None = None
-    """Ed25519 signature of the hash, base64 (filled on read)."""
-    key_id: str | None = None
-    """The signing key's id (filled on read)."""
-
-
-class CheckpointRecord(BaseModel):
-    """One record of a task's checkpoint history, schema version 1.0 (seed 001)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    schema_version: Literal["1.0"] = SCHEMA_VERSION
-    metadata: Metadata
-    execution_state: ExecutionState
-    context_summary: ContextSummary
-    metrics: Metrics
-    recovery: Recovery
-    compliance: Compliance
-    extensions: dict[str, Any] = Field(default_factory=dict)
-    """Anything else the agent records."""
 
 
 # -- options --------------------------------------------------------------------------
@@ -401,7 +253,7 @@ def plan_record(*, tenant_id: str, task_id: str, agent_name: str, status: str,
                              "parallel_tool_calls": invocations,
                              "session_event_count": session_event_count}
         if "snapshot" in options.encrypt_fields:
-            snapshot_doc = _encryption(options).encrypt(
+            snapshot_doc = encryption_keys(options).encrypt(
                 snapshot_doc, tenant=tenant_id,
                 aad={"task": task_id, "record": checkpoint_id, "field": "snapshot"})
         snapshot_raw = dump_bytes(snapshot_doc)  # names a value JSON cannot hold
@@ -438,7 +290,7 @@ def plan_record(*, tenant_id: str, task_id: str, agent_name: str, status: str,
         document[section] = {**document[section], **values}
     for path in options.encrypt_fields:
         if path != "snapshot":
-            _encrypt_path(document, path, _encryption(options), tenant_id, task_id,
+            _encrypt_path(document, path, encryption_keys(options), tenant_id, task_id,
                           checkpoint_id)
     digest = chain_hash(parent_hash, canonical(document))
     signature = key_id = head_signature = head_key_id = None
@@ -495,7 +347,7 @@ def open_context(options: HistoryOptions, context: dict[str, Any], tenant_id: st
                 value, tenant=tenant_id, aad={"task": task_id, "field": name})
 
 
-def _encryption(options: HistoryOptions) -> EncryptionKeys:
+def encryption_keys(options: HistoryOptions) -> EncryptionKeys:
     if options.encryption is None:
         raise KeyMissingError("the history is configured to encrypt fields but has no "
                               "encryption key ring (history.encryption)")
@@ -576,183 +428,3 @@ def _metrics(doc: Mapping[str, Any], tokens_now: Mapping[str, Any],
                  "unpriced": sorted(unpriced)},
         "files_modified": [], "tests_status": None,
     }
-
-
-# -- verifying --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class StoredRecord:
-    """A record as read from the store, before it is trusted."""
-
-    tenant_id: str
-    checkpoint_id: str
-    task_id: str
-    seq: int
-    document: Any
-    hash: str
-    signature: str | None
-    key_id: str | None
-    snapshot: bytes | None = None
-    snapshot_encoding: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StoredHead:
-    """A task's head as read from the store."""
-
-    tenant_id: str
-    task_id: str
-    records: int
-    head_id: str | None
-    head_hash: str
-    signature: str | None
-    key_id: str | None
-    pruned_through: int = 0
-    pruned_hash: str = GENESIS
-
-
-def verify_record(record: StoredRecord, options: HistoryOptions, *,
-                  parent_hash: str | None = None) -> str | None:
-    """None if ``record`` is intact (its content hashes to its hash, which its
-    signature signs, and it says it is the record it is stored as); else why not.
-    ``parent_hash``: the hash the record must name as its parent, if known."""
-    doc = record.document
-    try:
-        meta = doc["metadata"]
-        named_parent = doc["compliance"]["parent_hash"]
-        claims = (meta["checkpoint_id"], meta["task_id"], meta["tenant_id"], meta["seq"])
-    except (TypeError, KeyError):
-        return "the record is not a history document (metadata or compliance missing)"
-    if claims != (record.checkpoint_id, record.task_id, record.tenant_id, record.seq):
-        return (f"the record says it is {claims[0]} (task {claims[1]!r}, tenant "
-                f"{claims[2]!r}, record {claims[3]}) but is stored as {record.checkpoint_id} "
-                f"(task {record.task_id!r}, tenant {record.tenant_id!r}, record {record.seq})")
-    if parent_hash is not None and not hashes_equal(str(named_parent), parent_hash):
-        return "it does not name the previous record's hash as its parent"
-    try:
-        digest = chain_hash(str(named_parent), canonical(doc))
-    except InvalidArgumentError as error:
-        return str(error)
-    if not hashes_equal(digest, record.hash):
-        return "its content does not hash to its stored hash (changed after it was written)"
-    if record.signature is not None:
-        why = options.signing.verify(str(record.key_id), bytes.fromhex(record.hash),
-                                     record.signature)
-        if why is not None:
-            return why
-    elif options.signatures_required:
-        return "it is not signed, and this store requires signatures"
-    return None
-
-
-def verify_head(head: StoredHead, options: HistoryOptions) -> str | None:
-    """None if the head's signature holds (or none is required), else why not."""
-    if head.signature is not None:
-        return options.signing.verify(
-            str(head.key_id), head_message(head.tenant_id, head.task_id, head.records,
-                                           head.head_hash, head.pruned_through,
-                                           head.pruned_hash), head.signature)
-    if options.signatures_required:
-        return "the task's head is not signed, and this store requires signatures"
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class ChainReport:
-    """What walking a task's chain found.
-
-    ``ok``: every record verified and links to its parent, and the chain ends where
-    its head says. Otherwise ``first_bad_seq``/``first_bad_id`` and ``reason`` name the
-    first problem, and ``kind`` says what it was: ``corrupt`` (a record's content or
-    signature does not verify, the records before it do) or ``broken`` (a record is
-    missing, out of order or another's, or the tail is cut off: the head does not
-    match). ``last_good_seq`` is the last record that verified with everything before
-    it (0 if none)."""
-
-    task_id: str
-    records: int
-    ok: bool
-    kind: Literal["ok", "corrupt", "broken"] = "ok"
-    first_bad_seq: int | None = None
-    first_bad_id: str | None = None
-    reason: str | None = None
-    last_good_seq: int = 0
-
-
-def verify_chain(task_id: str, records: Sequence[StoredRecord], head: StoredHead | None,
-                 options: HistoryOptions) -> ChainReport:
-    """Walk a task's records (in ``seq`` order) against its head (see ChainReport)."""
-    expected_seq = 1 if head is None else head.pruned_through + 1
-    parent = GENESIS if head is None else head.pruned_hash
-    last_good = expected_seq - 1
-
-    def bad(kind: Literal["corrupt", "broken"], record: StoredRecord | None,
-            reason: str) -> ChainReport:
-        return ChainReport(task_id, len(records), False, kind,
-                           None if record is None else record.seq,
-                           None if record is None else record.checkpoint_id, reason, last_good)
-
-    for record in records:
-        if record.seq != expected_seq:
-            return bad("broken", record, f"record {expected_seq} is missing (the next "
-                       f"stored is record {record.seq})" if record.seq > expected_seq
-                       else f"record {record.seq} is out of place (expected {expected_seq})")
-        why = verify_record(record, options)
-        if why is not None:
-            kind: Literal["corrupt", "broken"] = (
-                "broken" if why.startswith("the record says it is") else "corrupt")
-            return bad(kind, record, why)
-        named = str(record.document["compliance"]["parent_hash"])
-        if not hashes_equal(named, parent):
-            return bad("broken", record, f"it does not link to record {expected_seq - 1}: "
-                       "the chain was reordered, or a record was replaced")
-        parent = record.hash
-        last_good = record.seq
-        expected_seq += 1
-    if head is None:
-        if records:
-            return bad("broken", None, "the task has records but no head")
-        return ChainReport(task_id, 0, True)
-    why = verify_head(head, options)
-    if why is not None:
-        return bad("broken", None, f"its head: {why}")
-    if head.records != last_good or not hashes_equal(head.head_hash, parent):
-        return bad("broken", None, f"the head says {head.records} records ending in "
-                   f"{head.head_hash[:12]}, the chain has {last_good} ending in "
-                   f"{parent[:12] or '(nothing)'}: its tail was cut off or replaced")
-    return ChainReport(task_id, len(records), True, last_good_seq=last_good)
-
-
-def decrypted(document: Mapping[str, Any], options: HistoryOptions, *, tenant_id: str,
-              task_id: str, checkpoint_id: str) -> dict[str, Any]:
-    """``document`` with its encrypted fields decrypted (KeyMissingError if a key is
-    not held); call it only on a verified record."""
-    out: dict[str, Any] = orjson.loads(orjson.dumps(document))
-    for path in options.encrypt_fields:
-        if path == "snapshot":
-            continue
-        *parents, last = path.split(".")
-        node: Any = out
-        for name in parents:
-            node = node.get(name) if isinstance(node, dict) else None
-        if isinstance(node, dict) and is_envelope(node.get(last)):
-            node[last] = _encryption(options).decrypt(
-                node[last], tenant=tenant_id,
-                aad={"task": task_id, "record": checkpoint_id, "field": path})
-    return out
-
-
-def record_model(record: StoredRecord, options: HistoryOptions) -> CheckpointRecord:
-    """The pydantic model of a verified record, encrypted fields decrypted, its hash,
-    signature and key id filled in."""
-    document = decrypted(record.document, options, tenant_id=record.tenant_id,
-                         task_id=record.task_id, checkpoint_id=record.checkpoint_id)
-    document["compliance"] = {**document["compliance"], "hash": record.hash,
-                              "signature": record.signature, "key_id": record.key_id}
-    return CheckpointRecord.model_validate(document)
-
-
-def ids_in_order(ids: Iterable[str]) -> list[str]:
-    """UUIDv7 ids sorted by time."""
-    return sorted(ids, key=lambda i: uuid.UUID(i).bytes)

@@ -21,8 +21,9 @@ from meshpoint.errors import (
     UnknownCheckpointError,
     UnknownHistoryError,
 )
-from meshpoint.history import CheckpointRecord, HistoryOptions
+from meshpoint.history import HistoryOptions
 from meshpoint.integrity import SigningKeys
+from meshpoint.record import CheckpointRecord
 from meshpoint.store import SqlStore
 from meshpoint.store.schema import checkpoint_heads, checkpoints, events, paused_tasks
 from meshpoint.store.verified import LOST_RESULT

@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 
 from meshpoint.errors import StoreError, UnknownTaskError
 from meshpoint.store import SqlStore, open_store
-from meshpoint.store.postgres import grant_runtime_role
+from meshpoint.store.postgres_tenancy import grant_runtime_role
 from meshpoint.store.schema import metadata
 from tests.conftest import fresh_pg_schema, pg_execute_async
 from tests.integration.test_store import AGENT, fan_out

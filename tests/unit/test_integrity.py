@@ -21,16 +21,9 @@ from meshpoint.errors import (
     InvalidArgumentError,
     KeyMissingError,
 )
-from meshpoint.history import (
-    HistoryOptions,
-    Prices,
-    StoredHead,
-    StoredRecord,
-    parse_retention,
-    plan_record,
-    verify_chain,
-)
+from meshpoint.history import HistoryOptions, Prices, parse_retention, plan_record
 from meshpoint.integrity import SigningKeys, _plain, canonical, chain_hash, private_seed
+from meshpoint.verification import StoredHead, StoredRecord, verify_chain
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1)

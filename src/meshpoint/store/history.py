@@ -29,23 +29,25 @@ from meshpoint.errors import (
 )
 from meshpoint.history import (
     END_PHASES,
-    ChainReport,
-    CheckpointRecord,
     HistoryHead,
     HistoryOptions,
     PlannedRecord,
-    StoredHead,
-    StoredRecord,
     parse_retention,
     plan_record,
+)
+from meshpoint.integrity import head_message
+from meshpoint.record import CheckpointRecord
+from meshpoint.store import history_queries as hq
+from meshpoint.store.rows import HeadRow, RecordRow, check_id, check_limit
+from meshpoint.verification import (
+    ChainReport,
+    StoredHead,
+    StoredRecord,
     record_model,
     verify_chain,
     verify_head,
     verify_record,
 )
-from meshpoint.integrity import head_message
-from meshpoint.store import history_queries as hq
-from meshpoint.store.rows import HeadRow, RecordRow, check_id, check_limit
 
 R = TypeVar("R")
 #: Heads read per query by a purge.
@@ -135,6 +137,44 @@ def head_of(record: StoredRecord, head: HeadRow | None = None) -> HistoryHead:
                        tokens if isinstance(tokens, dict) else {},
                        0 if head is None else head.pruned_through,
                        "" if head is None else head.pruned_hash)
+
+
+def stored_head_of(conn: Connection, keys: dict[str, Any]) -> HistoryHead | None:
+    """The head a writer continues the task's chain from, as stored (its head row and
+    the record it names), read in the caller's transaction; None without a history
+    (or with a head whose record is gone: ``verify`` reports that)."""
+    head = hq.GET_HEAD.first(conn, keys)
+    last = None if head is None else hq.GET_RECORD_AT.first(
+        conn, {**keys, "p_rec_seq": head.records})
+    return None if last is None else head_of(stored_record(last), head)
+
+
+def finalize(conn: Connection, keys: dict[str, Any], *, agent_name: str, outcome: str,
+             final: Mapping[str, Any] | None, head: HistoryHead | None, now: float,
+             options: HistoryOptions) -> None:
+    """Append a task's last record, with its ``outcome``, inside the transaction that
+    deletes its live rows: chained to ``head`` (what its context knows), or else to
+    the stored head, read here. ``final`` is its last checkpoint document, if its
+    context was at hand; without it the record keeps the task's retention policy."""
+    doc: dict[str, Any] = dict(final) if final is not None else {}
+    if head is None:
+        head_row = hq.GET_HEAD.first(conn, keys)
+        if head_row is None:
+            return  # the task was checkpointed without a history
+        head = stored_head_of(conn, keys)
+        if head is None:
+            return  # its chain is broken; verify reports it, and the task ends anyway
+        if final is None:
+            doc = {"history": {"retention_policy": head_row.retention_policy}}
+    planned = plan_record(
+        tenant_id=keys["p_tenant"], task_id=keys["p_task"], agent_name=agent_name,
+        status=outcome, phase=outcome, doc=doc, context_sha256=None,
+        session_event_count=0 if final is None else
+        final["session_events_persisted"] + len(final["session_events"]),
+        head=head, now=now, options=options, compress_threshold=1 << 30,
+        snapshot_context=None)
+    write_record(conn, {**keys, "p_agent": agent_name, "p_now": now,
+                        **record_params(planned, outcome=outcome)})
 
 
 class HistoryStore:
@@ -402,14 +442,10 @@ class HistoryStore:
         keys = self._keys(p_task=task_id, p_agent=agent_id)
 
         def body(conn: Connection) -> str:
-            head_row = hq.GET_HEAD.first(conn, keys)
-            head = None
-            if head_row is not None:
-                last = hq.GET_RECORD_AT.first(conn, {**keys, "p_rec_seq": head_row.records})
-                if last is None:
-                    raise IntegrityError("its head names a record that is not stored",
-                                         task_id=task_id)
-                head = head_of(stored_record(last), head_row)
+            head = stored_head_of(conn, keys)
+            if head is None and hq.GET_HEAD.first(conn, keys) is not None:
+                raise IntegrityError("its head names a record that is not stored",
+                                     task_id=task_id)
             now = self._clock()
             planned = plan_record(
                 tenant_id=self.tenant_id, task_id=task_id, agent_name=agent_id,

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import re
-import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -56,7 +55,6 @@ from sqlalchemy.pool import PoolProxiedConnection
 from meshpoint import _json
 from meshpoint.errors import (
     ConfigurationError,
-    InvalidArgumentError,
     MeshpointError,
     StoreError,
     UnknownSubTaskError,
@@ -65,6 +63,7 @@ from meshpoint.store import history_queries as hq
 from meshpoint.store import queries as q
 from meshpoint.store.engine import Database
 from meshpoint.store.hooks import PORTABLE, FastPaths, Portable
+from meshpoint.store.postgres_tenancy import SET_TENANT, session_function
 from meshpoint.store.records import Resolution
 from meshpoint.store.rows import (
     EventRow,
@@ -517,127 +516,14 @@ class PostgresDatabase(Database):
         await self.engine.dispose()
 
 
-# -- the tenant of a transaction (row-level security, migration 0009) ------------------
-
-#: The first statement of every transaction of a tenant's store: it sets the tenant
-#: the row-level security policies compare with, for that transaction only
-#: (``is_local``), from a bind parameter.
-SET_TENANT = Statement(
-    "pg_set_tenant", "Sets the tenant of this transaction for the row-level security "
-    "policies (for this transaction only).",
-    select(func.set_config(literal("meshpoint.tenant_id"), q.tenant, true())),
-    dialects=ONLY)
-
-#: Per process: the ``CREATE FUNCTION`` of each native statement's wrapper, built from
-#: the types the server reports for it (the same on every connection).
-_WRAPPERS: dict[str, str] = {}
-#: Per asyncpg connection: the wrappers created on it (temporary functions live as long
-#: as their session).
-_CREATED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
-
-
-async def _wrapper(driver: Any, statement: Statement, compiled: Compiled) -> str:
-    """The name of a ``pg_temp`` function that runs ``statement`` with the tenant set
-    first, created on this connection if it is not there yet.
-
-    A native statement runs outside any transaction, as one statement, in one round
-    trip; the tenant must be set inside the same transaction, before the statement
-    reads a row, and from a bind parameter. So the statement runs inside a PL/pgSQL
-    function of the session (``pg_temp``, which any role may create in and nobody
-    else sees): ``PERFORM set_config('meshpoint.tenant_id', $1, true)``, then the
-    statement with its own parameters shifted by one; called in one round trip, it is
-    one implicit transaction, and the setting ends with it. PL/pgSQL keeps the
-    statement's plan for the session, as asyncpg's prepared statements do."""
-    name = f"mp_{statement.name}"
-    created = _CREATED.setdefault(driver, set())
-    if name in created:
-        return name
-    ddl = _WRAPPERS.get(name)
-    if ddl is None:
-        prepared = await driver.prepare(compiled.sql)
-        params = [_type_name(t) for t in prepared.get_parameters()]
-        columns = [(a.name, _type_name(a.type)) for a in prepared.get_attributes()]
-        body = re.sub(r"\$(\d+)", lambda m: f"${int(m.group(1)) + 1}", compiled.sql)
-        signature = ", ".join(["text", *params])
-        if columns:
-            returns = "TABLE (" + ", ".join(f'"{n}" {t}' for n, t in columns) + ")"
-            run = f"RETURN QUERY {body};"
-        else:
-            returns, run = "void", f"{body};"
-        ddl = _WRAPPERS[name] = (
-            f"CREATE OR REPLACE FUNCTION pg_temp.{name}({signature}) RETURNS {returns} "
-            f"LANGUAGE plpgsql AS $meshpoint$\n#variable_conflict use_column\nBEGIN\n"
-            f"PERFORM set_config('meshpoint.tenant_id', $1, true);\n{run}\n"
-            f"END $meshpoint$")
-    await driver.execute(ddl)
-    created.add(name)
-    return name
-
-
-def _type_name(kind: Any) -> str:
-    """A type as DDL names it (``varchar``, ``json``, ``"myschema"."mytype"``)."""
-    if kind.schema in ("pg_catalog", "", None):
-        return str(kind.name)
-    return f'"{kind.schema}"."{kind.name}"'
-
-
-# -- the runtime role ---------------------------------------------------------------------
-
-_ROLE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-
-
-async def grant_runtime_role(store: Any, role: str, *, password: str | None = None) -> None:
-    """Create (if it does not exist) the role ``serve`` connects as, and grant it
-    what the store needs and nothing more: to read and write meshpoint's tables (not
-    to own or alter them), to read the schema's version, and to create the
-    temporary functions of its one-statement writes (``TEMPORARY``). The role owns
-    nothing and has no BYPASSRLS, so every row it touches passes the tenant policies.
-    Run as the tables' owner (``meshpoint migrate --runtime-role``). An existing
-    role that is a superuser or bypasses row security is refused, not used."""
-    if not _ROLE.fullmatch(role):
-        raise InvalidArgumentError(f"a runtime role name is 1-63 lower-case letters, "
-                                   f"digits or _, starting with a letter, got {role!r}")
-    from meshpoint.store.schema import metadata
-
-    def body(conn: Connection) -> None:
-        def run(template: str, *args: Any) -> None:
-            # Identifiers and literals are quoted by the server (format %I, %L).
-            ddl = conn.exec_driver_sql(f"SELECT format({template!r}, " + ", ".join(
-                "$" + str(n) + "::text" for n in range(1, len(args) + 1)) + ")",
-                tuple(args)).scalar()
-            conn.exec_driver_sql(str(ddl))
-
-        found = conn.exec_driver_sql(
-            "SELECT rolsuper, rolbypassrls FROM pg_roles WHERE rolname = $1",
-            (role,)).first()
-        if found is None:
-            run("CREATE ROLE %I LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE",
-                role)
-        elif found.rolsuper or found.rolbypassrls:
-            raise ConfigurationError(
-                f"role {role!r} is a superuser or has BYPASSRLS: row-level security would "
-                "not hold it; use another role for the runtime")
-        if password is not None:
-            run("ALTER ROLE %I PASSWORD %L", role, password)
-        schema = str(conn.exec_driver_sql("SELECT current_schema()").scalar())
-        run("GRANT USAGE ON SCHEMA %I TO %I", schema, role)
-        for table in sorted(metadata.tables):
-            run("GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE %I.%I TO %I", schema, table,
-                role)
-        run("GRANT SELECT ON TABLE %I.alembic_version TO %I", schema, role)
-        run("GRANT TEMPORARY ON DATABASE %I TO %I",
-            str(conn.exec_driver_sql("SELECT current_database()").scalar()), role)
-
-    await store.run(body, write=True)
-
-
 # -- asyncpg, awaited directly ----------------------------------------------------------
 
 async def fetch(statement: Statement, native: PoolProxiedConnection, dialect: Dialect,
                 params: dict[str, Any]) -> list[Any]:
     """Run ``statement`` with ``params`` on the asyncpg connection under ``native``
     (outside any transaction) and return its rows, decoded as the statement decodes
-    them; for a tenant's statement (``p_tenant``), through its :func:`_wrapper`, the
+    them; for a tenant's statement (``p_tenant``), through its session function
+    (:func:`~meshpoint.store.postgres_tenancy.session_function`), the
     tenant set first. asyncpg keeps the prepared statement in its own cache (and
     re-prepares it, outside a transaction, if a migration changed the tables). Its
     errors are raised as the SQLAlchemy exceptions its adapter would raise, with
@@ -657,7 +543,7 @@ async def fetch(statement: Statement, native: PoolProxiedConnection, dialect: Di
         if tenant is None:
             fetched = await driver.fetch(compiled.sql, *args)
         else:
-            name = await _wrapper(driver, statement, compiled)
+            name = await session_function(driver, statement, compiled)
             call = f"SELECT * FROM pg_temp.{name}(" + ", ".join(
                 f"${n}" for n in range(1, len(args) + 2)) + ")"
             fetched = await driver.fetch(call, tenant, *args)

@@ -13,14 +13,12 @@ The contract of every operation, its docstring included, is
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import random
 import time
-import zlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, exc
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
@@ -31,7 +29,6 @@ from meshpoint.context import ParallelCalls, TaskExecutionContext
 from meshpoint.encryption import is_envelope
 from meshpoint.errors import (
     CheckpointConflictError,
-    CorruptCheckpointError,
     InvalidArgumentError,
     LeaseNotHeldError,
     TaskEndedError,
@@ -44,23 +41,16 @@ from meshpoint.history import (
     END_PHASES,
     HistoryHead,
     HistoryOptions,
-    PlannedRecord,
     open_context,
-    plan_record,
-    seal_context,
 )
 from meshpoint.store import history_queries as hq
 from meshpoint.store import queries as q
 from meshpoint.store.base import TIMEOUT_RESULT, Store
+from meshpoint.store.checkpoints import insert_children, plan_checkpoint, rewrite_task
 from meshpoint.store.engine import Database, is_retryable, translate
-from meshpoint.store.history import (
-    HistoryStore,
-    head_of,
-    record_params,
-    stored_record,
-    write_record,
-)
+from meshpoint.store.history import HistoryStore, finalize, stored_head_of, write_record
 from meshpoint.store.hooks import NO_FAST_PATHS, Portable
+from meshpoint.store.joins import advance
 from meshpoint.store.records import (
     CheckpointReceipt,
     Lease,
@@ -76,11 +66,10 @@ from meshpoint.store.rows import (
     check_limit,
     check_timeout,
     check_ttl,
-    plan_join,
     restored,
     sub_task,
 )
-from meshpoint.store.schema import CHECKPOINT_STATUSES, TASK_STATUSES
+from meshpoint.store.schema import TASK_STATUSES
 from meshpoint.store.verified import VerifiedRestore
 
 __all__ = ["TIMEOUT_RESULT", "SqlStore"]
@@ -92,10 +81,6 @@ logger = logging.getLogger("meshpoint.store")
 class _Collision(Exception):
     """A checkpoint hit a unique key; its transaction is rolled back (internal)."""
 
-
-#: Keys of the checkpoint dict that are stored in tables of their own.
-_SPLIT_KEYS = ("active_peer_sub_tasks", "parallel_tool_calls", "session_events",
-               "session_events_persisted")
 
 
 def _deadlock_backoff(state: RetryCallState) -> float:
@@ -220,76 +205,13 @@ class SqlStore(Store):
                               expires_at: float | None = None,
                               lease_owner: str | None = None, holder: str | None = None,
                               hold_lease_s: float = 30.0) -> CheckpointReceipt:
-        check_id("agent_name", agent_name)
-        if status not in CHECKPOINT_STATUSES:
-            raise InvalidArgumentError(
-                f"status must be one of {CHECKPOINT_STATUSES}, got {status!r} (resuming is "
-                "set by the store when a join completes)")
-        check_timeout("default_timeout_s", default_timeout_s)
-        if lease_owner is not None:
-            check_id("lease_owner", lease_owner)
-        if holder is not None:
-            check_id("holder", holder)
-            check_ttl(hold_lease_s)
-            if status != "working" or lease_owner not in (None, holder):
-                raise InvalidArgumentError(
-                    "holder= keeps the lease through a mid-turn checkpoint: the status must "
-                    f"be 'working' (got {status!r}) and a resumed task's holder its "
-                    f"lease_owner (got {holder!r} and {lease_owner!r})")
-        elif status == "working":
-            raise InvalidArgumentError(
-                "a task checkpointed as working is still running: name its lease holder "
-                "(holder=)")
-        doc = ctx.checkpoint_delta()  # validates and copies before any I/O
-        now = self._clock()
-        subs, invocations = plan_join(doc, status, default_timeout_s)
-        new_events = doc["session_events"]
-        first_new = doc["session_events_persisted"]
-        event_count = first_new + len(new_events)
-        if lease_owner is None and first_new != 0:
-            raise InvalidArgumentError(
-                f"task {ctx.task_id!r} is checkpointed for the first time but its context "
-                f"says {first_new} events are already stored: a resumed task is checkpointed "
-                "again with lease_owner=, by the holder of its resume lease")
-        context_doc = {k: v for k, v in doc.items() if k not in _SPLIT_KEYS}
-        cipher = self._history.encryption
-        if cipher is not None:
-            seal_context(cipher, context_doc, self.tenant_id, ctx.task_id)
-        raw = _json.dump_bytes(context_doc)
-        compressed = len(raw) > self._compress_threshold
-        blob = zlib.compress(raw, 1) if compressed else raw
-        sha256 = hashlib.sha256(raw).hexdigest()
-
-        def replan(head: HistoryHead | None) -> PlannedRecord:
-            return plan_record(
-                tenant_id=self.tenant_id, task_id=ctx.task_id, agent_name=agent_name,
-                status=status, phase=None, doc=doc, context_sha256=sha256,
-                session_event_count=event_count, head=head, now=now,
-                options=self._history, compress_threshold=self._compress_threshold,
-                snapshot_context=context_doc)
-
-        planned = replan(None if lease_owner is None else ctx.history_head) \
-            if self._history.enabled else None
-        # One set of parameters for every statement of either path; the sub-tasks,
-        # invocations and new events also travel as JSON arrays (for fast paths).
-        params = self._keys(
-            p_task=ctx.task_id, p_agent=agent_name, p_status=status, p_owner=lease_owner,
-            p_invocation=doc["current_invocation_id"], p_context=blob,
-            p_encoding="zlib" if compressed else "json",
-            p_sha256=sha256, p_event_count=event_count, p_now=now,
-            p_expires_at=expires_at, p_events=new_events, p_first=first_new,
-            p_holder=holder, p_hold_until=None if holder is None else now + hold_lease_s,
-            p_has_events=bool(new_events),
-            p_subs=[{"sub_task_id": sub_task_id, "invocation_id": corr["invocation_id"],
-                     "function_call_id": corr["function_call_id"],
-                     "peer_agent_name": corr.get("peer_agent_name"),
-                     "peer_task_id": corr.get("peer_task_id"), "correlation_data": corr,
-                     "timeout_s": timeout_s, "timeout_deadline": now + timeout_s}
-                    for sub_task_id, corr, timeout_s in subs],
-            p_invs=[{"invocation_id": inv, "total_expected": calls.total,
-                     "completed_count": calls.completed, "call_order": calls.call_order,
-                     "results": calls.results} for inv, calls in invocations.items()],
-            **record_params(planned))
+        plan = plan_checkpoint(
+            ctx, agent_name, keys=self._keys(), status=status,
+            default_timeout_s=default_timeout_s, expires_at=expires_at,
+            lease_owner=lease_owner, holder=holder, hold_lease_s=hold_lease_s,
+            now=self._clock(), history=self._history,
+            compress_threshold=self._compress_threshold)
+        params = plan.params
 
         async def fast() -> int | Portable:
             try:
@@ -306,8 +228,8 @@ class SqlStore(Store):
                         raise TaskEndedError(ctx.task_id)
                     version = 1
                 else:
-                    version = self._rewrite_task(conn, params)
-                _insert_children(conn, params)
+                    version = rewrite_task(conn, params)
+                insert_children(conn, params)
                 write_record(conn, params)
                 return version
             except exc.IntegrityError as error:
@@ -324,10 +246,7 @@ class SqlStore(Store):
             def task_exists(conn: Connection) -> tuple[bool, HistoryHead | None]:
                 if q.TASK_STATE.first(conn, params) is not None:
                     return True, None
-                head = hq.GET_HEAD.first(conn, params)
-                last = None if head is None else hq.GET_RECORD_AT.first(
-                    conn, {**params, "p_rec_seq": head.records})
-                return False, None if last is None else head_of(stored_record(last), head)
+                return False, stored_head_of(conn, params)
 
             exists, head = await self._read("checking a collision", task_exists)
             if lease_owner is None and exists:
@@ -335,54 +254,20 @@ class SqlStore(Store):
                     f"task {ctx.task_id!r} is already checkpointed; a resumed task is "
                     "checkpointed again by the holder of its resume lease (lease_owner=)"
                 ) from None
-            if lease_owner is None and planned is not None and head is not None:
+            if lease_owner is None and plan.planned is not None and head is not None:
                 # The id of an ended task whose end was forgotten, started again: its
                 # history goes on from where the earlier task's ended.
-                planned = replan(head)
-                params.update(record_params(planned))
+                plan = plan.with_head(head)
+                params = plan.params
                 try:
-                    version = await self._write(doing, body)
+                    return plan.committed(ctx, await self._write(doing, body))
                 except _Collision as again:
                     problem = str(again)
-                else:
-                    return self._checkpointed(ctx, event_count, planned, version, params,
-                                              blob, compressed)
             raise CheckpointConflictError(
                 f"checkpoint of task {ctx.task_id!r} collides with stored rows (a sub-task "
                 f"id already in use, or conversation events already stored): {problem}"
             ) from None
-        return self._checkpointed(ctx, event_count, planned, version, params, blob,
-                                  compressed)
-
-    @staticmethod
-    def _checkpointed(ctx: TaskExecutionContext, event_count: int,
-                      planned: PlannedRecord | None, version: int, params: dict[str, Any],
-                      blob: bytes, compressed: bool) -> CheckpointReceipt:
-        """What a checkpoint that committed tells its context, and its receipt."""
-        ctx.session_events_persisted = event_count
-        if planned is not None:
-            ctx.history_head = planned.head(planned.document["metrics"]["tokens"]["total"])
-        return CheckpointReceipt(
-            task_id=ctx.task_id, version=version,
-            sub_task_deadlines={sub["sub_task_id"]: sub["timeout_deadline"]
-                                for sub in params["p_subs"]},
-            events_appended=len(params["p_events"]), context_bytes=len(blob),
-            compressed=compressed)
-
-    def _rewrite_task(self, conn: Connection, params: dict[str, Any]) -> int:
-        """A re-checkpoint's task row, and the removal of its finished join."""
-        row = q.RECHECKPOINT_TASK.first(conn, params)
-        if row is None:
-            self._explain_refused_recheckpoint(conn, params)
-        # Only a task whose join completed is rewritten: an answer arriving while the
-        # lease is held would otherwise be erased by the rewrite.
-        if q.COUNT_OPEN_SUB_TASKS.scalar(conn, params):
-            raise CheckpointConflictError(
-                f"task {params['p_task']!r} still waits on peer sub-tasks; it can be "
-                "checkpointed again only after its join completed")
-        q.DELETE_TASK_SUB_TASKS.rows(conn, params)
-        q.DELETE_TASK_INVOCATIONS.rows(conn, params)
-        return int(row.version)
+        return plan.committed(ctx, version)
 
     # -- resolving sub-tasks ------------------------------------------------------------------
 
@@ -410,7 +295,8 @@ class SqlStore(Store):
             if row is None:
                 self._raise_if_unknown_sub_task(conn, sub_task_id)
                 return None
-            return self._advance(conn, [sub_task(row)], lease_owner, lease_ttl_s)[0]
+            return advance(conn, self._keys(), self._clock, [sub_task(row)], lease_owner,
+                           lease_ttl_s)[0]
 
         return await self._write(doing, body)
 
@@ -454,7 +340,8 @@ class SqlStore(Store):
                         f"call {function_call_id!r} of task {task_id!r} was never claimed: "
                         "claim it with claim_peer_sub_task first")
                 return None
-            return self._advance(conn, [sub_task(row)], lease_owner, lease_ttl_s)[0]
+            return advance(conn, self._keys(), self._clock, [sub_task(row)], lease_owner,
+                           lease_ttl_s)[0]
 
         return await self._write(f"recording a result for task {task_id!r}", body)
 
@@ -469,60 +356,11 @@ class SqlStore(Store):
             rows = q.SWEEP_EXPIRED.rows(conn, self._keys(
                 p_agent=agent_name, p_now=self._clock(), p_limit=limit,
                 p_result=TIMEOUT_RESULT))
-            return self._advance(conn, [sub_task(row) for row in rows], lease_owner,
-                                 lease_ttl_s, quarantine=True)
+            return advance(conn, self._keys(), self._clock, [sub_task(row) for row in rows],
+                           lease_owner, lease_ttl_s, quarantine=True)
 
         return await self._write(f"sweeping expired sub-tasks of {agent_name!r}", body,
                                  short=False)
-
-    def _advance(self, conn: Connection, resolved: list[PeerSubTask], lease_owner: str | None,
-                 lease_ttl_s: float, *, quarantine: bool = False) -> list[Resolution]:
-        """Count freshly resolved sub-tasks on their invocations and mark completed joins.
-
-        Invocations are advanced in key order (see the lock order in queries.py). The
-        clock is read here, after any wait for locks, so a lease starts when granted.
-        A join whose rows are corrupt raises, unless ``quarantine`` (the sweeper): then
-        its sub-tasks are parked as ``quarantined`` and the batch goes on.
-        """
-        groups: dict[tuple[str, str], list[PeerSubTask]] = {}
-        for item in resolved:
-            groups.setdefault((item.task_id, item.invocation_id), []).append(item)
-        out: list[Resolution] = []
-        now = self._clock()
-        for (task_id, invocation_id), items in sorted(groups.items()):
-            keys = self._keys(p_task=task_id, p_invocation=invocation_id)
-            counts = q.ADVANCE_INVOCATION.first(conn, {**keys, "p_n": len(items)})
-            problem = None
-            if counts is None:
-                problem = f"has sub-tasks but no row for invocation {invocation_id!r}"
-            elif counts[0] > counts[1]:
-                problem = (f"would count {counts[0]} of {counts[1]} calls in invocation "
-                           f"{invocation_id!r}")
-            if problem is not None:
-                if not quarantine:
-                    raise CorruptCheckpointError(
-                        f"task {task_id!r} {problem}; nothing was resolved", task_id=task_id)
-                q.ADVANCE_INVOCATION.rows(conn, {**keys, "p_n": -len(items)})  # undo the count
-                for item in items:
-                    q.QUARANTINE.rows(conn, self._keys(p_sub=item.sub_task_id, p_now=now))
-                logger.error("quarantined %d sub-task(s) of task %r: it %s", len(items),
-                             task_id, problem)
-                continue
-            assert counts is not None
-            completed, total = counts
-            granted = None
-            if completed == total:
-                holder = q.MARK_RESUMING.scalar(conn, self._keys(
-                    p_task=task_id, p_owner=lease_owner, p_now=now,
-                    p_lease_until=None if lease_owner is None else now + lease_ttl_s))
-                granted = lease_owner if lease_owner is not None and holder == lease_owner \
-                    else None
-            first = completed - len(items) + 1
-            for offset, item in enumerate(items):
-                done = first + offset
-                out.append(Resolution(sub_task=item, completed=done, total=total,
-                                      lease_owner=granted if done == total else None))
-        return out
 
     async def reset_timeout_deadline(self, sub_task_id: str, *, timeout_s: float | None = None,
                                      peer_task_id: str | None = None) -> float | None:
@@ -681,34 +519,7 @@ class SqlStore(Store):
             raise InvalidArgumentError(f"ctx is task {ctx.task_id!r}, not {task_id!r}")
         keys = self._keys(p_task=task_id, p_owner=lease_owner)
         final = None if ctx is None or not self._history.enabled else ctx.checkpoint_delta()
-
-        def finalize(conn: Connection, agent_name: str) -> None:
-            """Append the task's last record, chained to its head: the one ``ctx`` knows,
-            or else the stored one, read in this transaction."""
-            if not self._history.enabled:
-                return
-            head = None if ctx is None else ctx.history_head
-            doc: dict[str, Any] = dict(final) if final is not None else {}
-            if head is None:
-                head_row = hq.GET_HEAD.first(conn, keys)
-                if head_row is None:
-                    return  # the task was checkpointed without a history
-                last = hq.GET_RECORD_AT.first(conn, {**keys, "p_rec_seq": head_row.records})
-                head = None if last is None else head_of(stored_record(last), head_row)
-                if head is None:
-                    return  # its chain is broken; verify reports it, the end goes on
-                if final is None:  # the task's retention stays with its last record
-                    doc = {"history": {"retention_policy": head_row.retention_policy}}
-            now = self._clock()
-            planned = plan_record(
-                tenant_id=self.tenant_id, task_id=task_id, agent_name=agent_name,
-                status=outcome, phase=outcome, doc=doc, context_sha256=None,
-                session_event_count=0 if final is None else
-                final["session_events_persisted"] + len(final["session_events"]),
-                head=head, now=now, options=self._history,
-                compress_threshold=self._compress_threshold, snapshot_context=None)
-            write_record(conn, {**keys, "p_agent": agent_name, "p_now": now,
-                                **record_params(planned, outcome=outcome)})
+        head = None if ctx is None else ctx.history_head
 
         def body(conn: Connection) -> None:
             # Children first, matching the lock order of resolvers (see queries.py).
@@ -723,7 +534,9 @@ class SqlStore(Store):
                 raise LeaseNotHeldError(task_id, lease_owner)
             q.RECORD_ENDED.rows(conn, {**keys, "p_agent": deleted.agent_name,
                                        "p_now": self._clock()})
-            finalize(conn, deleted.agent_name)
+            if self._history.enabled:
+                finalize(conn, keys, agent_name=deleted.agent_name, outcome=outcome,
+                         final=final, head=head, now=self._clock(), options=self._history)
 
         await self._write(f"cleaning up task {task_id!r}", body)
 
@@ -833,26 +646,3 @@ class SqlStore(Store):
     def _raise_if_unknown_task(self, conn: Connection, task_id: str) -> None:
         if q.TASK_STATE.first(conn, self._keys(p_task=task_id)) is None:
             raise UnknownTaskError(task_id)
-
-    def _explain_refused_recheckpoint(self, conn: Connection, params: dict[str, Any]
-                                      ) -> NoReturn:
-        task_id, owner = params["p_task"], params["p_owner"]
-        state = q.TASK_STATE.first(conn, params)
-        if state is None:
-            raise UnknownTaskError(task_id)
-        if state.owner != owner:
-            raise LeaseNotHeldError(task_id, owner)
-        raise CheckpointConflictError(
-            f"task {task_id!r} has {state.session_event_count} stored conversation events "
-            f"but the context says {params['p_first']}: checkpoint the context restored "
-            "from the store, whose conversation only grows")
-
-
-def _insert_children(conn: Connection, params: dict[str, Any]) -> None:
-    """Insert a checkpoint's sub-tasks, invocations and new events (portable body)."""
-    if params["p_subs"]:
-        q.INSERT_SUB_TASK.execute_many(conn, [{**params, **sub} for sub in params["p_subs"]])
-    if params["p_invs"]:
-        q.INSERT_INVOCATION.execute_many(conn, [{**params, **inv} for inv in params["p_invs"]])
-    if params["p_has_events"]:
-        q.APPEND_EVENTS.rows(conn, params)

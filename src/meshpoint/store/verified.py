@@ -45,19 +45,13 @@ from meshpoint.errors import (
     TaskBlockedError,
     UnknownTaskError,
 )
-from meshpoint.history import (
-    HistoryOptions,
-    StoredRecord,
-    plan_record,
-    verify_chain,
-    verify_head,
-    verify_record,
-)
+from meshpoint.history import HistoryOptions, plan_record
 from meshpoint.store import history_queries as hq
 from meshpoint.store import queries as q
 from meshpoint.store.history import head_of, record_params, stored_head, stored_record, write_record
 from meshpoint.store.records import RestoredTask
 from meshpoint.store.rows import RestoreRows, TaskRow, join_events, restored
+from meshpoint.verification import StoredRecord, verify_chain, verify_head, verify_record
 
 #: The result a call gets when the answer it had was lost with a record that failed
 #: verification (a rewind): the model sees the call failed and may make it again.
@@ -162,9 +156,9 @@ class VerifiedRestore:
                 raise ValueError("the snapshot does not hash to what its record says")
             snapshot = orjson.loads(raw)
             if "context" not in snapshot and "snapshot" in self.options.encrypt_fields:
-                from meshpoint.history import _encryption
+                from meshpoint.history import encryption_keys
 
-                snapshot = _encryption(self.options).decrypt(
+                snapshot = encryption_keys(self.options).decrypt(
                     snapshot, tenant=self.tenant_id,
                     aad={"task": record.task_id, "record": record.checkpoint_id,
                          "field": "snapshot"})

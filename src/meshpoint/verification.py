@@ -1,0 +1,196 @@
+"""Verifying what the store reads of the checkpoint history (DESIGN.md invariant 9).
+
+A record read back is trusted only once :func:`verify_record` found that its content
+hashes to its stored hash (after its parent's), that its signature holds, and that it
+is the record it is stored as (its id, task, tenant and position are part of what is
+hashed). :func:`verify_chain` walks a task's records against its signed head, which is
+what catches a record missing or out of place and a cut-off tail. Only then is a
+record decrypted and decoded (:func:`record_model`). No I/O here: the store reads,
+these functions judge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from meshpoint.encryption import is_envelope
+from meshpoint.errors import InvalidArgumentError
+from meshpoint.history import HistoryOptions, encryption_keys
+from meshpoint.integrity import GENESIS, canonical, chain_hash, hashes_equal, head_message
+from meshpoint.record import CheckpointRecord
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A record as read from the store, before it is trusted."""
+
+    tenant_id: str
+    checkpoint_id: str
+    task_id: str
+    seq: int
+    document: Any
+    hash: str
+    signature: str | None
+    key_id: str | None
+    snapshot: bytes | None = None
+    snapshot_encoding: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredHead:
+    """A task's head as read from the store."""
+
+    tenant_id: str
+    task_id: str
+    records: int
+    head_id: str | None
+    head_hash: str
+    signature: str | None
+    key_id: str | None
+    pruned_through: int = 0
+    pruned_hash: str = GENESIS
+
+
+def verify_record(record: StoredRecord, options: HistoryOptions, *,
+                  parent_hash: str | None = None) -> str | None:
+    """None if ``record`` is intact (its content hashes to its hash, which its
+    signature signs, and it says it is the record it is stored as); else why not.
+    ``parent_hash``: the hash the record must name as its parent, if known."""
+    doc = record.document
+    try:
+        meta = doc["metadata"]
+        named_parent = doc["compliance"]["parent_hash"]
+        claims = (meta["checkpoint_id"], meta["task_id"], meta["tenant_id"], meta["seq"])
+    except (TypeError, KeyError):
+        return "the record is not a history document (metadata or compliance missing)"
+    if claims != (record.checkpoint_id, record.task_id, record.tenant_id, record.seq):
+        return (f"the record says it is {claims[0]} (task {claims[1]!r}, tenant "
+                f"{claims[2]!r}, record {claims[3]}) but is stored as {record.checkpoint_id} "
+                f"(task {record.task_id!r}, tenant {record.tenant_id!r}, record {record.seq})")
+    if parent_hash is not None and not hashes_equal(str(named_parent), parent_hash):
+        return "it does not name the previous record's hash as its parent"
+    try:
+        digest = chain_hash(str(named_parent), canonical(doc))
+    except InvalidArgumentError as error:
+        return str(error)
+    if not hashes_equal(digest, record.hash):
+        return "its content does not hash to its stored hash (changed after it was written)"
+    if record.signature is not None:
+        why = options.signing.verify(str(record.key_id), bytes.fromhex(record.hash),
+                                     record.signature)
+        if why is not None:
+            return why
+    elif options.signatures_required:
+        return "it is not signed, and this store requires signatures"
+    return None
+
+
+def verify_head(head: StoredHead, options: HistoryOptions) -> str | None:
+    """None if the head's signature holds (or none is required), else why not."""
+    if head.signature is not None:
+        return options.signing.verify(
+            str(head.key_id), head_message(head.tenant_id, head.task_id, head.records,
+                                           head.head_hash, head.pruned_through,
+                                           head.pruned_hash), head.signature)
+    if options.signatures_required:
+        return "the task's head is not signed, and this store requires signatures"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ChainReport:
+    """What walking a task's chain found.
+
+    ``ok``: every record verified and links to its parent, and the chain ends where
+    its head says. Otherwise ``first_bad_seq``/``first_bad_id`` and ``reason`` name the
+    first problem, and ``kind`` says what it was: ``corrupt`` (a record's content or
+    signature does not verify, the records before it do) or ``broken`` (a record is
+    missing, out of order or another's, or the tail is cut off: the head does not
+    match). ``last_good_seq`` is the last record that verified with everything before
+    it (0 if none)."""
+
+    task_id: str
+    records: int
+    ok: bool
+    kind: Literal["ok", "corrupt", "broken"] = "ok"
+    first_bad_seq: int | None = None
+    first_bad_id: str | None = None
+    reason: str | None = None
+    last_good_seq: int = 0
+
+
+def verify_chain(task_id: str, records: Sequence[StoredRecord], head: StoredHead | None,
+                 options: HistoryOptions) -> ChainReport:
+    """Walk a task's records (in ``seq`` order) against its head (see ChainReport)."""
+    expected_seq = 1 if head is None else head.pruned_through + 1
+    parent = GENESIS if head is None else head.pruned_hash
+    last_good = expected_seq - 1
+
+    def bad(kind: Literal["corrupt", "broken"], record: StoredRecord | None,
+            reason: str) -> ChainReport:
+        return ChainReport(task_id, len(records), False, kind,
+                           None if record is None else record.seq,
+                           None if record is None else record.checkpoint_id, reason, last_good)
+
+    for record in records:
+        if record.seq != expected_seq:
+            return bad("broken", record, f"record {expected_seq} is missing (the next "
+                       f"stored is record {record.seq})" if record.seq > expected_seq
+                       else f"record {record.seq} is out of place (expected {expected_seq})")
+        why = verify_record(record, options)
+        if why is not None:
+            kind: Literal["corrupt", "broken"] = (
+                "broken" if why.startswith("the record says it is") else "corrupt")
+            return bad(kind, record, why)
+        named = str(record.document["compliance"]["parent_hash"])
+        if not hashes_equal(named, parent):
+            return bad("broken", record, f"it does not link to record {expected_seq - 1}: "
+                       "the chain was reordered, or a record was replaced")
+        parent = record.hash
+        last_good = record.seq
+        expected_seq += 1
+    if head is None:
+        if records:
+            return bad("broken", None, "the task has records but no head")
+        return ChainReport(task_id, 0, True)
+    why = verify_head(head, options)
+    if why is not None:
+        return bad("broken", None, f"its head: {why}")
+    if head.records != last_good or not hashes_equal(head.head_hash, parent):
+        return bad("broken", None, f"the head says {head.records} records ending in "
+                   f"{head.head_hash[:12]}, the chain has {last_good} ending in "
+                   f"{parent[:12] or '(nothing)'}: its tail was cut off or replaced")
+    return ChainReport(task_id, len(records), True, last_good_seq=last_good)
+
+
+def decrypted(document: Mapping[str, Any], options: HistoryOptions, *, tenant_id: str,
+              task_id: str, checkpoint_id: str) -> dict[str, Any]:
+    """``document`` with its encrypted fields decrypted (KeyMissingError if a key is
+    not held); call it only on a verified record."""
+    out: dict[str, Any] = orjson.loads(orjson.dumps(document))
+    for path in options.encrypt_fields:
+        if path == "snapshot":
+            continue
+        *parents, last = path.split(".")
+        node: Any = out
+        for name in parents:
+            node = node.get(name) if isinstance(node, dict) else None
+        if isinstance(node, dict) and is_envelope(node.get(last)):
+            node[last] = encryption_keys(options).decrypt(
+                node[last], tenant=tenant_id,
+                aad={"task": task_id, "record": checkpoint_id, "field": path})
+    return out
+
+
+def record_model(record: StoredRecord, options: HistoryOptions) -> CheckpointRecord:
+    """The pydantic model of a verified record, encrypted fields decrypted, its hash,
+    signature and key id filled in."""
+    document = decrypted(record.document, options, tenant_id=record.tenant_id,
+                         task_id=record.task_id, checkpoint_id=record.checkpoint_id)
+    document["compliance"] = {**document["compliance"], "hash": record.hash,
+                              "signature": record.signature, "key_id": record.key_id}
+    return CheckpointRecord.model_validate(document)
