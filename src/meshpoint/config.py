@@ -157,6 +157,8 @@ class OpenAIModelConfig(_Strict):
     #: How tool_mode json asks for its schema: OpenAI's ``json_schema`` layout, or
     #: ``json_object`` with a ``schema`` (llama-cpp-python's server reads only that).
     json_format: Literal["json_schema", "json_object"] = "json_schema"
+    #: Calls of one tool a tool_mode json reply may make (the schema bounds each list).
+    json_calls_per_tool: int = Field(default=1, ge=1)
     #: Rounds of tool calls after the user's message before the model must answer.
     max_tool_rounds: int | None = Field(default=None, ge=0)
     #: Times an unusable reply is handed back to the model before the call fails.
@@ -222,6 +224,8 @@ class RecoveryConfig(_Strict):
     auto_resume_hitl: bool = False
     #: Seconds without a checkpoint after which a task fails (0: never).
     timeout_s: float = Field(default=86_400.0, ge=0)
+    #: Restart a task blocked by its history from its reconstruction (seed 003).
+    reconstruct: bool = False
 
 
 class CheckpointConfig(_Strict):
@@ -299,6 +303,8 @@ class AgentConfig(_Strict):
     #: What its records in the checkpoint history say it is, and how long they stay.
     agent_type: str = Field(default="general", min_length=1, max_length=64)
     retention: str | None = None
+    #: Keep an event log of every step and protocol message (meshpoint.events).
+    events: bool = False
 
 
 class MeshConfig(_Strict):
@@ -358,7 +364,7 @@ class MeshConfig(_Strict):
             system_prompt=spec.system_prompt, max_turns=spec.max_turns,
             checkpoint=CheckpointPolicy(**spec.checkpoint.model_dump(exclude={"recovery"})),
             recovery=RecoveryPolicy(**spec.checkpoint.recovery.model_dump()),
-            agent_type=spec.agent_type, retention=spec.retention)
+            agent_type=spec.agent_type, retention=spec.retention, events=spec.events)
 
     async def open_store(self) -> SqlStore:
         from meshpoint.store import open_store

@@ -232,7 +232,7 @@ async def test_server_errors_are_retried_but_a_timed_out_generation_is_not(
 
 async def test_json_mode_asks_for_a_schema_and_reads_calls_from_it(chat: ChatServer) -> None:
     model = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0, tool_mode="json",
-                        max_tool_rounds=1)
+                        max_tool_rounds=1, json_calls_per_tool=2)
     tools = [*ASK_X, ToolSpec("ask_y", "y", kind="peer")]
     chat.script = [{"content": "not json"},
                    {"content": json.dumps({"ask_x": [{"query": "a"}, {"query": "b"}],
@@ -257,7 +257,11 @@ async def test_json_mode_asks_for_a_schema_and_reads_calls_from_it(chat: ChatSer
     answer = await model.complete(history, tools)
     assert (answer.text, answer.tool_calls) == ("All done.", ())
     last = chat.requests[-1]
-    assert list(last["response_format"]["json_schema"]["schema"]["properties"]) == ["answer"]
+    assert last["response_format"]["json_schema"]["schema"]["properties"] == {
+        "answer": {"type": "string", "maxLength": 1024}}  # a character per max_tokens
+    planning = first["response_format"]["json_schema"]["schema"]["properties"]
+    assert planning["ask_x"]["items"]["properties"]["query"]["maxLength"] == 1024 // 5
+    assert "tools" not in last
     assert [m["role"] for m in last["messages"]] == ["system", "user", "assistant", "user"]
     assert last["messages"][3]["content"].startswith('Tool results:\n- ask_x({"query":"a"}) -> r0')
     await model.close()

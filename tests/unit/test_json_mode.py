@@ -20,7 +20,10 @@ def test_the_schema_has_a_list_of_calls_per_tool_and_an_answer() -> None:
     Draft202012Validator.check_schema(schema)
     assert list(schema["properties"]) == ["book", "ask_flights", "answer"]
     assert schema["required"] == ["book", "ask_flights", "answer"]
-    assert schema["properties"]["book"] == {"type": "array", "items": BOOK.parameters}
+    # Each list is bounded: a grammar admits any length and a small model repeats items.
+    assert schema["properties"]["book"] == {"type": "array", "items": BOOK.parameters,
+                                            "maxItems": 1}
+    assert JsonPlan((BOOK,), per_tool=3).schema()["properties"]["book"]["maxItems"] == 3
     valid = Draft202012Validator(schema)
     assert valid.is_valid({"book": [{"query": "x", "nights": 2}], "ask_flights": [],
                            "answer": ""})
@@ -30,8 +33,31 @@ def test_the_schema_has_a_list_of_calls_per_tool_and_an_answer() -> None:
     required = JsonPlan((BOOK,), required=True, single=True).schema()
     assert list(required["properties"]) == ["book"]
     assert required["properties"]["book"]["maxItems"] == 1
-    # nothing to call: only the answer
+    # nothing to call: only the answer (bounded, so that the JSON ends before the limit)
     assert JsonPlan(()).schema()["properties"] == {"answer": {"type": "string"}}
+    assert JsonPlan((), max_chars=400).schema()["properties"] == {
+        "answer": {"type": "string", "maxLength": 400}}
+
+
+def test_a_character_budget_bounds_every_unbounded_string() -> None:
+    """So that the grammar ends the JSON before the token limit: two strings in BOOK
+    (query; nights is an integer), one in FLIGHTS, and the answer share 300 chars."""
+    bounded = ToolSpec("b", "b", {"type": "object", "properties": {
+        "code": {"type": "string", "maxLength": 3},
+        "legs": {"type": "array", "items": {"type": "string"}},
+        "pick": {"anyOf": [{"type": "string"}, {"type": "integer"}]}}})
+    schema = JsonPlan((BOOK, FLIGHTS, bounded), max_chars=500).schema()
+    # strings: query (BOOK), query (FLIGHTS), code, legs item, pick, answer: 6
+    props = schema["properties"]
+    assert props["book"]["items"]["properties"]["query"]["maxLength"] == 83
+    assert props["ask_flights"]["items"]["properties"]["query"]["maxLength"] == 83
+    inner = props["b"]["items"]["properties"]
+    assert inner["code"]["maxLength"] == 3  # a bound of the tool's own is kept
+    assert inner["legs"]["items"]["maxLength"] == 83
+    assert inner["pick"]["anyOf"][0]["maxLength"] == 83
+    assert props["answer"]["maxLength"] == 83
+    assert BOOK.parameters["properties"]["query"] == {"type": "string"}  # not changed
+    assert "maxLength" not in str(JsonPlan((BOOK,)).schema())  # no budget, no bound
     assert JsonPlan((BOOK,)).response_format()["json_schema"]["schema"] == JsonPlan(
         (BOOK,)).schema()
     assert JsonPlan((BOOK,)).response_format("json_object") == {
@@ -39,7 +65,7 @@ def test_the_schema_has_a_list_of_calls_per_tool_and_an_answer() -> None:
 
 
 def test_a_reply_becomes_calls_in_tool_then_item_order() -> None:
-    plan = JsonPlan((BOOK, FLIGHTS))
+    plan = JsonPlan((BOOK, FLIGHTS), per_tool=2)
     calls, answer, problems = plan.calls({
         "book": [{"query": "hotel"}],
         "ask_flights": [{"query": "out"}, {"query": "back"}], "answer": ""}, "call_2")
@@ -51,7 +77,7 @@ def test_a_reply_becomes_calls_in_tool_then_item_order() -> None:
     calls, answer, problems = plan.calls({"book": [], "ask_flights": [],
                                           "answer": "Done."}, "c")
     assert (calls, answer, problems) == ((), "Done.", [])
-    single = JsonPlan((FLIGHTS,), single=True)
+    single = JsonPlan((FLIGHTS,), single=True, per_tool=2)
     calls, _, _ = single.calls({"ask_flights": [{"query": "a"}, {"query": "b"}]}, "c")
     assert [c.arguments["query"] for c in calls] == ["a"]
 
@@ -66,8 +92,13 @@ def test_what_is_wrong_with_a_reply_is_said() -> None:
                         "call at least one tool"]
     _, _, problems = JsonPlan((BOOK,)).calls({"book": [], "answer": "  "}, "c")
     assert problems == ['the reply calls no tool and its "answer" is empty']
+    # Nothing left to call (a rounds bound reached): "required" asks for no call.
+    assert JsonPlan((), required=True).calls({"answer": "Done."}, "c") == ((), "Done.", [])
     _, _, problems = JsonPlan((BOOK,)).calls({"book": [], "answer": 3}, "c")
     assert problems[0] == '"answer" must be a string'
+    _, _, problems = JsonPlan((BOOK,)).calls({"book": [{"query": "a"}, {"query": "b"}],
+                                              "answer": ""}, "c")
+    assert problems == ['"book" has 2 calls; at most 1 per reply']
 
 
 def test_the_instructions_name_every_tool_and_its_arguments() -> None:

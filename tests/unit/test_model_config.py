@@ -35,12 +35,13 @@ async def test_every_openai_key_reaches_the_adapter(tmp_path: Path) -> None:
         "{kind: openai, name: smol, base_url: 'http://127.0.0.1:9/v1', timeout_s: 30, "
         "max_retries: 1, retry_timeouts: true, max_tokens: 64, temperature: 0.2, top_p: 0.9, "
         "seed: 7, stop: ['END'], tool_choice: required, parallel_tool_calls: true, "
-        "tool_mode: json, json_format: json_object, max_tool_rounds: 1, repair_attempts: 3, "
-        "extra_body: {cache_prompt: true}}"))
+        "tool_mode: json, json_format: json_object, json_calls_per_tool: 2, "
+        "max_tool_rounds: 1, repair_attempts: 3, extra_body: {cache_prompt: true}}"))
     model = config.build_agent("coordinator").model
     assert isinstance(model, OpenAIModel)
     assert (model.name, model.tool_mode, model.json_format, model.max_tokens,
             model.tool_choice) == ("smol", "json", "json_object", 64, "required")
+    assert model.json_calls_per_tool == 2
     assert (model.parallel_tool_calls, model.max_tool_rounds, model.repair_attempts,
             model.max_retries, model.retry_timeouts) == (True, 1, 3, 1, True)
     request = model._request([{"role": "user", "content": "hi"}], [], [], None, [])
@@ -107,9 +108,10 @@ def test_openai_itself_needs_its_key(tmp_path: Path, monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize(("model", "expected"), [
     ("{kind: openai, name: m, max_tokenz: 5}",
      "agents.coordinator.model.max_tokenz: unknown key; expected one of: api_key_env, "
-     "base_url, extra_body, json_format, kind, max_retries, max_tokens, max_tool_rounds, name, "
-     "parallel_tool_calls, repair_attempts, response_format, retry_timeouts, seed, stop, "
-     "temperature, timeout_s, tool_choice, tool_mode, top_p"),
+     "base_url, extra_body, json_calls_per_tool, json_format, kind, max_retries, "
+     "max_tokens, max_tool_rounds, name, parallel_tool_calls, repair_attempts, "
+     "response_format, retry_timeouts, seed, stop, temperature, timeout_s, tool_choice, "
+     "tool_mode, top_p"),
     ("{kind: openai, name: m, tool_mode: grammar}",
      "agents.coordinator.model.tool_mode: Input should be 'native' or 'json'"),
     ("{kind: openai, name: m, tool_choice: any}",
@@ -177,6 +179,7 @@ async def test_a_model_class_of_ones_own_is_named_by_import_path(tmp_path: Path)
     ({"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
     ({"tool_mode": "grammar"}, "tool_mode must be one of ('native', 'json'), got 'grammar'"),
     ({"tool_choice": "any"}, "tool_choice must be one of ('auto', 'required', 'none')"),
+    ({"json_calls_per_tool": 0}, "json_calls_per_tool must be >= 1"),
     ({"json_format": "grammar"}, "json_format must be one of ('json_schema', 'json_object')"),
     ({"timeout_s": 0}, "timeout_s must be > 0"),
     ({"repair_attempts": -1}, "repair_attempts must be >= 0"),

@@ -9,11 +9,18 @@ parameter schema), and an ``answer`` field for the reply when no tool is called:
 
     {"ask_flights": [{"query": "Lisbon, 3 May"}], "ask_hotels": [], "answer": ""}
 
+Each list holds at most ``per_tool`` calls (``json_calls_per_tool``, 1 by default): a
+grammar admits a list of any length, and a small model repeats an item until its
+token limit cuts it off.
+
 and turns that object into :class:`~meshpoint.llm.base.ToolCall` s, in the order of
-the tools and then of the items: several items make a fan-out. Because no tool is
-declared to the server, the conversation is rendered as plain messages too: a turn
-that made calls is shown as the JSON object it answered, and the results as one user
-message, so that any chat template accepts it.
+the tools and then of the items: several items make a fan-out. Once no tool may be
+called (``max_tool_rounds`` reached, ``tool_choice: none``) the schema has ``answer``
+alone: still JSON, because a model that has seen its own JSON replies in the
+conversation tends to imitate them in a plain reply, and the grammar is what ends it.
+Because no tool is declared to the server, the conversation is rendered as plain
+messages too: a turn that made calls is shown as the JSON object it answered, and the
+results as one user message, so that any chat template accepts it.
 """
 
 from __future__ import annotations
@@ -40,17 +47,34 @@ class JsonPlan:
     required: bool = False
     #: At most one call per reply (``parallel_tool_calls: false``).
     single: bool = False
+    #: At most this many calls of one tool per reply (the list's ``maxItems``): a
+    #: grammar admits a list of any length, and a small model may repeat an item
+    #: until its token limit cuts it off.
+    per_tool: int = 1
+    #: Characters all the reply's strings may have together (None: unbounded), shared
+    #: evenly as the ``maxLength`` of each string the schemas leave unbounded. The
+    #: adapter sets it from ``max_tokens`` so that the grammar closes the JSON before
+    #: the token limit: a small model otherwise repeats words inside a string (a
+    #: query, the answer) until it is cut off.
+    max_chars: int | None = None
+
+    def _string_bound(self) -> int | None:
+        if self.max_chars is None:
+            return None
+        per_call = 1 if self.single else self.per_tool
+        fields = sum(per_call * _strings(tool.parameters) for tool in self.tools)
+        fields += 0 if self.required and self.tools else 1  # the answer
+        return max(16, self.max_chars // max(1, fields))
 
     def schema(self) -> dict[str, Any]:
         """The JSON schema of the reply."""
+        bound = self._string_bound()
         properties: dict[str, Any] = {}
         for tool in self.tools:
-            items: dict[str, Any] = {"type": "array", "items": tool.parameters}
-            if self.single:
-                items["maxItems"] = 1
-            properties[tool.name] = items
+            properties[tool.name] = {"type": "array", "items": _bounded(tool.parameters, bound),
+                                     "maxItems": 1 if self.single else self.per_tool}
         if not self.required or not self.tools:
-            properties[ANSWER] = {"type": "string"}
+            properties[ANSWER] = _bounded({"type": "string"}, bound)
         return {"type": "object", "properties": properties,
                 "required": list(properties), "additionalProperties": False}
 
@@ -71,11 +95,11 @@ class JsonPlan:
         (the schema constrains the form; this says what to put in it)."""
         if not self.tools:
             return (f'Reply with a JSON object whose "{ANSWER}" field is your answer to '
-                    "the user, written from the results above.")
+                    "the user, written from the tool results above.")
         lines = ["You can call these tools. Reply with one JSON object that has one field "
                  "per tool: the list of calls to make now, each an object of the tool's "
-                 "arguments, or [] to not call it. Call several tools, or one tool "
-                 "several times, to do things at once."]
+                 f"arguments (at most {1 if self.single else self.per_tool}), or [] to not "
+                 "call it. Call several tools to do things at once."]
         for tool in self.tools:
             lines.append(f"- {tool.name}: {tool.description} Arguments: "
                          f"{json.dumps(tool.parameters, separators=(',', ':'))}")
@@ -98,6 +122,9 @@ class JsonPlan:
             if not isinstance(items, list):
                 problems.append(f'"{tool.name}" must be a list of argument objects')
                 continue
+            if len(items) > self.per_tool:
+                problems.append(f'"{tool.name}" has {len(items)} calls; at most '
+                                f"{self.per_tool} per reply")
             for index, arguments in enumerate(items):
                 if not isinstance(arguments, dict):
                     problems.append(f'"{tool.name}"[{index}] must be an object of arguments')
@@ -114,11 +141,44 @@ class JsonPlan:
             answer = None
         if self.single:
             calls = calls[:1]
-        if self.required and not calls:
+        if self.required and self.tools and not calls:
             problems.append("call at least one tool")
         if not calls and not (answer or "").strip() and not problems:
             problems.append(f'the reply calls no tool and its "{ANSWER}" is empty')
         return tuple(calls), answer, problems
+
+
+_NESTED = ("items", "additionalProperties", "not")
+_NESTED_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+def _strings(schema: Any) -> int:
+    """How many string values a schema's instance has at most once (arrays count once)."""
+    if not isinstance(schema, dict):
+        return 0
+    count = int(schema.get("type") == "string")
+    count += sum(_strings(v) for v in (schema.get("properties") or {}).values())
+    count += sum(_strings(schema.get(key)) for key in _NESTED)
+    count += sum(_strings(v) for key in _NESTED_LISTS for v in schema.get(key) or ())
+    return count
+
+
+def _bounded(schema: Any, bound: int | None) -> Any:
+    """``schema`` with ``maxLength: bound`` on each string that has none (a copy)."""
+    if bound is None or not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if out.get("type") == "string" and "maxLength" not in out:
+        out["maxLength"] = bound
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {k: _bounded(v, bound) for k, v in out["properties"].items()}
+    for key in _NESTED:
+        if isinstance(out.get(key), dict):
+            out[key] = _bounded(out[key], bound)
+    for key in _NESTED_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_bounded(v, bound) for v in out[key]]
+    return out
 
 
 def render(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -96,7 +96,8 @@ class OpenAIModel:
     ``tool_choice`` (``auto``, ``required``, ``none``), ``parallel_tool_calls`` and
     ``response_format`` are sent as the API defines them when not None; ``json_format``
     is the ``response_format`` layout of the JSON tool mode (see
-    :meth:`~meshpoint.llm.json_mode.JsonPlan.response_format`);
+    :meth:`~meshpoint.llm.json_mode.JsonPlan.response_format`) and
+    ``json_calls_per_tool`` how many calls of one tool a JSON reply may make;
     ``extra_body`` adds server-specific fields to the request's JSON (llama.cpp's
     ``cache_prompt``, vLLM's ``top_k``); ``extra`` passes further keyword arguments to
     the openai client's ``create()``.
@@ -110,12 +111,13 @@ class OpenAIModel:
                  parallel_tool_calls: bool | None = None,
                  response_format: dict[str, Any] | None = None,
                  tool_mode: ToolMode = "native", json_format: str = "json_schema",
-                 max_tool_rounds: int | None = None,
+                 json_calls_per_tool: int = 1, max_tool_rounds: int | None = None,
                  repair_attempts: int = 2, extra_body: dict[str, Any] | None = None,
                  extra: dict[str, Any] | None = None) -> None:
         _check_options(name=name, timeout_s=timeout_s, max_retries=max_retries,
                        max_tokens=max_tokens, tool_choice=tool_choice, tool_mode=tool_mode,
-                       json_format=json_format, max_tool_rounds=max_tool_rounds,
+                       json_format=json_format, json_calls_per_tool=json_calls_per_tool,
+                       max_tool_rounds=max_tool_rounds,
                        repair_attempts=repair_attempts, response_format=response_format)
         try:
             from openai import AsyncOpenAI
@@ -126,6 +128,7 @@ class OpenAIModel:
         self.name = name
         self.tool_mode: ToolMode = tool_mode
         self.json_format = json_format
+        self.json_calls_per_tool = json_calls_per_tool
         self.max_tokens = max_tokens
         self.tool_choice = tool_choice
         self.parallel_tool_calls = parallel_tool_calls
@@ -156,7 +159,9 @@ class OpenAIModel:
         if self.tool_mode == "json" and tools:
             # Whatever the round, the conversation is rendered without tool roles.
             plan = json_mode.JsonPlan(tuple(offered), required=self.tool_choice == "required",
-                                      single=self.parallel_tool_calls is False)
+                                      single=self.parallel_tool_calls is False,
+                                      per_tool=self.json_calls_per_tool,
+                                      max_chars=_chars(self.max_tokens))
         prefix = f"call_{sum(1 for m in messages if m.get('tool_calls'))}"
         feedback: list[dict[str, Any]] = []
         usage = Usage()
@@ -199,6 +204,7 @@ class OpenAIModel:
                  feedback: list[dict[str, Any]]) -> dict[str, Any]:
         request: dict[str, Any] = {"model": self.name, **self._fixed}
         if plan is not None:
+            # No tool is declared to the server: the conversation goes as plain messages.
             wire = json_mode.render(messages)
             _add_system(wire, plan.instructions())
             request["response_format"] = plan.response_format(self.json_format)
@@ -310,7 +316,7 @@ class OpenAIModel:
 
 def _check_options(*, name: str, timeout_s: float, max_retries: int, max_tokens: int | None,
                    tool_choice: str | None, tool_mode: str, json_format: str,
-                   max_tool_rounds: int | None,
+                   json_calls_per_tool: int, max_tool_rounds: int | None,
                    repair_attempts: int, response_format: dict[str, Any] | None) -> None:
     """Bad options fail here, with what was expected, not at the first request."""
     def need(ok: bool, message: str) -> None:
@@ -324,6 +330,8 @@ def _check_options(*, name: str, timeout_s: float, max_retries: int, max_tokens:
     need(tool_choice is None or tool_choice in TOOL_CHOICES,
          f"tool_choice must be one of {TOOL_CHOICES}, got {tool_choice!r}")
     need(tool_mode in TOOL_MODES, f"tool_mode must be one of {TOOL_MODES}, got {tool_mode!r}")
+    need(json_calls_per_tool >= 1,
+         f"json_calls_per_tool must be >= 1, got {json_calls_per_tool!r}")
     need(json_format in JSON_FORMATS,
          f"json_format must be one of {JSON_FORMATS}, got {json_format!r}")
     need(max_tool_rounds is None or max_tool_rounds >= 0,
@@ -331,6 +339,14 @@ def _check_options(*, name: str, timeout_s: float, max_retries: int, max_tokens:
     need(repair_attempts >= 0, f"repair_attempts must be >= 0, got {repair_attempts!r}")
     need(response_format is None or tool_mode != "json",
          "response_format cannot be set with tool_mode json, which sets its own")
+
+
+def _chars(max_tokens: int | None) -> int | None:
+    """The characters a JSON-mode reply's strings may have together: one per token of
+    ``max_tokens``, so that the JSON ends before the token limit cuts it off. (English
+    prose runs at about four characters a token, but a small model's runaway strings of
+    digits and codes were seen at under two.)"""
+    return None if max_tokens is None else max_tokens
 
 
 def _arguments(name: str, raw: str | None, offered: list[ToolSpec]) -> tuple[
