@@ -6,7 +6,8 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
 
     MeshpointError
     ├── InvalidArgumentError        (also a ValueError) an argument is malformed
-    │   └── ContextSerializationError  a context holds a value that is not JSON
+    │   ├── ContextSerializationError  a context holds a value that is not JSON
+    │   └── UnserializableValueError   a LangGraph value the saver cannot store safely
     ├── ConfigurationError          a store URL or option cannot be used
     │   └── KeyMissingError         a signing or encryption key is not in the key ring
     ├── StoreError                  the checkpoint store refused or failed an operation
@@ -22,7 +23,8 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     │   ├── ConflictError           the write would break an invariant
     │   │   ├── CheckpointConflictError   the task or a sub-task id is already stored
     │   │   │   └── TaskEndedError        the task already ended (a late copy of its request)
-    │   │   └── LeaseNotHeldError         the caller does not hold the task's resume lease
+    │   │   ├── LeaseNotHeldError         the caller does not hold the task's resume lease
+    │   │   └── ThreadSupersededError     another writer continued the LangGraph thread first
     │   ├── CorruptCheckpointError  a stored row does not decode; it was not used
     │   │   └── IntegrityError      a history record or its chain fails verification
     │   └── TaskBlockedError        a task whose history cannot be trusted is blocked
@@ -65,6 +67,12 @@ class ContextSerializationError(InvalidArgumentError):
     def __init__(self, message: str, *, path: str) -> None:
         super().__init__(message)
         self.path = path
+
+
+class UnserializableValueError(InvalidArgumentError):
+    """A value of a LangGraph thread that meshpoint's saver cannot store without pickle
+    (an unregistered class, say); the message says how to register it. Raised when the
+    value is written, never when it is read."""
 
 
 class ConfigurationError(MeshpointError):
@@ -185,6 +193,24 @@ class LeaseNotHeldError(ConflictError):
         )
         self.task_id = task_id
         self.owner = owner
+
+
+class ThreadSupersededError(ConflictError):
+    """A LangGraph loop step continues a checkpoint that another loop step already
+    continued: two workers ran the same thread from the same checkpoint, and this one
+    lost. Its checkpoint was not written, so the thread's chain does not fork; the
+    writer should stop and let the thread be resumed from its latest checkpoint."""
+
+    def __init__(self, thread_id: str, checkpoint_ns: str, parent_id: str) -> None:
+        super().__init__(
+            f"thread {thread_id!r} (namespace {checkpoint_ns!r}) was already continued "
+            f"from checkpoint {parent_id!r} by another writer: this writer is superseded "
+            "and its checkpoint was not written. Stop this run; resume the thread from "
+            "its latest checkpoint"
+        )
+        self.thread_id = thread_id
+        self.checkpoint_ns = checkpoint_ns
+        self.parent_id = parent_id
 
 
 class CorruptCheckpointError(StoreError):
