@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     Column,
     Dialect,
     Float,
@@ -275,6 +276,78 @@ ended_tasks = Table(
     Column("ended_at", Float, nullable=False),
     # Led by the agent, as the others (0004): each agent's instances prune their own.
     Index("ix_agent_ended_tasks_agent", "agent_name", "tenant_id", "ended_at"),
+)
+
+#: LangGraph's checkpoints, saved by :mod:`meshpoint.integrations.langgraph` (migration
+#: 0010): one row per checkpoint of a thread and namespace. The row holds the
+#: checkpoint without its channel values, and its metadata, as written (``data``,
+#: verified against ``digest`` before it is read); ``metadata`` repeats the metadata
+#: as JSON for ``list(filter=...)`` only, and ``blobs`` names the version of each
+#: channel that has a value, which ``agent_langgraph_blobs`` holds.
+graph_checkpoints = Table(
+    "agent_langgraph_checkpoints",
+    metadata,
+    Column("tenant_id", TENANT, primary_key=True),
+    Column("thread_id", ID, primary_key=True),
+    Column("checkpoint_ns", ID, primary_key=True),  # "" for the root graph
+    Column("checkpoint_id", ID, primary_key=True),  # sorts by time (UUIDv6)
+    Column("parent_checkpoint_id", ID),
+    # The parent a loop step continues; NULL for an input, a fork, an update and a
+    # root. Unique (the index below): a checkpoint is continued by one loop step, so
+    # a superseded writer's step is refused instead of forking the chain.
+    Column("continues", ID),
+    Column("run_id", ID),  # the metadata's run_id, for delete_for_runs
+    # Kept by prune only because a delta channel of a kept checkpoint replays its
+    # writes: never listed nor read, only walked by get_delta_channel_history.
+    Column("hidden", Boolean, nullable=False),
+    Column("blobs", JSONText, nullable=False),  # {channel: version} of stored values
+    Column("metadata", JSONDoc, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    Column("digest", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Index("ix_agent_langgraph_checkpoints_continues", "thread_id", "tenant_id",
+          "checkpoint_ns", "continues", unique=True),
+    Index("ix_agent_langgraph_checkpoints_run", "run_id", "tenant_id"),
+)
+
+#: The values of LangGraph channels, one row per channel version (shared by every
+#: checkpoint at that version). A list that grew since a version this process wrote
+#: or read is stored as the items it gained (``base_version`` names that version); a
+#: chain of such deltas starts at a whole value (``root_version``) and is cut by a
+#: whole value again as it grows (see the saver), so a value is read in one range
+#: scan of its chain.
+graph_blobs = Table(
+    "agent_langgraph_blobs",
+    metadata,
+    Column("tenant_id", TENANT, primary_key=True),
+    Column("thread_id", ID, primary_key=True),
+    Column("checkpoint_ns", ID, primary_key=True),
+    Column("channel", ID, primary_key=True),
+    Column("version", ID, primary_key=True),
+    Column("base_version", ID),  # NULL: a whole value; else the version it extends
+    Column("root_version", ID, nullable=False),  # the whole value its chain starts at
+    Column("depth", Integer, nullable=False),  # deltas since the root (0 for a root)
+    Column("items", Integer, nullable=False),  # list items in this row (0 if no list)
+    Column("data", LargeBinary, nullable=False),
+    Column("digest", String(64), nullable=False),
+    Index("ix_agent_langgraph_blobs_root", "thread_id", "tenant_id", "checkpoint_ns",
+          "channel", "root_version"),
+)
+
+#: Writes of LangGraph tasks (``put_writes``), pending on the checkpoint they follow.
+graph_writes = Table(
+    "agent_langgraph_writes",
+    metadata,
+    Column("tenant_id", TENANT, primary_key=True),
+    Column("thread_id", ID, primary_key=True),
+    Column("checkpoint_ns", ID, primary_key=True),
+    Column("checkpoint_id", ID, primary_key=True),
+    Column("task_id", ID, primary_key=True),
+    Column("idx", Integer, primary_key=True),
+    Column("channel", ID, nullable=False),
+    Column("task_path", Text, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    Column("digest", String(64), nullable=False),
 )
 
 #: Tables holding a paused task's live state, children first (the delete order).
