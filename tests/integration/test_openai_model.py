@@ -173,6 +173,15 @@ async def test_bad_tool_arguments_are_handed_back_until_the_model_corrects_them(
     await model.close()
 
 
+async def test_an_empty_reply_is_handed_back(chat: ChatServer) -> None:
+    model = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0)
+    chat.script = [{"content": ""}]
+    assert (await model.complete(HI, [])).text == "Summary: "
+    assert "the reply is empty: call a tool or answer" in chat.requests[1]["messages"][-1][
+        "content"]
+    await model.close()
+
+
 async def test_a_model_that_never_corrects_itself_fails_with_every_problem(
         chat: ChatServer) -> None:
     model = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0, repair_attempts=1)

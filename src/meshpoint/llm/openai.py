@@ -289,6 +289,8 @@ class OpenAIModel:
             else:
                 calls.append(ToolCall(id=call.id or f"{prefix}_{index}", name=function.name,
                                       arguments=arguments))
+        if not calls and not problems and not (text or "").strip():
+            problems.append("the reply is empty: call a tool or answer")
         if problems:
             return _Attempt(None, tuple(problems), said=_shown(message))
         return _Attempt(ModelResponse(text=text, tool_calls=tuple(calls), model=model))
