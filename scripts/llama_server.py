@@ -468,20 +468,25 @@ class LlamaServer:
 class LlamaCppPythonServer(LlamaServer):
     """llama-cpp-python's ``python -m llama_cpp.server`` on 127.0.0.1, with the same
     model, on the ``libllama.so`` of the cached build (see :func:`ensure_python_server`).
-    It decodes one request at a time."""
+    It decodes one request at a time. ``chat_format`` names one of its handlers;
+    ``chatml-function-calling`` (the default here) makes native tool calls under a
+    grammar with any ChatML model, SmolLM2 included, with ``tool_choice: auto``."""
 
     what = "llama_cpp.server"
     ready_path = "/v1/models"
 
-    def __init__(self, provisioned: Provisioned, python: Path, **options: Any) -> None:
+    def __init__(self, provisioned: Provisioned, python: Path,
+                 chat_format: str = "chatml-function-calling", **options: Any) -> None:
         super().__init__(provisioned, slots=1, **options)
         self.python = python
+        self.chat_format = chat_format
 
     def command(self) -> list[str]:
         return [str(self.python), "-m", "llama_cpp.server", "--model", self.provisioned.model,
                 "--model_alias", self.provisioned.model_name, "--host", "127.0.0.1",
                 "--port", str(self.port), "--n_ctx", str(self.ctx_per_slot),
-                "--n_threads", str(self.threads), "--verbose", "false"]
+                "--n_threads", str(self.threads), "--chat_format", self.chat_format,
+                "--verbose", "false"]
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "LLAMA_CPP_LIB_PATH": str(Path(self.provisioned.server).parent)}
