@@ -22,6 +22,7 @@ from typing import Any
 
 from meshpoint.store.records import Resolution
 from meshpoint.store.rows import RestoreRows
+from meshpoint.store.statement import Statement
 
 
 class Portable(enum.Enum):
@@ -66,6 +67,13 @@ class FastPaths:
 
     async def restore(self, params: dict[str, Any]) -> RestoreRows | Portable:
         """Read a task's row and its children as of one moment."""
+        return PORTABLE
+
+    async def statement(self, statement: Statement,
+                        params: dict[str, Any]) -> list[Any] | Portable:
+        """Run one named statement by itself, outside any transaction (a statement is
+        atomic alone), and return its rows: :meth:`SqlStore.statement
+        <meshpoint.store.sql.SqlStore.statement>`, for parts built on the store."""
         return PORTABLE
 
 

@@ -316,6 +316,10 @@ class PostgresFastPaths(FastPaths):
         async with self._db.native() as conn:
             return await fetch(statement, conn, self._db.engine.dialect, params)
 
+    async def statement(self, statement: Statement,
+                        params: dict[str, Any]) -> list[Any] | Portable:
+        return await self._fetch(statement, params)
+
     async def first_checkpoint(self, params: dict[str, Any]) -> int | Portable:
         (written,), = await self._fetch(FIRST_CHECKPOINT[params["p_history"]],
                                         _children_as_text(params))

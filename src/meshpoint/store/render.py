@@ -24,7 +24,12 @@ from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import Dialect
 
-from meshpoint.store import history_queries, postgres, queries  # noqa: F401  (statements)
+from meshpoint.store import (  # noqa: F401  (they define the statements)
+    history_queries,
+    langgraph_queries,
+    postgres,
+    queries,
+)
 from meshpoint.store.statement import Statement, registered
 
 SQL_DIR = Path(__file__).parent / "sql"

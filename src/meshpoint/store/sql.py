@@ -70,6 +70,7 @@ from meshpoint.store.rows import (
     sub_task,
 )
 from meshpoint.store.schema import TASK_STATUSES
+from meshpoint.store.statement import Statement
 from meshpoint.store.verified import VerifiedRestore
 
 __all__ = ["TIMEOUT_RESULT", "SqlStore"]
@@ -174,15 +175,38 @@ class SqlStore(Store):
             return await self._db.run(body, write=write)
 
     async def transaction(self, body: Callable[[Connection], R], *, write: bool = False,
-                          doing: str = "running a transaction") -> R:
+                          doing: str = "running a transaction", short: bool = False) -> R:
         """Run ``body(connection)`` in one transaction of this store's tenant: on
         PostgreSQL the tenant is set first, so row-level security shows and admits
         this tenant's rows only (:meth:`run` sets none). For parts of meshpoint built
         on the store (the event log, the LangGraph saver) that run named statements
-        of their own; a write that loses a deadlock is run again whole."""
+        of their own; a write that loses a deadlock is run again whole. ``short``
+        promises a few rows by key, which SQLite may then run on the caller's thread
+        (see :meth:`Database.run <meshpoint.store.engine.Database.run>`)."""
         if write:
-            return await self._write(doing, body, short=False)
-        return await self._read(doing, body, short=False)
+            return await self._write(doing, body, short=short)
+        return await self._read(doing, body, short=short)
+
+    async def statement(self, statement: Statement, params: dict[str, Any], *,
+                        write: bool = False, doing: str = "running a statement") -> list[Any]:
+        """Run one named statement with ``params`` and this store's tenant
+        (``p_tenant``), as a transaction of its own, and return its rows. On
+        PostgreSQL it takes the store's one-statement path (the ``statement`` hook):
+        one round trip, outside BEGIN and COMMIT, the tenant set first by the
+        statement's session function (``store/postgres_tenancy.py``); otherwise, and
+        with ``fast_paths=False``, a short transaction. For parts built on the store
+        whose operation is one statement (the LangGraph saver's reads)."""
+        keyed = self._keys(**params)
+        rows = await self._retried(doing, lambda: self._fast.statement(statement, keyed))
+        if not isinstance(rows, Portable):
+            return rows
+
+        def body(conn: Connection) -> list[Any]:
+            return statement.rows(conn, keyed)
+
+        if write:
+            return await self._write(doing, body, one_statement=True)
+        return await self._read(doing, body)
 
     # -- transactions -----------------------------------------------------------------
 

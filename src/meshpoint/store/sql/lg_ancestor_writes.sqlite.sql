@@ -1,0 +1,26 @@
+-- The writes stored on a checkpoint's ancestors up to a depth (the checkpoint itself is depth 1), for a delta channel's history.
+WITH RECURSIVE ancestors(
+                 checkpoint_id, parent_checkpoint_id, blobs, depth) AS
+  (SELECT agent_langgraph_checkpoints.checkpoint_id AS checkpoint_id,
+     agent_langgraph_checkpoints.parent_checkpoint_id AS parent_checkpoint_id, agent_langgraph_checkpoints.blobs AS blobs, 1 AS depth
+   FROM agent_langgraph_checkpoints
+   WHERE agent_langgraph_checkpoints.tenant_id = :p_tenant
+     AND agent_langgraph_checkpoints.thread_id = :p_thread
+     AND agent_langgraph_checkpoints.checkpoint_ns = :p_ns
+     AND agent_langgraph_checkpoints.checkpoint_id = :p_checkpoint
+   UNION ALL SELECT agent_langgraph_checkpoints.checkpoint_id AS checkpoint_id,
+     agent_langgraph_checkpoints.parent_checkpoint_id AS parent_checkpoint_id, agent_langgraph_checkpoints.blobs AS blobs, ancestors.depth + 1 AS anon_1
+   FROM agent_langgraph_checkpoints
+   JOIN ancestors ON agent_langgraph_checkpoints.checkpoint_id = ancestors.parent_checkpoint_id
+   WHERE agent_langgraph_checkpoints.tenant_id = :p_tenant
+     AND agent_langgraph_checkpoints.thread_id = :p_thread
+     AND agent_langgraph_checkpoints.checkpoint_ns = :p_ns
+     AND ancestors.depth < :p_max_depth)
+SELECT ancestors.depth, agent_langgraph_writes.checkpoint_id, agent_langgraph_writes.task_id,
+  agent_langgraph_writes.channel, agent_langgraph_writes.task_path, agent_langgraph_writes.idx, agent_langgraph_writes.data,
+  agent_langgraph_writes.digest
+FROM agent_langgraph_writes
+JOIN ancestors ON agent_langgraph_writes.checkpoint_id = ancestors.checkpoint_id
+WHERE agent_langgraph_writes.tenant_id = :p_tenant
+  AND agent_langgraph_writes.thread_id = :p_thread
+  AND agent_langgraph_writes.checkpoint_ns = :p_ns;

@@ -1,0 +1,11 @@
+-- Copies a thread's rows of agent_langgraph_blobs to another thread.
+INSERT INTO agent_langgraph_blobs (
+               tenant_id, thread_id, checkpoint_ns, channel, version, base_version, root_version,
+               depth, items, data, digest)
+SELECT agent_langgraph_blobs.tenant_id, :p_target::VARCHAR AS anon_1,
+  agent_langgraph_blobs.checkpoint_ns, agent_langgraph_blobs.channel, agent_langgraph_blobs.version,
+  agent_langgraph_blobs.base_version, agent_langgraph_blobs.root_version, agent_langgraph_blobs.depth,
+  agent_langgraph_blobs.items, agent_langgraph_blobs.data, agent_langgraph_blobs.digest
+FROM agent_langgraph_blobs
+WHERE agent_langgraph_blobs.tenant_id = :p_tenant::VARCHAR
+  AND agent_langgraph_blobs.thread_id = :p_thread::VARCHAR;

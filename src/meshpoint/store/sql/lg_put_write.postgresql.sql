@@ -1,0 +1,5 @@
+-- Stores a task's write on a checkpoint, unless that (task, index) is stored already (a task's writes are idempotent).
+INSERT INTO agent_langgraph_writes (
+               tenant_id, thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel,
+               task_path, data, digest)
+VALUES (:p_tenant::VARCHAR, :p_thread::VARCHAR, :p_ns::VARCHAR, :p_checkpoint::VARCHAR, :p_task::VARCHAR, :p_idx::INTEGER, :p_channel::VARCHAR, :p_task_path::VARCHAR, :p_data::BYTEA, :p_digest::VARCHAR) ON CONFLICT DO NOTHING;
