@@ -37,8 +37,8 @@ _DOC = sa.JSON(none_as_null=True).with_variant(
     postgresql.JSONB(none_as_null=True), "postgresql").with_variant(sa.Text(), "sqlite")
 
 
-def _id(name: str, **kw: bool) -> sa.Column[str]:
-    return sa.Column(name, sa.String(255), **kw)
+def _id(name: str, *, primary_key: bool = False, nullable: bool = True) -> sa.Column[str]:
+    return sa.Column(name, sa.String(255), primary_key=primary_key, nullable=nullable)
 
 
 def upgrade() -> None:
