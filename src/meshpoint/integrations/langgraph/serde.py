@@ -245,10 +245,16 @@ def _interrupt_schema(schema: Any) -> Any:
 
 _Writer = Callable[[SafeSerializer, Any], Any]
 
+
+def _sorted(s: SafeSerializer, items: Any) -> list[Any]:
+    """A set's items in the order of their JSON (sets have none of their own: a set
+    read back and written again must give the same bytes)."""
+    return sorted((s.to_json(x) for x in items), key=orjson.dumps)
+
 _WRITERS: dict[type, _Writer] = {
     tuple: lambda s, v: {TAG: "tuple", "v": [s.to_json(x) for x in v]},
-    set: lambda s, v: {TAG: "set", "v": [s.to_json(x) for x in v]},
-    frozenset: lambda s, v: {TAG: "frozenset", "v": [s.to_json(x) for x in v]},
+    set: lambda s, v: {TAG: "set", "v": _sorted(s, v)},
+    frozenset: lambda s, v: {TAG: "frozenset", "v": _sorted(s, v)},
     bytes: lambda s, v: {TAG: "bytes", "v": base64.b64encode(v).decode()},
     bytearray: lambda s, v: {TAG: "bytearray", "v": base64.b64encode(v).decode()},
     dt.datetime: lambda s, v: {TAG: "datetime", "v": v.isoformat()},
