@@ -180,3 +180,30 @@ def test_a_growing_list_is_planned_as_the_items_it_gained() -> None:
     # A chain that reached its length is cut by a whole value.
     long = Cached("v1", old_bytes, 2, "v0", 64, 2)
     assert plan(long, "messages", "v2", new, SERDE.dumps(new)).base is None
+
+
+def test_messages_read_back_as_model_construct_builds_them() -> None:
+    """The read's shortcut for messages (serde._message) builds what pydantic's
+    model_construct builds, for every message class LangChain has."""
+    from meshpoint.integrations.langgraph.serde import _CONSTRUCT, _MESSAGES
+
+    assert _CONSTRUCT, "the shortcut applies to LangChain's messages"
+    for name, cls in _MESSAGES.items():
+        kwargs: dict[str, Any] = {"content": f"a {name}", "id": "m1"}
+        if "tool_call_id" in cls.model_fields:
+            kwargs["tool_call_id"] = "c1"
+        if "role" in cls.model_fields:
+            kwargs["role"] = "critic"
+        if "name" in cls.model_fields and cls.model_fields["name"].is_required():
+            kwargs["name"] = "f"
+        try:
+            message = cls(**kwargs)
+        except Exception:  # RemoveMessage and the like take other fields
+            continue
+        back = SERDE.loads(SERDE.dumps(message))
+        direct = cls.model_construct(**orjson.loads(
+            cls.__pydantic_serializer__.to_json(message, warnings=False)))
+        assert type(back) is cls and back == message == direct, name
+        assert back.model_dump() == direct.model_dump()
+        assert back.model_fields_set == direct.model_fields_set
+        assert back.__pydantic_extra__ == direct.__pydantic_extra__

@@ -46,6 +46,7 @@ from sqlalchemy.dialects.postgresql import insert as upsert
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.sql.selectable import Join
 
 from meshpoint.store.schema import (
     JSONDoc,
@@ -106,6 +107,29 @@ def _json_contains_postgresql(element: json_contains, compiler: SQLCompiler,
                               **kw: Any) -> str:
     document, wanted = (compiler.process(c, **kw) for c in element.clauses)
     return f"({document} @> CAST({wanted} AS JSONB))"
+
+
+class ordered_join(Join):
+    """A join whose left side is read first: on SQLite a ``CROSS JOIN`` (which its
+    planner never reorders), because on tables never analyzed it took an equality on
+    ``tenant_id`` for a selective index and scanned the tenant's rows of the right
+    side for each row on the left (1.6 ms instead of 0.5 for a 500-step thread)."""
+
+    inherit_cache = True
+
+
+@compiles(ordered_join, "sqlite")
+def _ordered_join_sqlite(element: ordered_join, compiler: SQLCompiler, **kw: Any) -> str:
+    kw["asfrom"] = True
+    assert element.onclause is not None
+    return (f"{compiler.process(element.left, **kw)} CROSS JOIN "
+            f"{compiler.process(element.right, **kw)} ON "
+            f"{compiler.process(element.onclause, **kw)}")
+
+
+@compiles(ordered_join)
+def _ordered_join(element: ordered_join, compiler: SQLCompiler, **kw: Any) -> str:
+    return str(compiler.visit_join(element, **kw))  # type: ignore[no-untyped-call]
 
 
 # -- writes --------------------------------------------------------------------------------
@@ -209,26 +233,25 @@ def read(targets: Any) -> Any:
             .select_from(t).join(items, true()).cte("refs"))
     roots = (select(B.c.thread_id, B.c.checkpoint_ns, B.c.channel, B.c.root_version)
              .distinct()
-             .join(refs, and_(B.c.thread_id == refs.c.thread_id,
-                              B.c.checkpoint_ns == refs.c.checkpoint_ns,
-                              B.c.channel == refs.c.channel,
-                              B.c.version == refs.c.version))
-             .where(B.c.tenant_id == tenant).cte("roots"))
+             .select_from(ordered_join(refs, B, and_(
+                 B.c.tenant_id == tenant, B.c.thread_id == refs.c.thread_id,
+                 B.c.checkpoint_ns == refs.c.checkpoint_ns, B.c.channel == refs.c.channel,
+                 B.c.version == refs.c.version)))
+             .cte("roots"))
     chain = (select(literal(1), B.c.thread_id, B.c.checkpoint_ns, B.c.channel, B.c.version,
                     B.c.base_version, B.c.root_version, B.c.depth, B.c["items"], B.c.data,
                     B.c.digest)
-             .join(roots, and_(B.c.thread_id == roots.c.thread_id,
-                               B.c.checkpoint_ns == roots.c.checkpoint_ns,
-                               B.c.channel == roots.c.channel,
-                               B.c.root_version == roots.c.root_version))
-             .where(B.c.tenant_id == tenant))
+             .select_from(ordered_join(roots, B, and_(
+                 B.c.tenant_id == tenant, B.c.thread_id == roots.c.thread_id,
+                 B.c.checkpoint_ns == roots.c.checkpoint_ns, B.c.channel == roots.c.channel,
+                 B.c.root_version == roots.c.root_version))))
     writes = (select(literal(2), W.c.thread_id, W.c.checkpoint_ns, W.c.checkpoint_id,
                      W.c.task_id, W.c.channel, W.c.task_path, W.c.idx, _no_int(), W.c.data,
                      W.c.digest)
-              .join(t, and_(W.c.thread_id == t.c.thread_id,
-                            W.c.checkpoint_ns == t.c.checkpoint_ns,
-                            W.c.checkpoint_id == t.c.checkpoint_id))
-              .where(W.c.tenant_id == tenant))
+              .select_from(ordered_join(t, W, and_(
+                  W.c.tenant_id == tenant, W.c.thread_id == t.c.thread_id,
+                  W.c.checkpoint_ns == t.c.checkpoint_ns,
+                  W.c.checkpoint_id == t.c.checkpoint_id))))
     own = select(*(column.label(name) for column, name in zip((
         literal(0), t.c.thread_id, t.c.checkpoint_ns, t.c.checkpoint_id,
         t.c.parent_checkpoint_id, _text(t.c.blobs), _no_text(), _no_int(), _no_int(),

@@ -14,9 +14,10 @@ per thread, namespace and channel, the bytes of the last version it wrote or rea
 (:class:`ValueCache`); a new version whose bytes extend that list by whole items is
 stored as those items and the version it extends. A chain of deltas starts at a
 whole value and is cut by a new whole value once it has more rows than
-``max(DELTA_RUN, items of its root / 4)``: a read then fetches at most that many
-rows after the root, and the whole values stored over a growing list add up to a
-few times its final size, not its square. Nothing is assumed about lineage: the
+``max(DELTA_RUN, items of its root)``: a read then fetches at most that many rows
+after the root (never more rows than the value has items, past the first
+``DELTA_RUN``), and the whole values stored over a growing list add up to about
+twice its final size, not its square. Nothing is assumed about lineage: the
 base is whatever stored version the bytes extend, so forks and several processes
 stay correct (a process that has not seen a thread stores one whole value first).
 """
@@ -144,7 +145,7 @@ def plan(cached: Cached | None, channel: str, version: str, value: Any,
     if cached is None or not items or cached.version == version or not cached.items \
             or items <= cached.items:
         return row
-    if cached.depth + 1 > max(DELTA_RUN, cached.root_items // 4):
+    if cached.depth + 1 > max(DELTA_RUN, cached.root_items):
         return row
     old = cached.data
     cut = len(old) - 1  # old without its closing bracket

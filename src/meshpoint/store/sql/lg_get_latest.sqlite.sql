@@ -22,12 +22,12 @@ WITH
   (SELECT DISTINCT agent_langgraph_blobs.thread_id AS thread_id,
      agent_langgraph_blobs.checkpoint_ns AS checkpoint_ns, agent_langgraph_blobs.channel AS channel,
      agent_langgraph_blobs.root_version AS root_version
-   FROM agent_langgraph_blobs
-   JOIN refs ON agent_langgraph_blobs.thread_id = refs.thread_id
+   FROM refs
+   CROSS JOIN agent_langgraph_blobs ON agent_langgraph_blobs.tenant_id = :p_tenant
+   AND agent_langgraph_blobs.thread_id = refs.thread_id
    AND agent_langgraph_blobs.checkpoint_ns = refs.checkpoint_ns
    AND agent_langgraph_blobs.channel = refs.channel
-   AND agent_langgraph_blobs.version = refs.version
-   WHERE agent_langgraph_blobs.tenant_id = :p_tenant)
+   AND agent_langgraph_blobs.version = refs.version)
 SELECT read_rows.kind, read_rows.thread_id, read_rows.checkpoint_ns, read_rows.a, read_rows.b,
   read_rows.c, read_rows.d, read_rows.n, read_rows.m, read_rows.data, read_rows.digest
 FROM
@@ -41,19 +41,19 @@ FROM
      agent_langgraph_blobs.base_version AS base_version, agent_langgraph_blobs.root_version AS root_version,
      agent_langgraph_blobs.depth AS depth, agent_langgraph_blobs.items AS items, agent_langgraph_blobs.data AS data,
      agent_langgraph_blobs.digest AS digest
-   FROM agent_langgraph_blobs
-   JOIN roots ON agent_langgraph_blobs.thread_id = roots.thread_id
+   FROM roots
+   CROSS JOIN agent_langgraph_blobs ON agent_langgraph_blobs.tenant_id = :p_tenant
+   AND agent_langgraph_blobs.thread_id = roots.thread_id
    AND agent_langgraph_blobs.checkpoint_ns = roots.checkpoint_ns
    AND agent_langgraph_blobs.channel = roots.channel
    AND agent_langgraph_blobs.root_version = roots.root_version
-   WHERE agent_langgraph_blobs.tenant_id = :p_tenant
    UNION ALL SELECT 2 AS anon_2, agent_langgraph_writes.thread_id AS thread_id,
      agent_langgraph_writes.checkpoint_ns AS checkpoint_ns, agent_langgraph_writes.checkpoint_id AS checkpoint_id,
      agent_langgraph_writes.task_id AS task_id, agent_langgraph_writes.channel AS channel,
      agent_langgraph_writes.task_path AS task_path, agent_langgraph_writes.idx AS idx, CAST(NULL AS INTEGER) AS anon_3,
      agent_langgraph_writes.data AS data, agent_langgraph_writes.digest AS digest
-   FROM agent_langgraph_writes
-   JOIN targets ON agent_langgraph_writes.thread_id = targets.thread_id
+   FROM targets
+   CROSS JOIN agent_langgraph_writes ON agent_langgraph_writes.tenant_id = :p_tenant
+   AND agent_langgraph_writes.thread_id = targets.thread_id
    AND agent_langgraph_writes.checkpoint_ns = targets.checkpoint_ns
-   AND agent_langgraph_writes.checkpoint_id = targets.checkpoint_id
-   WHERE agent_langgraph_writes.tenant_id = :p_tenant) AS read_rows;
+   AND agent_langgraph_writes.checkpoint_id = targets.checkpoint_id) AS read_rows;
