@@ -39,7 +39,8 @@ sql: $(STAMP)
 
 ## bench: meshpoint beside LangGraph's savers, claim throughput, each PostgreSQL fast path
 ## beside its portable body, a 10-tool turn checkpointed after each tool beside a LangGraph
-## graph of 10 steps, RSS (BENCH_MODE=quick, about 3 minutes); BENCH_MODE=full adds
+## graph of 10 steps, the LangGraph saver beside SqliteSaver/PostgresSaver over a 500-step
+## conversation, RSS (BENCH_MODE=quick, about 3 minutes); BENCH_MODE=full adds
 ## the store and scale-out benchmarks and 100k tasks
 BENCH_MODE ?= quick
 bench: $(STAMP)
@@ -47,6 +48,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_claims.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_hooks.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_turn.py --mode $(BENCH_MODE)
+	$(BIN)/python benchmarks/bench_saver.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_runtime.py $(if $(filter full,$(BENCH_MODE)),--paused 30000,--tasks 300)
 	if [ "$(BENCH_MODE)" = full ]; then \
 	  $(BIN)/python benchmarks/bench_store.py && $(BIN)/python benchmarks/bench_scaleout.py; fi
