@@ -420,3 +420,23 @@ async def test_as_the_runtime_role_row_level_security_holds_every_table(
         assert await test_rls.raw(acme, f"SELECT * FROM {table}") == [], table  # no tenant set
     state = await _log_graph().compile(checkpointer=savers["acme"]).aget_state(config("t"))
     assert "acme 0" in str(state.values) and "globex" not in str(state.values)
+
+
+async def test_pages_of_every_thread_list_copies_that_share_ids(
+        saver: MeshpointSaver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copied threads share checkpoint ids; a page boundary between two equal ids must
+    not skip any (pages of 2 here, over 3 copies of 3 checkpoints)."""
+    from meshpoint.integrations.langgraph import saver as saver_module
+
+    parent = config("src")
+    for step in range(3):
+        parent = await saver.aput(parent, empty_checkpoint(), {"source": "loop", "step": step},
+                                  {})
+    for copy in ("copy-a", "copy-b"):
+        await saver.acopy_thread("src", copy)
+    monkeypatch.setattr(saver_module, "PAGE", 2)
+    listed = [(t.config["configurable"]["thread_id"], t.metadata["step"])
+              async for t in saver.alist(None)]
+    assert sorted(listed) == sorted((thread, step) for thread in ("copy-a", "copy-b", "src")
+                                    for step in range(3))
+    assert [step for _, step in listed] == [2, 2, 2, 1, 1, 1, 0, 0, 0]

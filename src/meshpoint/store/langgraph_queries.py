@@ -276,12 +276,21 @@ GET_LATEST = Statement(
 
 _filter = bindparam("p_filter", type_=String)  # JSON text, or NULL for no filter
 _before = bindparam("p_before", type_=String)  # a checkpoint id, or NULL
+# The last row of the previous page, after ``p_before`` (copied threads share ids).
+_after_thread = bindparam("p_after_thread", type_=String)
+_after_ns = bindparam("p_after_ns", type_=String)
 _PAGE = and_(C.c.tenant_id == tenant, C.c.hidden.is_(False),
-             or_(_before.is_(None), C.c.checkpoint_id < _before),
+             or_(_before.is_(None), C.c.checkpoint_id < _before,
+                 and_(C.c.checkpoint_id == _before, _after_thread.is_not(None),
+                      or_(C.c.thread_id > _after_thread,
+                          and_(C.c.thread_id == _after_thread,
+                               C.c.checkpoint_ns > _after_ns)))),
              or_(_filter.is_(None), json_contains(C.c["metadata"], _filter)))
 
 
 def _page(*where: ColumnElement[bool]) -> Any:
+    """Newest first; after ``p_before`` (exclusive), or after the previous page's last
+    row (``p_before`` with ``p_after_thread`` and ``p_after_ns``)."""
     return (select(*_TARGET_COLUMNS).where(_PAGE, *where)
             .order_by(C.c.checkpoint_id.desc(), C.c.thread_id, C.c.checkpoint_ns)
             .limit(limit))

@@ -241,7 +241,8 @@ class MeshpointSaver(BaseCheckpointSaver[str]):
         params: dict[str, Any] = {
             "p_filter": None if not filter else orjson.dumps(
                 self.serde.to_json(filter)).decode(),
-            "p_before": None if before is None else get_checkpoint_id(before)}
+            "p_before": None if before is None else get_checkpoint_id(before),
+            "p_after_thread": None, "p_after_ns": None}
         if "thread_id" not in configurable:
             statement = lq.LIST_ALL
         else:
@@ -263,7 +264,9 @@ class MeshpointSaver(BaseCheckpointSaver[str]):
                 left -= len(tuples)
             if len(tuples) < page:
                 return
-            params["p_before"] = tuples[-1].checkpoint["id"]
+            last = tuples[-1].config["configurable"]
+            params.update(p_before=last["checkpoint_id"], p_after_thread=last["thread_id"],
+                          p_after_ns=last["checkpoint_ns"])
 
     def _tuples(self, rows: list[Any], *, remember: bool) -> list[CheckpointTuple]:
         """The checkpoint tuples of a read's rows, newest first (see lq.read)."""
@@ -278,7 +281,9 @@ class MeshpointSaver(BaseCheckpointSaver[str]):
                     StoredBlob(row.b, row.c, row.d, row.n, row.m, row.data, row.digest)
             else:
                 writes.setdefault((row.thread_id, row.checkpoint_ns, row.a), []).append(row)
-        heads.sort(key=lambda r: (r.a, r.thread_id, r.checkpoint_ns), reverse=True)
+        # The statement's order: newest id first, then thread and namespace ascending.
+        heads.sort(key=lambda r: (r.thread_id, r.checkpoint_ns))
+        heads.sort(key=lambda r: r.a, reverse=True)
         wholes: dict[tuple[str, str, str, str], bytes] = {}
         found = []
         for head in heads:

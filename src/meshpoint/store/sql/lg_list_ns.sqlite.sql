@@ -9,7 +9,12 @@ WITH
    WHERE agent_langgraph_checkpoints.tenant_id = :p_tenant
      AND agent_langgraph_checkpoints.hidden IS 0
      AND (:p_before IS NULL
-          OR agent_langgraph_checkpoints.checkpoint_id < :p_before)
+          OR agent_langgraph_checkpoints.checkpoint_id < :p_before
+          OR agent_langgraph_checkpoints.checkpoint_id = :p_before
+          AND :p_after_thread IS NOT NULL
+          AND (agent_langgraph_checkpoints.thread_id > :p_after_thread
+               OR agent_langgraph_checkpoints.thread_id = :p_after_thread
+               AND agent_langgraph_checkpoints.checkpoint_ns > :p_after_ns))
      AND (:p_filter IS NULL
           OR NOT EXISTS
             (SELECT 1

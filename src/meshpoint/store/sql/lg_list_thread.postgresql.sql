@@ -9,7 +9,12 @@ WITH
    WHERE agent_langgraph_checkpoints.tenant_id = :p_tenant::VARCHAR
      AND agent_langgraph_checkpoints.hidden IS false
      AND (:p_before::VARCHAR IS NULL
-          OR agent_langgraph_checkpoints.checkpoint_id < :p_before::VARCHAR)
+          OR agent_langgraph_checkpoints.checkpoint_id < :p_before::VARCHAR
+          OR agent_langgraph_checkpoints.checkpoint_id = :p_before::VARCHAR
+          AND :p_after_thread::VARCHAR IS NOT NULL
+          AND (agent_langgraph_checkpoints.thread_id > :p_after_thread::VARCHAR
+               OR agent_langgraph_checkpoints.thread_id = :p_after_thread::VARCHAR
+               AND agent_langgraph_checkpoints.checkpoint_ns > :p_after_ns::VARCHAR))
      AND (:p_filter::VARCHAR IS NULL
           OR (agent_langgraph_checkpoints.metadata @> CAST(:p_filter::VARCHAR AS JSONB)))
      AND agent_langgraph_checkpoints.thread_id = :p_thread::VARCHAR
