@@ -219,7 +219,7 @@ def saver_bytes(schema: str) -> int:
     return int(row[0]) if row else 0
 
 
-def table(results: dict[str, Any], steps: int) -> str:
+def table(results: dict[str, Any], steps: int, threads: int) -> str:
     def pair(d: dict[str, float]) -> str:
         return f"{d['p50']:.2f} / {d['p99']:.2f} (max {d['max']:.1f})"
 
@@ -235,7 +235,8 @@ def table(results: dict[str, Any], steps: int) -> str:
                 f"{pair(r[f'langgraph_{what}'])} | p50 {r[f'{what}_ratio_p50']:.2f}, "
                 f"p99 {r[f'{what}_ratio_p99']:.2f} |")
         b = r["bytes"]
-        lines.append(f"| {backend} | bytes after {steps} steps | {b['meshpoint'] / 2**20:.2f} MiB"
+        lines.append(f"| {backend} | bytes after {threads} x {steps} steps | "
+                     f"{b['meshpoint'] / 2**20:.2f} MiB"
                      f" | {b['langgraph'] / 2**20:.2f} MiB | "
                      f"{b['meshpoint'] / b['langgraph']:.3f} |")
     return "\n".join(lines)
@@ -259,7 +260,7 @@ def main() -> None:
                 results["postgres"] = {"skipped": missing}
             else:
                 results["postgres"] = asyncio.run(run_postgres(mode, progress))
-    console.print(table(results, mode["steps"]), markup=False)
+    console.print(table(results, mode["steps"], mode["threads"]), markup=False)
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%SZ")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{stamp}-{args.mode}-saver.json"
