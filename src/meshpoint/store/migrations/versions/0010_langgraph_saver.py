@@ -38,7 +38,8 @@ _DOC = sa.JSON(none_as_null=True).with_variant(
 
 
 def _id(name: str, *, primary_key: bool = False, nullable: bool = True) -> sa.Column[str]:
-    return sa.Column(name, sa.String(255), primary_key=primary_key, nullable=nullable)
+    return sa.Column(name, sa.String(255), primary_key=primary_key,
+                     nullable=nullable and not primary_key)
 
 
 def upgrade() -> None:
