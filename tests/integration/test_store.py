@@ -295,7 +295,10 @@ async def test_cleanup_removes_every_live_row(store: SqlStore) -> None:
     assert counts == {"agent_paused_tasks": 1, "agent_peer_sub_tasks": 3,
                       "agent_parallel_invocations": 1, "agent_session_events": 1,
                       "agent_checkpoints": 3, "agent_checkpoint_heads": 2,
-                      "agent_events": 0, "agent_ended_tasks": 1}
+                      "agent_events": 0, "agent_ended_tasks": 1,
+                      # The LangGraph saver's tables: no task writes to them.
+                      "agent_langgraph_checkpoints": 0, "agent_langgraph_blobs": 0,
+                      "agent_langgraph_writes": 0}
     await store.cleanup_task("t2", outcome="canceled")
     assert await row_counts(store) == {**dict.fromkeys(counts, 0), "agent_ended_tasks": 2,
                                        "agent_checkpoints": 4, "agent_checkpoint_heads": 2}
