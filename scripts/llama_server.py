@@ -228,18 +228,18 @@ def _build(source: Path, build: Path, log: Path, *, quiet: bool) -> None:
         for step, command in (("configure", configure), ("compile", compile_)):
             out.write(f"$ {' '.join(command)}\n")
             out.flush()
-            process = subprocess.Popen(command, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True,
-                                       preexec_fn=nice)
-            assert process.stdout is not None
-            with _progress(step, quiet) as advance:
+            # ``with``: the pipe is closed and the process waited for, whatever happens
+            with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, preexec_fn=nice) as process, \
+                    _progress(step, quiet) as advance:
+                assert process.stdout is not None
                 for line in process.stdout:
                     out.write(line)
                     if match := _NINJA_STEP.match(line):
                         advance(int(match[1]), int(match[2]))
                     elif match := _MAKE_STEP.match(line):
                         advance(int(match[1]), 100)
-            if process.wait() != 0:
+            if process.returncode != 0:
                 tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
                 raise ProvisionError(f"llama-server {step} failed (full log: {log}):\n{tail}")
 
