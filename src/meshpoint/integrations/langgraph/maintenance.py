@@ -18,19 +18,35 @@ Hidden checkpoints are never listed nor read; only that walk sees them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import DeltaChannelHistory, PendingWrite, get_checkpoint_id
+from langgraph.checkpoint.base import (
+    CheckpointTuple,
+    DeltaChannelHistory,
+    PendingWrite,
+    get_checkpoint_id,
+)
 from sqlalchemy import Connection, exc
 
 from meshpoint.errors import CheckpointConflictError, CorruptCheckpointError, InvalidArgumentError
 from meshpoint.integrations.langgraph.rows import StoredBlob, assemble, checked, thread_keys
+from meshpoint.integrations.langgraph.serde import SafeSerializer
 from meshpoint.store import langgraph_queries as lq
+from meshpoint.store.sql import SqlStore
 
-if TYPE_CHECKING:
-    from meshpoint.integrations.langgraph.saver import MeshpointSaver
+
+class MeshpointSaver(Protocol):
+    """What these functions use of :class:`.saver.MeshpointSaver` (passed in, so that
+    this module does not import the saver back)."""
+
+    store: SqlStore
+    serde: SafeSerializer
+
+    def forget(self, thread: str) -> None: ...
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None: ...
 
 STRATEGIES = ("keep_latest", "delete")
 #: Ancestors a delta channel's history walks per statement.
