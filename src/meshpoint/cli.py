@@ -27,6 +27,7 @@ from meshpoint.cli_common import (
     fail,
     run_on_store,
 )
+from meshpoint.cli_events import event_commands
 from meshpoint.cli_history import history_commands
 from meshpoint.cli_tasks import recover, tasks_app
 from meshpoint.errors import ConfigurationError, MeshpointError
@@ -36,6 +37,7 @@ app = typer.Typer(help="meshpoint: AI agents that are stateless while they wait.
 app.add_typer(tasks_app, name="tasks")
 app.command()(recover)
 history_commands(app, tasks_app)
+event_commands(app, tasks_app)
 
 #: ``serve`` and ``submit`` need the whole mesh, not only its store.
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", envvar="MESHPOINT_CONFIG",
@@ -132,8 +134,9 @@ def _demo_table(figures: dict[str, Any], db: Path) -> None:
                       "nothing left behind; every history chain verifies[/green]")
         console.print(f"try: meshpoint verify --all --url sqlite:///{db}")
         if figures["a_task"]:
-            console.print(f"     meshpoint tasks cost {figures['a_task']} --url "
-                          f"sqlite:///{db}")
+            for command in ("tasks cost", "events --task", "tasks reconstruct"):
+                console.print(f"     meshpoint {command} {figures['a_task']} --url "
+                              f"sqlite:///{db}")
 
 
 @app.command()

@@ -224,6 +224,8 @@ class RecoveryConfig(_Strict):
     auto_resume_hitl: bool = False
     #: Seconds without a checkpoint after which a task fails (0: never).
     timeout_s: float = Field(default=86_400.0, ge=0)
+    #: Restart a task blocked by its history from its reconstruction (seed 003).
+    reconstruct: bool = False
 
 
 class CheckpointConfig(_Strict):
@@ -301,6 +303,8 @@ class AgentConfig(_Strict):
     #: What its records in the checkpoint history say it is, and how long they stay.
     agent_type: str = Field(default="general", min_length=1, max_length=64)
     retention: str | None = None
+    #: Keep an event log of every step and protocol message (meshpoint.events).
+    events: bool = False
 
 
 class MeshConfig(_Strict):
@@ -360,7 +364,7 @@ class MeshConfig(_Strict):
             system_prompt=spec.system_prompt, max_turns=spec.max_turns,
             checkpoint=CheckpointPolicy(**spec.checkpoint.model_dump(exclude={"recovery"})),
             recovery=RecoveryPolicy(**spec.checkpoint.recovery.model_dump()),
-            agent_type=spec.agent_type, retention=spec.retention)
+            agent_type=spec.agent_type, retention=spec.retention, events=spec.events)
 
     async def open_store(self) -> SqlStore:
         from meshpoint.store import open_store

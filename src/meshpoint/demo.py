@@ -17,8 +17,10 @@ arguments, some denied. Whichever instance takes the answer resumes the task.
 The demo ends when every task is answered (or ``deadline_s`` passes) and reports
 what happened: every task must be completed, each answered once, no row left, and
 every task's checkpoint history (a record per checkpoint and end, priced with
-:data:`DEMO_PRICES`) must verify. ``meshpoint verify --all`` and ``meshpoint tasks
-cost ID`` then work on the demo's database.
+:data:`DEMO_PRICES`) must verify. The coordinator keeps an event log of its steps
+(``events=True``). ``meshpoint verify --all``, ``meshpoint tasks cost ID``,
+``meshpoint events`` and ``meshpoint tasks reconstruct ID`` then work on the demo's
+database.
 """
 
 from __future__ import annotations
@@ -188,7 +190,8 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
     coordinator = Agent("coordinator", ScriptedModel(delay_s=0.01), peers=[
         Peer(name, timeout_s=config.peer_timeout_s) for name in PEERS], tools=[
         LocalTool("book", "Book the trip.", book, approval_timeout_s=60.0,
-                  needs_approval=lambda args: _share(str(args.get("query"))) < rate)])
+                  needs_approval=lambda args: _share(str(args.get("query"))) < rate)],
+        events=True)
     peers = [Agent(name, StallingPeerModel(name, config.stall_rate,
                                            config.peer_timeout_s * 2)) for name in PEERS]
     started = time.perf_counter()

@@ -1,10 +1,12 @@
-"""The checkpoint history's commands as a user runs them, subprocesses on the demo's
-database (issue 15: ``meshpoint verify`` and ``tasks cost`` work on it), and the key
+"""The checkpoint history's and the event log's commands as a user runs them,
+subprocesses on the demo's database (issue 15: ``meshpoint verify`` and ``tasks cost``
+work on it; issue 16: ``meshpoint events`` and ``tasks reconstruct``), and the key
 ring's."""
 
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -95,3 +97,65 @@ def test_the_key_ring_commands(tmp_path: Path) -> None:
                                 cwd=tmp_path).stdout)["tenants"] == []
     done = meshpoint("keys", "list", "--keyring", str(tmp_path / "none.json"), cwd=tmp_path)
     assert done.returncode == 1 and "does not exist" in " ".join(done.stderr.split())
+
+
+def test_events_and_reconstruct_work_on_the_demos_database(demo_db: Path) -> None:
+    url, here = f"sqlite:///{demo_db}", demo_db.parent
+    done = meshpoint("events", "--url", url, "--limit", "100000", "--json", cwd=here)
+    assert done.returncode == 0, done.stderr
+    every = json.loads(done.stdout)["events"]
+    kinds = {e["event_type"] for e in every}
+    assert {"protocol_receive", "step_start", "step_complete", "pause", "protocol_handoff",
+            "resume", "answer", "approval"} <= kinds, kinds
+    # a task whose request was logged (a killed instance loses what it had not written)
+    task_id = next(e["thread_id"] for e in every if e["event_type"] == "protocol_receive"
+                   and e["step_name"] == "request")
+    done = meshpoint("events", "--task", task_id, "--type", "pause", "--since", "1h",
+                     "--url", url, "--json", cwd=here)
+    paused = json.loads(done.stdout)["events"]
+    assert paused and {(e["thread_id"], e["event_type"]) for e in paused} == {
+        (task_id, "pause")}
+    done = meshpoint("events", "--task", task_id, "--url", url, cwd=here)
+    assert done.returncode == 0 and "protocol_handoff" in done.stdout
+    for bad, reason in ((("--since", "yesterday"), "is not a time"),
+                        (("--limit", "0"), "--limit")):
+        done = meshpoint("events", *bad, "--url", url, cwd=here)
+        assert done.returncode == 2 and reason in " ".join(done.stderr.split()), done.stderr
+
+    done = meshpoint("tasks", "reconstruct", task_id, "--url", url, "--json", cwd=here)
+    assert done.returncode == 0, done.stderr
+    rebuilt = json.loads(done.stdout)
+    assert rebuilt["request"].startswith("Plan trip")
+    assert rebuilt["checkpoint"]["phase"] == "completed" and rebuilt["history_problem"] is None
+    assert f"The request: {rebuilt['request']}" in rebuilt["prompt"]
+    assert "The task has ended: completed." in rebuilt["prompt"]
+    done = meshpoint("tasks", "reconstruct", task_id, "--url", url, cwd=here)
+    assert done.returncode == 0 and f"You are resuming task {task_id}" in done.stdout
+    done = meshpoint("tasks", "reconstruct", "nope", "--url", url, cwd=here)
+    assert done.returncode == 1 and "nope" in done.stderr
+
+
+def test_events_follow_prints_new_events_as_they_are_written(demo_db: Path) -> None:
+    url, here = f"sqlite:///{demo_db}", demo_db.parent
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "meshpoint.cli", "events", "--follow", "--json", "--task",
+         "followed", "--url", url], cwd=here, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        writer = ("import asyncio\nfrom meshpoint import open_store\n"
+                  "from meshpoint.events import EventStore\n"
+                  "async def main():\n"
+                  f"    async with open_store({url!r}, migrate=False) as store:\n"
+                  "        async with EventStore(store) as log:\n"
+                  "            log.log_event('writer', 'followed', 'step_complete', "
+                  "step_name='late')\n"
+                  "asyncio.run(main())\n")
+        subprocess.run([sys.executable, "-c", writer], cwd=here, check=True, timeout=60)
+        assert follower.stdout is not None
+        line = follower.stdout.readline()  # waits for the follower to see it
+        event = json.loads(line)
+        assert (event["thread_id"], event["step_name"]) == ("followed", "late")
+    finally:
+        follower.send_signal(signal.SIGINT)
+        _, errors = follower.communicate(timeout=30)
+    assert follower.returncode == 0, errors

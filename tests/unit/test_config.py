@@ -194,3 +194,16 @@ def test_an_agents_checkpoint_strategy(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="needs an interval > 0"):
         load_config(write(tmp_path, MINIMAL + "  worker:\n    checkpoint: {strategy: interval}\n"
                           )).build_agent("worker")
+
+
+def test_an_agents_event_log_and_reconstruction(tmp_path: Path) -> None:
+    agent = load_config(write(tmp_path, MINIMAL + """
+  worker:
+    events: true
+    checkpoint: {recovery: {reconstruct: true}}
+""")).build_agent("worker")
+    assert agent.events and agent.recovery.reconstruct
+    plain = load_config(write(tmp_path, MINIMAL)).build_agent("flights")
+    assert not plain.events and not plain.recovery.reconstruct
+    with pytest.raises(ConfigurationError, match=r"events: Input should be a valid boolean"):
+        load_config(write(tmp_path, MINIMAL + "  worker:\n    events: sometimes\n"))

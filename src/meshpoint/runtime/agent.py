@@ -220,12 +220,17 @@ class RecoveryPolicy:
     strictly longer ago than this, and not running, fails: its caller is answered
     ``failed`` with the reason, its peers are canceled and its rows removed (0:
     never). The default, a day, is longer than every default deadline, so that a
-    deadline (a peer's, an approval's) acts first.
+    deadline (a peer's, an approval's) acts first. ``reconstruct``: a task whose
+    history fails verification so that it cannot be resumed (it is blocked) is
+    restarted at once in a fresh context from its reconstruction (seed 003:
+    :mod:`meshpoint.reconstruction`), its caller told; off (the default), it waits
+    blocked for an operator.
     """
 
     auto_resume: bool = True
     auto_resume_hitl: bool = False
     timeout_s: float = 86_400.0
+    reconstruct: bool = False
 
     def __post_init__(self) -> None:
         if not (type(self.timeout_s) in (int, float) and 0 <= self.timeout_s < math.inf):
@@ -271,6 +276,9 @@ class Agent:
     #: ``metrics``, ``extensions``; see :mod:`meshpoint.history`). An error in it is
     #: logged and the checkpoint goes on.
     history_hook: Callable[[TaskExecutionContext], None] | None = None
+    #: Keep an event log of every step and protocol message of this agent's tasks
+    #: (seed 003; :mod:`meshpoint.events`), written off the hot path.
+    events: bool = False
 
     def __post_init__(self) -> None:
         check_name("an agent name", self.name)

@@ -72,6 +72,11 @@ class Answers:
         if resolution is None:
             self.stats.note("ignored_answer", sub_task_id)
             return
+        self.stats.log("protocol_receive", resolution.sub_task.task_id, step="answer",
+                       input={"sub_task_id": sub_task_id,
+                              "peer": resolution.sub_task.peer_agent_name,
+                              "completed": resolution.completed, "total": resolution.total},
+                       message=response)
         if resolution.join_complete and resolution.lease_owner == owner:
             await self.resume(resolution.sub_task.task_id, owner)
 

@@ -91,9 +91,14 @@ class PauseBoundary:
                 error, StoreUnavailableError)
             return False
         self.stats.checkpoint_ms.append((time.perf_counter() - started) * 1000)
-        self.stats.note("paused", ctx.task_id)
+        self.stats.note("paused", ctx.task_id, status=status, items=sub_task_ids)
         try:
             await self.kinds.announce(ctx, sub_task_ids)
+            for sub_task_id in sub_task_ids:
+                corr = ctx.active_peer_sub_tasks.get(sub_task_id) or {}
+                self.stats.log("protocol_handoff", ctx.task_id,
+                               step=corr.get("peer_agent_name") or "approval",
+                               output={"sub_task_id": sub_task_id, **corr})
         except Exception as error:
             # The checkpoint holds the items: each times out and the task goes on.
             logger.error("%s: items of task %s not announced (%s); they will time out",

@@ -93,6 +93,18 @@ class Endings:
             f"{error.task_id}; meshpoint verify --task {error.task_id}",
             {"meshpoint_blocked": error.reason}))
 
+    async def tell_restarted(self, ctx: TaskExecutionContext, reason: str) -> None:
+        """Tell the caller of a blocked task that it was restarted from its
+        reconstruction: a status update in state ``working``, saying why."""
+        status_to = ctx.a2a_context.get("status_to")
+        if not status_to:
+            return
+        await self.broker.publish(status_to, wire.status_update(
+            ctx.a2a_context.get("request_id") or ctx.task_id, ctx.task_id,
+            ctx.a2a_context.get("context_id") or ctx.task_id, a2a.TaskState.WORKING,
+            f"restarted from a reconstruction of its records: {reason}",
+            {"meshpoint_restarted": reason}))
+
     async def finish_canceled(self, run: TaskRun) -> None:
         """End a canceled task: its outstanding items are withdrawn first."""
         for sub_task_id, corr in list(run.ctx.active_peer_sub_tasks.items()):

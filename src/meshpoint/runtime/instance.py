@@ -34,6 +34,7 @@ from meshpoint import a2a
 from meshpoint.broker.base import Broker, ConsumerOptions, Delivery, Subscription
 from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import BadMessageError, StoreError
+from meshpoint.events import EventJournal, EventStore
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent, RuntimeOptions, check_name
 from meshpoint.runtime.answers import Answers
@@ -91,6 +92,10 @@ class AgentInstance:
         self.instance_id = name = check_name("instance_id", instance_id or
                                              f"{agent.name}-{wire.new_id()[:8]}")
         self.stats = stats = InstanceStats(name)
+        #: The agent's event log, if it keeps one (Agent(events=True)).
+        self.events = EventStore(store) if agent.events else None
+        if self.events is not None:
+            stats.journal = EventJournal(self.events, agent.name)
         self._lifecycle = lifecycle = Lifecycle()
         self._in_hand = in_hand = InHand()
         self._background = background = Background(name)
@@ -120,7 +125,8 @@ class AgentInstance:
         self._turns = turns = TurnLoop(
             agent=agent, instance_id=name, store=store, kinds=kinds,
             checks=turn_checks(agent), pauses=boundary, ends=endings, in_hand=in_hand,
-            stats=stats, background=background, mid_turn=mid_turn)
+            stats=stats, background=background, mid_turn=mid_turn, owners=owners,
+            lease_ttl_s=o.lease_ttl_s, events=self.events)
         self._answers = Answers(
             instance_id=name, store=store, outages=outages, memory=memory, in_hand=in_hand,
             owners=owners, dead_letters=dead_letters, stats=stats, lease_ttl_s=o.lease_ttl_s,
@@ -238,16 +244,24 @@ class AgentInstance:
                                for s in self._own_queues))
         self._own_queues.clear()
         await self._halt()
+        if self.events is not None:
+            await self.events.close()
         logger.info("%s: drained (%d task(s) left to recovery)", self.instance_id, left)
 
     async def stop(self) -> None:
         """Leave the queues and stop the loops. Tasks still in hand are not lost:
-        their messages were not acknowledged and their leases expire."""
+        their messages were not acknowledged and their leases expire. The event log's
+        buffered events are written."""
         await self._halt()
+        if self.events is not None:
+            await self.events.close()
 
     async def kill(self) -> None:
-        """Die as a crash would: same as :meth:`stop`, which never acks or releases."""
+        """Die as a crash would: same as :meth:`stop`, which never acks or releases,
+        except that the event log's buffered events are lost, as SIGKILL loses them."""
         await self._halt()
+        if self.events is not None:
+            self.events.abandon()
 
     async def _halt(self) -> None:
         self._lifecycle.running = False
@@ -291,6 +305,7 @@ class AgentInstance:
             "caller": (message.metadata or {}).get("meshpoint_caller")})
         ctx.append_session_event({"role": "user", "content": message.text})
         ctx.history = self.agent.history_annotations()
+        self.stats.log("protocol_receive", task_id, step="request", message=request)
         # No "working" status update here: it would cost the caller a database write
         # per call, and the caller can name this task anyway (derive_task_id).
         await self._turns.start(TaskRun(ctx, delivery=delivery))

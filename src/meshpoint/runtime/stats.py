@@ -6,10 +6,30 @@ import statistics
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 #: Recent events and latency samples kept per instance: a long-running instance
 #: must not grow with the number of tasks it has seen.
 KEEP = 10_000
+
+
+class Journal(Protocol):
+    """Where an instance logs its steps (:class:`meshpoint.events.EventJournal`)."""
+
+    def __call__(self, event_type: str, task_id: str | None, *, step: str | None = None,
+                 input: Any = None, output: Any = None, state: Any = None,
+                 message: Any = None) -> None: ...
+
+
+#: The event type (meshpoint.events) each counted happening is logged as.
+_EVENT_OF = {"started": "step_start", "paused": "pause", "paused_in_memory": "pause",
+             "resumed": "resume", "recovered": "recovery", "expired": "recovery",
+             "reminded": "recovery", "timeout": "timeout", "approved": "approval",
+             "denied": "approval", "replied": "approval", "answer_refused": "approval",
+             "completed": "answer", "failed": "answer", "canceled": "cancel",
+             "rejected": "answer", "blocked": "error", "reconstructed": "recovery",
+             "dead_lettered": "error",
+             "dropped": "recovery", "ignored_answer": "protocol_receive"}
 
 
 @dataclass
@@ -35,9 +55,25 @@ class InstanceStats:
     #: Tasks resumed here that another instance had paused.
     resumed_elsewhere: int = 0
 
-    def note(self, what: str, task_id: str) -> None:
+    #: Where the instance's steps go when its agent keeps an event log
+    #: (``Agent(events=True)``: a :class:`meshpoint.events.EventJournal`); None keeps
+    #: nothing beyond these counts.
+    journal: Journal | None = None
+
+    def note(self, what: str, task_id: str, **detail: Any) -> None:
+        """Count ``what`` happened to ``task_id`` (and log it, with ``detail``)."""
         self.counts[what] += 1
         self.events.append((what, task_id))
+        if self.journal is not None:
+            self.journal(_EVENT_OF.get(what, what), task_id, step=what,
+                         output=detail or None)
+
+    def log(self, event_type: str, task_id: str | None, **fields: Any) -> None:
+        """Log a step that is not counted (a model call, a tool, a protocol message)
+        if the agent keeps an event log: ``step``, ``input``, ``output``, ``state``,
+        ``message`` as :meth:`meshpoint.events.EventJournal.__call__` takes them."""
+        if self.journal is not None:
+            self.journal(event_type, task_id, **fields)
 
     def summary(self, *, samples: bool = False) -> dict[str, object]:
         """Counts and p50/p99 latencies as JSON-ready data (with the raw samples, to

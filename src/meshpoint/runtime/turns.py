@@ -29,13 +29,14 @@ from meshpoint.errors import (
     TaskBlockedError,
     UnknownTaskError,
 )
+from meshpoint.events import EventStore
 from meshpoint.llm.base import ModelResponse
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent
 from meshpoint.runtime.calls import CallKinds, turn_calls
 from meshpoint.runtime.midturn import MidTurn
 from meshpoint.runtime.stats import InstanceStats
-from meshpoint.runtime.tasks import Background, InHand, TaskRun
+from meshpoint.runtime.tasks import Background, InHand, LeaseOwners, TaskRun
 from meshpoint.store.base import Store
 
 logger = logging.getLogger("meshpoint.runtime")
@@ -84,6 +85,8 @@ class Ends(Protocol):
 
     async def tell_blocked(self, error: TaskBlockedError) -> None: ...
 
+    async def tell_restarted(self, ctx: TaskExecutionContext, reason: str) -> None: ...
+
 
 @dataclass(frozen=True)
 class TurnLoop:
@@ -100,6 +103,10 @@ class TurnLoop:
     stats: InstanceStats
     background: Background
     mid_turn: MidTurn
+    owners: LeaseOwners
+    lease_ttl_s: float
+    #: The agent's event log, if it keeps one: flushed before a reconstruction reads it.
+    events: EventStore | None = None
 
     async def start(self, run: TaskRun) -> None:
         """A new task, from its request."""
@@ -116,8 +123,9 @@ class TurnLoop:
             return  # taken over or canceled meanwhile
         except TaskBlockedError as error:
             logger.error("%s: %s", self.instance_id, error)
-            self.stats.note("blocked", task_id)
-            await self.ends.tell_blocked(error)
+            self.stats.note("blocked", task_id, reason=error.reason)
+            if not (self.agent.recovery.reconstruct and await self._restart(error)):
+                await self.ends.tell_blocked(error)
             return
         except StoreError as error:
             logger.error("%s: cannot restore task %s: %s", self.instance_id, task_id, error)
@@ -126,6 +134,36 @@ class TurnLoop:
         self.in_hand.add(run)
         self._note_resumed(run.ctx)
         await self.drive(run, in_round=True)
+
+    async def _restart(self, blocked: TaskBlockedError) -> bool:
+        """Restart a blocked task in a fresh context from its reconstruction (seed
+        003); False if that could not be done (it stays blocked)."""
+        from meshpoint.reconstruction import reconstruct
+
+        task_id = blocked.task_id
+        owner = self.owners.next()
+        try:
+            if await self.store.take_resume_lease(task_id, owner, self.lease_ttl_s,
+                                                  statuses=("blocked",)) is None:
+                return True  # another instance took it first
+            if self.events is not None:
+                await self.events.flush()  # this instance's latest steps count too
+            rebuilt = await reconstruct(self.store, task_id, events=self.events)
+            ctx = TaskExecutionContext(task_id, blocked.a2a_context)
+            ctx.history = self.agent.history_annotations()
+            ctx.append_session_event({"role": "user", "content": rebuilt.prompt})
+            await self.store.restart_task(ctx, self.agent.name, lease_owner=owner,
+                                          reason=f"reconstructed: {blocked.reason}")
+        except MeshpointError as error:
+            logger.error("%s: cannot restart blocked task %s: %s", self.instance_id,
+                         task_id, error)
+            return False
+        self.stats.note("reconstructed", task_id)
+        await self.ends.tell_restarted(ctx, blocked.reason)
+        run = TaskRun(ctx, lease_owner=owner)
+        self.in_hand.add(run)
+        await self.drive(run)
+        return True
 
     def go_on(self, run: TaskRun) -> None:
         """Continue a task whose join completed in this instance's memory."""
@@ -183,7 +221,20 @@ class TurnLoop:
         messages = list(ctx.session_events)
         if agent.system_prompt:
             messages.insert(0, {"role": "system", "content": agent.system_prompt})
-        response = await agent.model.complete(messages, agent.tool_specs)
+        self.stats.log("step_start", ctx.task_id, step="model",
+                       input={"messages": len(messages), "model": agent.model.name})
+        started = time.perf_counter()
+        try:
+            response = await agent.model.complete(messages, agent.tool_specs)
+        except Exception as error:
+            self.stats.log("error", ctx.task_id, step="model", output=error,
+                           state={"duration_ms": _ms_since(started)})
+            raise
+        self.stats.log("step_complete", ctx.task_id, step="model", output={
+            "text": response.text, "tool_calls": [
+                {"id": c.id, "name": c.name, "arguments": c.arguments}
+                for c in response.tool_calls]},
+                       state={"duration_ms": _ms_since(started), "usage": response.usage})
         ctx.flags["model_calls"] = model_calls(ctx) + 1
         usage = response.usage
         ctx.record_token_usage(model=response.model or agent.model.name, source=agent.name,
@@ -222,7 +273,14 @@ class TurnLoop:
             after_tools = self.agent.checkpoint.after_tools
             for call, kind in todo:
                 if kind.immediate:
+                    step = f"tool:{call.name}"
+                    self.stats.log("step_start", ctx.task_id, step=step,
+                                   input={"call_id": call.id, "arguments": call.arguments})
+                    started = time.perf_counter()
                     opened = await kind.open(ctx, invocation, call)
+                    self.stats.log("step_complete", ctx.task_id, step=step,
+                                   output=opened.result,
+                                   state={"duration_ms": _ms_since(started)})
                     ctx.record_parallel_result(invocation, call.id, opened.result)
                     if after_tools and not await self.mid_turn.checkpoint(run):
                         return False
@@ -247,6 +305,10 @@ class TurnLoop:
         if ctx.flags.get("paused_by") != self.instance_id:
             self.stats.resumed_elsewhere += 1
         self.stats.note("resumed", ctx.task_id)
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)
 
 
 def model_calls(ctx: TaskExecutionContext) -> int:

@@ -182,6 +182,16 @@ class Store(Protocol):
         the live row's own checksum only (to end a task whatever its history)."""
         ...
 
+    async def restart_task(self, ctx: TaskExecutionContext, agent_name: str, *,
+                           lease_owner: str, reason: str) -> None:
+        """Make ``ctx`` (a fresh context) the live state of its task, for the holder of
+        its lease: its conversation, joins and items replaced, the task ``resuming``
+        under that lease, and the history told why (a ``restarted`` record, an
+        ``integrity_restarted`` event). For a task that cannot be resumed from its
+        checkpoint (:mod:`meshpoint.reconstruction`). LeaseNotHeldError unless
+        ``lease_owner`` holds the lease."""
+        ...
+
     async def get_peer_sub_task(self, sub_task_id: str) -> PeerSubTask:
         """One sub-task, without claiming it; UnknownSubTaskError for an unknown id."""
         ...

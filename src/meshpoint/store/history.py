@@ -295,6 +295,24 @@ class HistoryStore:
         return verify_chain(task_id, [stored_record(r) for r in rows],
                             None if head is None else stored_head(head), self.options)
 
+    async def last_verified(self, task_id: str) -> tuple[ChainReport, CheckpointRecord | None]:
+        """The walk of the task's chain, and its newest record that verified with every
+        record before it (None if none did): what a task can be rebuilt from."""
+        check_id("task_id", task_id)
+        keys = self._keys(p_task=task_id)
+
+        def body(conn: Connection) -> tuple[list[RecordRow], HeadRow | None]:
+            return hq.GET_CHAIN.rows(conn, keys), hq.GET_HEAD.first(conn, keys)
+
+        rows, head = await self._read(f"verifying the history of task {task_id!r}", body)
+        if not rows and head is None:
+            raise UnknownHistoryError(task_id)
+        records = [stored_record(r) for r in rows]
+        report = verify_chain(task_id, records,
+                              None if head is None else stored_head(head), self.options)
+        good = next((r for r in records if r.seq == report.last_good_seq), None)
+        return report, None if good is None else record_model(good, self.options)
+
     async def task_ids(self, *, after: str = "", limit: int = 1000) -> list[str]:
         """The tenant's tasks that have a history, by id, after ``after`` (paging)."""
         check_limit(limit)

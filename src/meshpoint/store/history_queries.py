@@ -30,7 +30,7 @@ from sqlalchemy.sql.dml import Insert
 
 from meshpoint.store.queries import agent, limit, now, task, tenant
 from meshpoint.store.rows import HeadRow, RecordRow
-from meshpoint.store.schema import checkpoint_heads, checkpoints, events
+from meshpoint.store.schema import checkpoint_heads, checkpoints
 from meshpoint.store.statement import Statement
 
 C, H = checkpoints, checkpoint_heads
@@ -147,20 +147,6 @@ LIST_HEADS = Statement(
     select(*HEAD_COLUMNS).where(H.c.tenant_id == tenant,
                                 H.c.logical_task_id > bindparam("p_after", type_=String))
     .order_by(H.c.logical_task_id).limit(limit), row=HeadRow)
-
-# -- the event log ----------------------------------------------------------------------
-
-INSERT_EVENT = Statement(
-    "insert_event", "Appends one event to the event log (agent_events).",
-    insert(events).values(
-        tenant_id=tenant, event_id=bindparam("p_event_id", type_=String),
-        agent_name=agent, logical_task_id=task,
-        event_type=bindparam("p_event_type", type_=String),
-        step_name=bindparam("p_step", type_=String),
-        input_data=bindparam("p_input", type_=events.c.input_data.type),
-        output_data=bindparam("p_output", type_=events.c.output_data.type),
-        state_snapshot=bindparam("p_state", type_=events.c.state_snapshot.type),
-        created_at=now))
 
 # -- retention ----------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import Dialect
 
 from meshpoint.store import (  # noqa: F401  (they define the statements)
+    event_queries,
     history_queries,
     langgraph_queries,
     postgres,

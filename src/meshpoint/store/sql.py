@@ -503,6 +503,12 @@ class SqlStore(Store):
             ctx.security_context, ctx.history = sealed["security_context"], sealed["history"]
         return result
 
+    async def restart_task(self, ctx: TaskExecutionContext, agent_name: str, *,
+                           lease_owner: str, reason: str) -> None:
+        check_id("agent_name", agent_name)
+        check_id("lease_owner", lease_owner)
+        await self._verified.restart(ctx, agent_name, lease_owner, reason)
+
     async def get_peer_sub_task(self, sub_task_id: str) -> PeerSubTask:
         check_id("sub_task_id", sub_task_id)
 

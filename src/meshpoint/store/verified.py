@@ -45,10 +45,19 @@ from meshpoint.errors import (
     TaskBlockedError,
     UnknownTaskError,
 )
-from meshpoint.history import HistoryOptions, plan_record
+from meshpoint.history import HistoryHead, HistoryOptions, PlannedRecord, plan_record, seal_context
+from meshpoint.store import event_queries as eq
 from meshpoint.store import history_queries as hq
 from meshpoint.store import queries as q
-from meshpoint.store.history import head_of, record_params, stored_head, stored_record, write_record
+from meshpoint.store.checkpoints import SPLIT_KEYS
+from meshpoint.store.history import (
+    head_of,
+    record_params,
+    stored_head,
+    stored_head_of,
+    stored_record,
+    write_record,
+)
 from meshpoint.store.records import RestoredTask
 from meshpoint.store.rows import RestoreRows, TaskRow, join_events, restored
 from meshpoint.verification import StoredRecord, verify_chain, verify_head, verify_record
@@ -245,7 +254,7 @@ class VerifiedRestore:
                  "completed_count": len(c["results"]), "call_order": c["call_order"],
                  "results": c["results"]} for inv, c in invocations.items()])
             write_record(conn, params)
-            hq.INSERT_EVENT.rows(conn, _event(params, task_id, task.agent_name,
+            eq.INSERT_EVENT.rows(conn, _event(params, task_id, task.agent_name,
                                               "integrity_rewound", {
                                                   "problem": problem, "failed": bad_id,
                                                   "rewound_to": good.checkpoint_id}, now))
@@ -257,6 +266,60 @@ class VerifiedRestore:
         result = restored(task_id, rewound, lease_owner)
         result.context.history_head = planned.head(planned.document["metrics"]["tokens"]["total"])
         return result
+
+    async def restart(self, ctx: Any, agent_name: str, lease_owner: str,
+                      reason: str) -> None:
+        """Make ``ctx`` (a fresh context: a reconstruction's prompt, say) the live state
+        of its task, for the holder of its lease: the conversation, joins and items
+        replaced, the task ``resuming`` under that lease, and a record (``restarted``,
+        chained to the stored head, the bad records kept as evidence) and an
+        ``integrity_restarted`` event that say why."""
+        task_id = ctx.task_id
+        doc = ctx.to_checkpoint_dict()
+        context = {k: v for k, v in doc.items() if k not in SPLIT_KEYS}
+        if self.options.encryption is not None:
+            seal_context(self.options.encryption, context, self.tenant_id, task_id)
+        raw = _json.dump_bytes(context)
+        sha = hashlib.sha256(raw).hexdigest()
+        events = doc["session_events"]
+        now = self.clock()
+        keys = self._keys(p_task=task_id)
+
+        def body(conn: Connection) -> PlannedRecord | None:
+            head = stored_head_of(conn, keys)
+            row = hq.GET_HEAD.first(conn, keys)
+            if head is None and row is not None:  # the head's record is gone
+                head = HistoryHead(str(row.head_id), row.head_hash, row.records, {},
+                                   row.pruned_through, row.pruned_hash)
+            planned = plan_record(
+                tenant_id=self.tenant_id, task_id=task_id, agent_name=agent_name,
+                status="resuming", phase="restarted", doc={
+                    **doc, "history": {**(doc.get("history") or {}), "record": {
+                        "extensions": {"restarted": reason}}}},
+                context_sha256=sha, session_event_count=len(events), head=head, now=now,
+                options=self.options, compress_threshold=self.compress_threshold,
+                snapshot_context=context) if self.options.enabled else None
+            params = self._keys(
+                p_task=task_id, p_agent=agent_name, p_owner=lease_owner, p_now=now,
+                p_context=raw, p_encoding="json", p_sha256=sha, p_event_count=len(events),
+                p_invocation=None, p_first=0, p_events=events, p_has_events=bool(events),
+                **record_params(planned))
+            if not q.REWIND_TASK.rowcount(conn, params):
+                raise LeaseNotHeldError(task_id, lease_owner)
+            for statement in (q.DELETE_TASK_SUB_TASKS, q.DELETE_TASK_INVOCATIONS,
+                              q.DELETE_EVENTS_FROM):
+                statement.rows(conn, params)
+            q.APPEND_EVENTS.rows(conn, params)
+            write_record(conn, params)
+            eq.INSERT_EVENT.rows(conn, _event(params, task_id, agent_name,
+                                              "integrity_restarted", {"reason": reason},
+                                              now))
+            return planned
+
+        planned = await self.write(f"restarting task {task_id!r}", body)
+        ctx.session_events_persisted = len(events)
+        if planned is not None:
+            ctx.history_head = planned.head(planned.document["metrics"]["tokens"]["total"])
 
     async def _block(self, task_id: str, rows: RestoreRows, problem: str,
                      lease_owner: str | None) -> RestoredTask:
@@ -270,7 +333,7 @@ class VerifiedRestore:
         def body(conn: Connection) -> None:
             if not q.BLOCK_TASK.rowcount(conn, params):
                 raise LeaseNotHeldError(task_id, lease_owner)
-            hq.INSERT_EVENT.rows(conn, _event(params, task_id, task.agent_name,
+            eq.INSERT_EVENT.rows(conn, _event(params, task_id, task.agent_name,
                                               "integrity_blocked", {"problem": problem}, now))
 
         await self.write(f"blocking task {task_id!r}", body)
@@ -280,7 +343,7 @@ class VerifiedRestore:
         now = self.clock()
         params = self._keys(p_task=task_id)
         await self.write(f"logging {kind} of task {task_id!r}", lambda conn: (
-            hq.INSERT_EVENT.rows(conn, _event(params, task_id, agent, kind, detail, now))))
+            eq.INSERT_EVENT.rows(conn, _event(params, task_id, agent, kind, detail, now))))
 
 
 def _parent_head(head: Any, good: StoredRecord) -> Any:

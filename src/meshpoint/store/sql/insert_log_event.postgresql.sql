@@ -1,4 +1,4 @@
--- Appends one event to the event log (agent_events).
+-- Appends one event to the event log (one parameter set per event).
 INSERT INTO agent_events (
                tenant_id, event_id, agent_name, logical_task_id, event_type, step_name,
                input_data, output_data, state_snapshot, created_at)

@@ -1,0 +1,146 @@
+"""``meshpoint events``: the event log from the command line, and ``meshpoint tasks
+reconstruct``: a task's recovery prompt.
+
+Both work on the store directly (see :mod:`meshpoint.cli_common` for ``--url``,
+``--config``, ``--tenant``), print a table or, with ``--json``, JSON, and exit 1 with
+the reason on an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from meshpoint.cli_common import AsJson, Config, Schema, Tenant, Url, console, run_on_store
+
+_RELATIVE = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def parse_time(text: str | None, option: str) -> float | None:
+    """Epoch seconds from an ISO 8601 time, epoch seconds, or a span ago (``90s``,
+    ``10m``, ``2h``, ``1d``)."""
+    if text is None:
+        return None
+    match = _RELATIVE.fullmatch(text.strip())
+    if match:
+        return time.time() - float(match.group(1)) * _UNITS[match.group(2)]
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a time: give ISO 8601 "
+                                 "(2026-11-24T12:00:00), epoch seconds, or a span ago "
+                                 "(90s, 10m, 2h, 1d)", param_hint=option) from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+def events(task: Annotated[str | None, typer.Option("--task", help="A task (thread).")] = None,
+           agent: Annotated[str | None, typer.Option("--agent", help="An agent.")] = None,
+           kind: Annotated[str | None, typer.Option(
+               "--type", help="An event type (step_start, error, pause, ...).")] = None,
+           since: Annotated[str | None, typer.Option(
+               "--since", help="From (ISO time, epoch, or a span ago: 10m).")] = None,
+           until: Annotated[str | None, typer.Option("--until", help="Before.")] = None,
+           limit: Annotated[int, typer.Option(min=1, help="Events at most.")] = 100,
+           follow: Annotated[bool, typer.Option(
+               "--follow", "-f", help="Keep printing new events until Ctrl-C.")] = False,
+           url: Url = None, config: Config = None, schema: Schema = None,
+           tenant: Tenant = None, as_json: AsJson = False) -> None:
+    """The event log, oldest first: every step and protocol message of agents that
+    keep one (``events: true``), and the integrity events of the history. With
+    ``--follow``, new events as they are written (``--json``: one JSON line each)."""
+    from meshpoint.events import EventStore
+
+    first = parse_time(since, "--since")
+    last = parse_time(until, "--until")
+    filters: dict[str, Any] = {"thread_id": task, "agent_id": agent, "event_type": kind}
+
+    async def body(store: Any) -> list[Any]:
+        log = EventStore(store)
+        found = await log.get_events(**filters, since=first, until=last, limit=limit)
+        if not follow:
+            return found
+        seen = {e.event_id: e.timestamp.timestamp() for e in found}
+        show(found, as_json, lines=True)
+        start = found[-1].timestamp.timestamp() if found else (first or time.time())
+        while True:  # until Ctrl-C
+            await asyncio.sleep(1.0)
+            fresh = [e for e in await log.get_events(**filters, since=start, limit=1000)
+                     if e.event_id not in seen]
+            if fresh:
+                start = fresh[-1].timestamp.timestamp()
+                # ``since`` is inclusive: only the events at ``start`` come back again
+                seen.update((e.event_id, e.timestamp.timestamp()) for e in fresh)
+                seen = {i: at for i, at in seen.items() if at >= start}
+                show(fresh, as_json, lines=True)
+
+    try:
+        found = run_on_store(url, config, schema, tenant, as_json, body)
+    except KeyboardInterrupt:
+        return
+    show(found, as_json, lines=False)
+
+
+def show(found: list[Any], as_json: bool, *, lines: bool) -> None:
+    """Print events: a table, one JSON object, or (following) JSON lines."""
+    if as_json:
+        if lines:
+            for event in found:
+                print(json.dumps(event.to_dict()), flush=True)
+        else:
+            print(json.dumps({"events": [e.to_dict() for e in found]}))
+        return
+    table = Table(show_header=not lines)
+    for column in ("time", "agent", "task", "type", "step", "data"):
+        # the time and the event type stay whole on a narrow terminal; the rest fold
+        table.add_column(column, overflow="fold", no_wrap=column in ("time", "type"))
+    for e in found:
+        data = e.output_data if e.output_data is not None else e.input_data
+        table.add_row(e.timestamp.strftime("%H:%M:%S.%f")[:-3], e.agent_id,
+                      e.thread_id or "-", e.event_type, e.step_name or "-",
+                      json.dumps(data)[:120] if data is not None else "")
+    if found or not lines:
+        console.print(table if found else "no events")
+
+
+def reconstruct(task_id: Annotated[str, typer.Argument(help="The task.")],
+                url: Url = None, config: Config = None, schema: Schema = None,
+                tenant: Tenant = None, as_json: AsJson = False) -> None:
+    """A task's recovery prompt, rebuilt from its newest verified checkpoint and the
+    events after it: what it was asked, what is done, what remains, the last error
+    (seed 003; what ``recovery: {reconstruct: true}`` restarts a blocked task from)."""
+    from meshpoint.reconstruction import reconstruct as rebuild
+
+    async def body(store: Any) -> Any:
+        return await rebuild(store, task_id)
+
+    rebuilt = run_on_store(url, config, schema, tenant, as_json, body)
+    if as_json:
+        print(json.dumps(rebuilt.to_dict()))
+        return
+    checkpoint = rebuilt.checkpoint
+    console.print(f"task [bold]{task_id}[/bold]: "
+                  + (f"from record {checkpoint.metadata.seq} "
+                     f"({checkpoint.execution_state.phase})" if checkpoint else
+                     "no verified checkpoint")
+                  + f", {rebuilt.events_after} event(s) after it")
+    if rebuilt.history_problem:
+        console.print(f"[yellow]history: {rebuilt.history_problem}[/yellow]")
+    console.print(rebuilt.prompt, markup=False)
+
+
+def event_commands(app: typer.Typer, tasks_app: typer.Typer) -> None:
+    """Register this module's commands on the ``meshpoint`` app."""
+    app.command()(events)
+    tasks_app.command()(reconstruct)

@@ -1,0 +1,407 @@
+"""The event log (seed 003): every agent step and protocol message, queryable.
+
+An :class:`EventStore` writes to the store's ``agent_events`` table (same URL, same
+tenant, same row-level security). Writing never blocks the caller: ``log_event``
+puts the event in a bounded in-memory buffer and returns, and a background task
+writes what the buffer holds in one transaction every ``flush_interval_s`` (or as
+soon as ``batch`` events wait). So a process killed with SIGKILL loses at most the
+events of its last ``flush_interval_s`` (0.2 s by default) and of a write in flight;
+a buffer that outgrows ``max_buffered`` drops its oldest events and counts them
+(``dropped``), rather than grow without bound while the database is away.
+
+Queries are async: :meth:`EventStore.get_events` (by thread, agent, type, time range,
+oldest first) and :meth:`EventStore.get_latest_event`. ``thread_id`` is what
+LangGraph calls a thread and meshpoint a task (``logical_task_id``); ``agent_id``
+the agent's name.
+
+Values are stored as plain JSON (:func:`to_json`): LangChain messages as dicts with
+``type``, ``content`` and the rest, pydantic models (A2A messages among them) as
+their JSON, dataclasses, datetimes, enums, sets and bytes by documented rules, and
+anything else as ``{"$type": ..., "$repr": ...}``. Nothing is ever pickled, so
+reading an event imports nothing and runs nothing.
+
+:func:`with_logging` wraps a sync or async step: ``step_start``, then
+``step_complete`` (with its duration) or ``error`` (and the error goes on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import dataclasses
+import enum
+import functools
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, date, datetime
+from typing import Any, TypeVar, cast
+
+from sqlalchemy import Connection
+
+from meshpoint.errors import InvalidArgumentError
+from meshpoint.history import new_checkpoint_id
+from meshpoint.store import event_queries as eq
+from meshpoint.store.rows import check_id, check_limit
+
+logger = logging.getLogger("meshpoint.events")
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Event types: seed 003's, then meshpoint's own.
+STEP_START = "step_start"
+STEP_COMPLETE = "step_complete"
+ERROR = "error"
+PROTOCOL_HANDOFF = "protocol_handoff"
+PROTOCOL_RECEIVE = "protocol_receive"
+PAUSE = "pause"
+RESUME = "resume"
+ANSWER = "answer"
+APPROVAL = "approval"
+TIMEOUT = "timeout"
+CANCEL = "cancel"
+RECOVERY = "recovery"
+#: Written by the store when a task's history fails verification (docs/history.md).
+INTEGRITY = ("integrity_repaired", "integrity_rewound", "integrity_blocked",
+             "integrity_restarted")
+EVENT_TYPES = (STEP_START, STEP_COMPLETE, ERROR, PROTOCOL_HANDOFF, PROTOCOL_RECEIVE, PAUSE,
+               RESUME, ANSWER, APPROVAL, TIMEOUT, CANCEL, RECOVERY, *INTEGRITY)
+
+#: How deep :func:`to_json` follows nested values before it stops.
+_MAX_DEPTH = 64
+
+
+def to_json(value: Any, _depth: int = 0) -> Any:
+    """``value`` as plain JSON (see the module docstring): never pickled, never
+    refused. Strings longer than 100,000 characters are cut, marked with ``…``."""
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else repr(value)
+    if isinstance(value, str):
+        return value if len(value) <= 100_000 else value[:100_000] + "…"
+    if _depth > _MAX_DEPTH:
+        return {"$type": type(value).__name__, "$repr": "(nested too deeply)"}
+    if isinstance(value, Mapping):
+        return {str(k): to_json(v, _depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json(v, _depth + 1) for v in value]
+    if isinstance(value, set | frozenset):
+        return sorted((to_json(v, _depth + 1) for v in value), key=repr)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"$bytes": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, enum.Enum):
+        return to_json(value.value, _depth + 1)
+    if isinstance(value, BaseException):
+        return {"$error": type(value).__name__, "message": str(value)}
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):  # pydantic: A2A messages, LangChain messages (v2)
+        try:
+            return to_json(dump(mode="json", by_alias=True, exclude_none=True), _depth + 1)
+        except Exception:
+            pass
+    if hasattr(value, "type") and hasattr(value, "content"):  # a LangChain message
+        return {"type": to_json(value.type, _depth + 1),
+                "content": to_json(value.content, _depth + 1),
+                **{k: to_json(getattr(value, k), _depth + 1)
+                   for k in ("additional_kwargs", "name", "id", "tool_calls",
+                             "tool_call_id") if getattr(value, k, None)}}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_json({f.name: getattr(value, f.name) for f in dataclasses.fields(value)},
+                       _depth + 1)
+    return {"$type": f"{type(value).__module__}.{type(value).__qualname__}",
+            "$repr": repr(value)[:1000]}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Event:
+    """One event of the log, as read back."""
+
+    event_id: str
+    agent_id: str
+    thread_id: str | None
+    event_type: str
+    step_name: str | None
+    input_data: Any
+    output_data: Any
+    state_snapshot: Any
+    timestamp: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+                "timestamp": self.timestamp.isoformat()}
+
+
+def _epoch(value: datetime | float | None, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)  # seed 003 used naive UTC datetimes
+        return value.timestamp()
+    if type(value) in (int, float):
+        return float(value)
+    raise InvalidArgumentError(f"{name} must be a datetime or epoch seconds, got {value!r}")
+
+
+class EventStore:
+    """The event log of one tenant (see the module docstring). Build it on an open
+    store (``EventStore(store)``) and close it to write what is buffered."""
+
+    def __init__(self, store: Any, *, flush_interval_s: float = 0.2, batch: int = 200,
+                 max_buffered: int = 10_000) -> None:
+        if not flush_interval_s > 0 or batch < 1 or max_buffered < batch:
+            raise InvalidArgumentError("flush_interval_s must be > 0, batch >= 1 and "
+                                       "max_buffered >= batch")
+        self.store = store
+        self.flush_interval_s = flush_interval_s
+        self.batch = batch
+        self._buffer: collections.deque[dict[str, Any]] = collections.deque(
+            maxlen=max_buffered)
+        self._lock = threading.Lock()  # log_event may be called from worker threads
+        self._wake = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: Events dropped because the buffer was full (the database was away too long).
+        self.dropped = 0
+        #: Events written so far.
+        self.written = 0
+
+    # -- writing ---------------------------------------------------------------------
+
+    def log_event(self, agent_id: str, thread_id: str | None, event_type: str, *,
+                  step_name: str | None = None, input_data: Any = None,
+                  output_data: Any = None, state_snapshot: Any = None,
+                  protocol_message: Any = None) -> str:
+        """Log one event and return its id at once; it is written within
+        ``flush_interval_s`` (see the module docstring). ``protocol_message`` (an A2A
+        message, say) is kept in ``input_data["_protocol_message"]``, as seed 003
+        does. InvalidArgumentError for a missing agent or event type."""
+        check_id("agent_id", agent_id)
+        check_id("event_type", event_type, max_len=64)
+        if thread_id is not None:
+            check_id("thread_id", thread_id)
+        if step_name is not None:
+            check_id("step_name", step_name)
+        data = to_json(input_data)
+        if protocol_message is not None:
+            data = {**(data if isinstance(data, dict) else
+                       {} if data is None else {"value": data}),
+                    "_protocol_message": to_json(protocol_message)}
+        event_id = new_checkpoint_id()  # a UUIDv7: events sort by time
+        row = {"p_tenant": self.store.tenant_id, "p_event_id": event_id, "p_agent": agent_id,
+               "p_task": thread_id, "p_event_type": event_type, "p_step": step_name,
+               "p_input": data, "p_output": to_json(output_data),
+               "p_state": to_json(state_snapshot), "p_now": time.time()}
+        with self._lock:
+            if len(self._buffer) == self._buffer.maxlen:
+                self.dropped += 1
+            self._buffer.append(row)
+            size = len(self._buffer)
+        self._notify(size)
+        return event_id
+
+    def _notify(self, size: int) -> None:
+        """Start the flusher with the first event logged in a running loop, and wake
+        it early when a batch is waiting."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None and self._flusher is None:
+            self._loop = loop
+            self._flusher = loop.create_task(self._flush_forever())
+        if size >= self.batch and self._loop is not None:
+            if loop is self._loop:
+                self._wake.set()
+            else:
+                self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def _flush_forever(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.flush()
+            except Exception as error:
+                logger.warning("could not write %d event(s) yet (%s); retrying",
+                               len(self._buffer), error)
+
+    async def flush(self) -> int:
+        """Write every buffered event now, in batches of ``batch``; how many."""
+        total = 0
+        while True:
+            with self._lock:
+                rows = [self._buffer.popleft() for _ in range(min(self.batch,
+                                                                  len(self._buffer)))]
+            if not rows:
+                return total
+
+            def write(conn: Connection, rows: list[dict[str, Any]] = rows) -> None:
+                eq.INSERT_EVENT.execute_many(conn, rows)
+
+            try:
+                await self.store.transaction(write, write=True, doing="writing events")
+            except BaseException:
+                with self._lock:  # put them back, in order, for the next attempt
+                    self._buffer.extendleft(reversed(rows))
+                raise
+            total += len(rows)
+            self.written += len(rows)
+
+    async def close(self) -> None:
+        """Stop the background writer and write what is left."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+            try:
+                await self._flusher
+            except asyncio.CancelledError:
+                pass
+            self._flusher = None
+        await self.flush()
+
+    def abandon(self) -> None:
+        """Stop the background writer and drop what is buffered (a crash's loss)."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+            self._flusher = None
+        with self._lock:
+            self.dropped += len(self._buffer)
+            self._buffer.clear()
+
+    async def __aenter__(self) -> EventStore:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    # -- reading ---------------------------------------------------------------------
+
+    async def get_events(self, *, thread_id: str | None = None, agent_id: str | None = None,
+                         event_type: str | None = None,
+                         since: datetime | float | None = None,
+                         until: datetime | float | None = None,
+                         limit: int = 1000, newest_first: bool = False) -> list[Event]:
+        """Events matching every filter given, oldest first (``newest_first``: the
+        other way), at most ``limit``; ``since`` inclusive, ``until`` exclusive."""
+        check_limit(limit)
+        params = {"p_tenant": self.store.tenant_id, "p_task": thread_id,
+                  "p_any_task": thread_id is None, "p_agent": agent_id,
+                  "p_any_agent": agent_id is None, "p_event_type": event_type,
+                  "p_any_type": event_type is None,
+                  "p_since": _epoch(since, "since") or 0.0,
+                  "p_until": _epoch(until, "until") or float("inf"), "p_limit": limit}
+        statement = eq.GET_LOG_EVENTS_DESC if newest_first else eq.GET_LOG_EVENTS
+        rows = await self.store.transaction(lambda conn: statement.rows(conn, params),
+                                            doing="reading events")
+        return [Event(event_id=r.event_id, agent_id=r.agent_name, thread_id=r.logical_task_id,
+                      event_type=r.event_type, step_name=r.step_name,
+                      input_data=r.input_data, output_data=r.output_data,
+                      state_snapshot=r.state_snapshot,
+                      timestamp=datetime.fromtimestamp(r.created_at, UTC)) for r in rows]
+
+    async def get_latest_event(self, **filters: Any) -> Event | None:
+        """The newest event matching the filters of :meth:`get_events`, or None."""
+        events = await self.get_events(**filters, limit=1, newest_first=True)
+        return events[0] if events else None
+
+
+def with_logging(events: EventStore, *, agent_id: str, step_name: str | None = None,
+                 thread_id: str | Callable[..., str | None] | None = None) -> Callable[[F], F]:
+    """Log a step (sync or async) into ``events``: ``step_start`` with its
+    arguments, then ``step_complete`` with its result and ``duration_ms``, or
+    ``error`` with the exception and ``duration_ms`` (the exception goes on).
+
+    ``thread_id`` is a string, a function of the step's arguments, or, by default,
+    found in them: a ``thread_id`` keyword, or a LangGraph ``config`` whose
+    ``configurable`` has one. ``step_name`` defaults to the function's name."""
+    def find_thread(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        if callable(thread_id):
+            return thread_id(*args, **kwargs)
+        if thread_id is not None:
+            return thread_id
+        if isinstance(kwargs.get("thread_id"), str):
+            return cast(str, kwargs["thread_id"])
+        for value in (kwargs.get("config"), *args):
+            if isinstance(value, Mapping):
+                found = (value.get("configurable") or {}).get("thread_id")
+                if isinstance(found, str):
+                    return found
+        return None
+
+    def decorate(step: F) -> F:
+        name = step_name or step.__name__
+
+        def start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, float]:
+            thread = find_thread(args, kwargs)
+            events.log_event(agent_id, thread, STEP_START, step_name=name,
+                             input_data={"args": args, "kwargs": kwargs})
+            return thread, time.perf_counter()
+
+        def done(thread: str | None, started: float, result: Any) -> None:
+            events.log_event(agent_id, thread, STEP_COMPLETE, step_name=name,
+                             output_data=result, state_snapshot={
+                                 "duration_ms": round((time.perf_counter() - started) * 1000,
+                                                      3)})
+
+        def failed(thread: str | None, started: float, error: BaseException) -> None:
+            events.log_event(agent_id, thread, ERROR, step_name=name, output_data=error,
+                             state_snapshot={"duration_ms": round(
+                                 (time.perf_counter() - started) * 1000, 3)})
+
+        if inspect.iscoroutinefunction(step):
+            @functools.wraps(step)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                thread, started = start(args, kwargs)
+                try:
+                    result = await cast(Callable[..., Awaitable[Any]], step)(*args, **kwargs)
+                except BaseException as error:
+                    failed(thread, started, error)
+                    raise
+                done(thread, started, result)
+                return result
+
+            return cast(F, run_async)
+
+        @functools.wraps(step)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            thread, started = start(args, kwargs)
+            try:
+                result = step(*args, **kwargs)
+            except BaseException as error:
+                failed(thread, started, error)
+                raise
+            done(thread, started, result)
+            return result
+
+        return cast(F, run)
+
+    return decorate
+
+
+class EventJournal:
+    """An instance's journal (:class:`meshpoint.runtime.stats.Journal`): logs its
+    agent's steps into an :class:`EventStore`, never blocking the turn that calls it
+    and never failing it (an event that cannot be logged is dropped and counted)."""
+
+    def __init__(self, events: EventStore, agent_name: str) -> None:
+        self.events = events
+        self.agent_name = agent_name
+
+    def __call__(self, event_type: str, task_id: str | None, *, step: str | None = None,
+                 input: Any = None, output: Any = None, state: Any = None,
+                 message: Any = None) -> None:
+        try:
+            self.events.log_event(self.agent_name, task_id, event_type, step_name=step,
+                                  input_data=input, output_data=output,
+                                  state_snapshot=state, protocol_message=message)
+        except Exception as error:
+            self.events.dropped += 1
+            logger.warning("could not log %s of %s: %s", event_type, task_id, error)

@@ -1,0 +1,181 @@
+"""Reconstruction (seed 003): a task's state rebuilt, as a prompt, from its history and
+its event log, for when it cannot be resumed from its checkpoint.
+
+:func:`reconstruct` reads the task's newest checkpoint record that verifies with the
+chain before it (:meth:`~meshpoint.store.history.HistoryStore.last_verified`) and the
+task's events after it, and builds a recovery prompt that tells a fresh context what
+the task was asked, what is done (completed calls, model calls, tools that ran since),
+what remains (the calls it waited on), the last error, and the agent's own
+continuation prompt, if it left one. Either source may be missing (a task that never
+paused has no history; an agent that keeps no event log has no events): the prompt
+says what it could not know.
+
+``meshpoint tasks reconstruct ID`` prints it. With ``RecoveryPolicy(reconstruct=True)``
+an instance that finds a task blocked (its history fails verification and no
+verified record can be resumed) restarts the task from this prompt, in a fresh
+context, and records that it did (:meth:`~meshpoint.store.sql.SqlStore.restart_task`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from meshpoint.errors import UnknownHistoryError
+from meshpoint.events import EventStore
+from meshpoint.record import CheckpointRecord
+
+#: Events read after the checkpoint, at most (the first so many).
+_EVENTS = 500
+#: A record of a task that ended: the work is told by the whole log, not what follows.
+_ENDED = ("completed", "failed", "canceled")
+
+
+@dataclass(frozen=True)
+class Reconstruction:
+    """What :func:`reconstruct` found, and the prompt it built from it."""
+
+    task_id: str
+    agent_id: str | None
+    #: The newest verified record (None if the task has no usable history).
+    checkpoint: CheckpointRecord | None
+    #: Why the history could not be used whole (None if it verifies).
+    history_problem: str | None
+    request: str | None
+    done: list[str] = field(default_factory=list)
+    remaining: list[str] = field(default_factory=list)
+    pending_calls: list[dict[str, Any]] = field(default_factory=list)
+    last_error: str | None = None
+    events_after: int = 0
+    prompt: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "agent_id": self.agent_id,
+                "checkpoint": None if self.checkpoint is None else {
+                    "checkpoint_id": self.checkpoint.metadata.checkpoint_id,
+                    "seq": self.checkpoint.metadata.seq,
+                    "phase": self.checkpoint.execution_state.phase,
+                    "timestamp": self.checkpoint.metadata.timestamp},
+                "history_problem": self.history_problem, "request": self.request,
+                "done": self.done, "remaining": self.remaining,
+                "pending_calls": self.pending_calls, "last_error": self.last_error,
+                "events_after": self.events_after, "prompt": self.prompt}
+
+
+async def reconstruct(store: Any, task_id: str, *, events: EventStore | None = None
+                      ) -> Reconstruction:
+    """Rebuild task ``task_id``'s state from ``store``'s history and event log (see
+    the module docstring). Reads only; UnknownHistoryError if neither knows the
+    task."""
+    log = events or EventStore(store)
+    checkpoint: CheckpointRecord | None = None
+    problem: str | None = None
+    try:
+        report, checkpoint = await store.history.last_verified(task_id)
+        if not report.ok:
+            problem = (f"record {report.first_bad_seq or 'head'}: {report.reason}"
+                       if report.reason else report.kind)
+    except UnknownHistoryError:
+        problem = "the task has no checkpoint history"
+    since = None
+    if checkpoint is not None and checkpoint.recovery.status not in _ENDED:
+        since = datetime.fromisoformat(checkpoint.metadata.timestamp)
+    after = await log.get_events(thread_id=task_id, since=since, limit=_EVENTS)
+    first = await log.get_events(thread_id=task_id, event_type="protocol_receive", limit=1)
+    if checkpoint is None and not after:
+        raise UnknownHistoryError(task_id)
+    request = _request(first)
+    done: list[str] = []
+    remaining: list[str] = []
+    pending: list[dict[str, Any]] = []
+    agent = checkpoint.metadata.agent_id if checkpoint is not None else (
+        after[0].agent_id if after else None)
+    if checkpoint is not None:
+        state = checkpoint.execution_state
+        done += [f"call {item.get('id')} completed" if isinstance(item, dict) else str(item)
+                 for item in state.completed_items]
+        for item in state.pending_items:
+            if isinstance(item, dict):
+                pending.append(item)
+                what = "approval of" if item.get("kind") == "approval" else "an answer from"
+                remaining.append(f"{what} {item.get('name')} (call {item.get('id')})")
+            else:
+                remaining.append(str(item))
+        done.append(f"{checkpoint.metrics.model_calls} model call(s) made")
+    last_error = await _last_error(log, task_id)
+    for event in after:
+        if event.event_type == "step_complete" and event.step_name and \
+                event.step_name.startswith("tool:"):
+            done.append(f"{event.step_name[5:]} ran: {_short(event.output_data)}")
+        elif event.event_type == "protocol_receive" and event.step_name == "answer":
+            peer = (event.input_data or {}).get("peer")
+            done.append(f"{peer or 'a peer'} answered")
+    prompt = _prompt(task_id, agent, request, checkpoint, problem, done, remaining,
+                     last_error)
+    return Reconstruction(task_id=task_id, agent_id=agent, checkpoint=checkpoint,
+                          history_problem=problem, request=request, done=done,
+                          remaining=remaining, pending_calls=pending, last_error=last_error,
+                          events_after=len(after), prompt=prompt)
+
+
+def _request(events: list[Any]) -> str | None:
+    """The task's request, from the first ``protocol_receive`` of it."""
+    for event in events:
+        if event.event_type == "protocol_receive" and event.step_name == "request":
+            message = ((event.input_data or {}).get("_protocol_message") or {})
+            params = message.get("params") or {}
+            parts = (params.get("message") or {}).get("parts") or []
+            text = " ".join(p.get("text", "") for p in parts if isinstance(p, dict))
+            return text or None
+    return None
+
+
+async def _last_error(log: EventStore, task_id: str) -> str | None:
+    """The task's last error, whenever it was: a step's, or its history's."""
+    found = [e for kind in ("error", "integrity_rewound", "integrity_blocked")
+             if (e := await log.get_latest_event(thread_id=task_id, event_type=kind))]
+    if not found:
+        return None
+    last = max(found, key=lambda e: e.timestamp)
+    if last.event_type == "error":
+        return f"{last.step_name or 'a step'}: {_short(last.output_data)}"
+    return f"{last.event_type}: {_short(last.output_data)}"
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    if isinstance(value, dict) and "$error" in value:
+        text = f"{value['$error']}: {value.get('message', '')}"
+    else:
+        text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _prompt(task_id: str, agent: str | None, request: str | None,
+            checkpoint: CheckpointRecord | None, problem: str | None, done: list[str],
+            remaining: list[str], last_error: str | None) -> str:
+    lines = [f"You are resuming task {task_id}" + (f" of agent {agent}" if agent else "")
+             + " after a failure; the context you had is gone and was rebuilt from the "
+             "task's records.",
+             f"The request: {request}" if request else "The request was not recorded."]
+    if checkpoint is not None:
+        meta = checkpoint.metadata
+        lines.append(f"Last verified checkpoint: record {meta.seq} "
+                     f"({checkpoint.execution_state.phase}, {meta.timestamp}).")
+        if checkpoint.recovery.status in _ENDED:
+            lines.append(f"The task has ended: {checkpoint.recovery.status}.")
+    if problem:
+        lines.append(f"What could not be trusted: {problem}.")
+    lines.append("Done so far:" if done else "Nothing is known to be done.")
+    lines += [f"- {item}" for item in done]
+    if remaining:
+        lines.append("It was waiting for (those answers are lost; ask again if still "
+                     "needed):")
+        lines += [f"- {item}" for item in remaining]
+    if last_error:
+        lines.append(f"Last error: {last_error}")
+    if checkpoint is not None and checkpoint.recovery.continuation_prompt:
+        lines.append(f"Your own note for continuing: "
+                     f"{checkpoint.recovery.continuation_prompt}")
+    lines.append("Continue from here; do not repeat what is done.")
+    return "\n".join(lines)

@@ -1,0 +1,17 @@
+-- Reads the events matching the filters given, newest first.
+SELECT agent_events.event_id, agent_events.agent_name, agent_events.logical_task_id,
+  agent_events.event_type, agent_events.step_name, agent_events.input_data, agent_events.output_data,
+  agent_events.state_snapshot, agent_events.created_at
+FROM agent_events
+WHERE agent_events.tenant_id = :p_tenant
+  AND (:p_any_task = 1
+       OR agent_events.logical_task_id = :p_task)
+  AND (:p_any_agent = 1
+       OR agent_events.agent_name = :p_agent)
+  AND (:p_any_type = 1
+       OR agent_events.event_type = :p_event_type)
+  AND agent_events.created_at >= :p_since
+  AND agent_events.created_at < :p_until
+ORDER BY agent_events.created_at DESC, agent_events.event_id DESC
+LIMIT :p_limit
+OFFSET 0;

@@ -1,0 +1,207 @@
+"""Reconstruction (issue 16 §2, seed 003), on a SQLite file and on PostgreSQL: a task's
+recovery prompt rebuilt from its newest verified checkpoint and the events after it,
+for a task killed at several points of its life; and recovery restarting a task that
+cannot be resumed from its checkpoint (its history fails verification) from that
+prompt, in a fresh context."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import delete, select
+
+from meshpoint import a2a
+from meshpoint.errors import UnknownHistoryError
+from meshpoint.events import EventStore
+from meshpoint.llm import ScriptedModel
+from meshpoint.llm.base import ModelResponse, ToolSpec
+from meshpoint.reconstruction import reconstruct
+from meshpoint.runtime import Agent, LocalTool, Peer
+from meshpoint.runtime.agent import RecoveryPolicy
+from meshpoint.store import SqlStore
+from meshpoint.store.schema import checkpoints, paused_tasks
+from tests.integration.mesh import ManualPeer, Mesh, eventually
+from tests.integration.test_runtime import GatedModel, no_rows_left
+
+REQUEST = "Look into it: prices"
+
+
+class FailingComposer(ScriptedModel):
+    """Plans as the scripted model does; fails when it comes to compose the answer."""
+
+    async def complete(self, messages: list[dict[str, Any]],
+                       tools: list[ToolSpec]) -> ModelResponse:
+        if any(m.get("role") == "tool" for m in messages):
+            raise ConnectionError("the model server went away")
+        return await super().complete(messages, tools)
+
+
+class Recording(ScriptedModel):
+    """The scripted model, keeping the first user message of every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    async def complete(self, messages: list[dict[str, Any]],
+                       tools: list[ToolSpec]) -> ModelResponse:
+        self.asked.append(next(str(m["content"]) for m in messages if m["role"] == "user"))
+        return await super().complete(messages, tools)
+
+
+def coordinator(model: Any, **options: Any) -> Agent:
+    return Agent("coordinator", model, peers=[Peer("researcher", timeout_s=30)],
+                 tools=[LocalTool("clock", "The time.", lambda args: "noon")],
+                 events=True, **options)
+
+
+async def logged(store: SqlStore, task_id: str, event: tuple[str, str | None]) -> bool:
+    return event in [(e.event_type, e.step_name)
+                     for e in await EventStore(store).get_events(thread_id=task_id)]
+
+
+async def kill_the_one_holding(mesh: Mesh, task_id: str) -> None:
+    (holder,) = [i for i in mesh.of("coordinator") if task_id in i.active] or \
+        mesh.of("coordinator")
+    await holder.kill()
+
+
+@pytest.mark.parametrize("point", ["before-first-checkpoint", "waiting-on-a-peer",
+                                   "mid-turn-after-resume", "after-a-failed-step"])
+async def test_a_task_killed_at_each_point_is_reconstructed(
+        mesh: Mesh, live_store: SqlStore, point: str) -> None:
+    peer = await ManualPeer(mesh, "researcher").start()
+    gated = GatedModel("plan" if point == "before-first-checkpoint" else "compose")
+    model = FailingComposer() if point == "after-a-failed-step" else gated
+    await mesh.run(coordinator(model))
+    request_id = await mesh.client.submit("coordinator", REQUEST)
+    task_id = mesh.client.task_id("coordinator", request_id)
+    if point != "before-first-checkpoint":
+        await eventually(lambda: len(peer.requests) == 1, what="the peer's request")
+        # the flusher has written the pause's events (nothing waits on them)
+        await eventually(lambda: logged(live_store, task_id, ("pause", "paused")),
+                         what="the pause's event")
+    if point in ("mid-turn-after-resume", "after-a-failed-step"):
+        await peer.answer(next(iter(peer.requests)), "prices rose 3%")
+    if point == "after-a-failed-step":
+        answer = await mesh.client.wait(request_id, timeout_s=10)
+        assert answer.status.state is a2a.TaskState.FAILED
+        await eventually(lambda: logged(live_store, task_id, ("error", "model")),
+                         what="the model's error")
+    else:
+        if point != "waiting-on-a-peer":
+            await gated.entered.wait()  # its model call is under way, and stays so
+        last = {"before-first-checkpoint": ("step_start", "model"),
+                "waiting-on-a-peer": ("pause", "paused"),
+                "mid-turn-after-resume": ("resume", "resumed")}[point]
+        await eventually(lambda: logged(live_store, task_id, last),
+                         what=f"the event {last}")
+        await kill_the_one_holding(mesh, task_id)
+
+    rebuilt = await reconstruct(live_store, task_id)
+    prompt = rebuilt.prompt
+    assert rebuilt.request == REQUEST and f"The request: {REQUEST}" in prompt
+    assert rebuilt.agent_id == "coordinator" and task_id in prompt
+    if point == "before-first-checkpoint":
+        # never paused: no history, what the log knows and nothing more
+        assert rebuilt.checkpoint is None
+        assert rebuilt.history_problem == "the task has no checkpoint history"
+        assert rebuilt.done == [] and rebuilt.remaining == [] and rebuilt.pending_calls == []
+        assert "Nothing is known to be done." in prompt
+        return
+    checkpoint = rebuilt.checkpoint
+    assert checkpoint is not None and rebuilt.history_problem is None
+    (sub_task,) = peer.requests
+    if point == "waiting-on-a-peer":
+        assert checkpoint.execution_state.phase == "waiting_peers"
+        assert [c["id"] for c in rebuilt.pending_calls] == [sub_task]
+        assert rebuilt.remaining == [f"an answer from researcher (call {sub_task})"]
+        assert "It was waiting for" in prompt and sub_task in prompt
+        assert rebuilt.last_error is None
+    elif point == "mid-turn-after-resume":
+        # the newest record is still the pause; the answer came after it, per the log
+        assert checkpoint.execution_state.phase == "waiting_peers"
+        assert "researcher answered" in rebuilt.done
+        assert rebuilt.last_error is None
+    else:
+        assert checkpoint.execution_state.phase == "failed"
+        assert rebuilt.remaining == []
+        assert rebuilt.last_error == "model: ConnectionError: the model server went away"
+        assert f"Last error: {rebuilt.last_error}" in prompt
+    assert rebuilt.events_after >= 1
+    as_json = rebuilt.to_dict()
+    assert as_json["checkpoint"]["seq"] == checkpoint.metadata.seq
+    assert as_json["prompt"] == prompt
+
+
+async def test_an_unknown_task_cannot_be_reconstructed(live_store: SqlStore) -> None:
+    with pytest.raises(UnknownHistoryError, match="nope"):
+        await reconstruct(live_store, "nope")
+
+
+async def test_recovery_restarts_a_blocked_task_from_its_reconstruction(
+        mesh: Mesh, live_store: SqlStore) -> None:
+    """The task waits on a peer; its whole chain of records is then lost, so the
+    answer's taker cannot resume it. With ``reconstruct`` on, it restarts the task at
+    once in a fresh context whose first message is the recovery prompt; the caller is
+    told, and the task completes."""
+    peer = await ManualPeer(mesh, "researcher").start()
+    model = Recording()
+    await mesh.run(coordinator(model, recovery=RecoveryPolicy(reconstruct=True)), 2)
+    request_id = await mesh.client.submit("coordinator", REQUEST)
+    await eventually(lambda: len(peer.requests) == 1, what="the peer's request")
+    task_id = mesh.client.task_id("coordinator", request_id)
+    await live_store.run(lambda conn: conn.execute(delete(checkpoints).where(
+        checkpoints.c.logical_task_id == task_id)), write=True)
+    first = next(iter(peer.requests))
+    await peer.answer(first, "prices rose 3%")
+    await eventually(lambda: len(peer.requests) > 1, what="the restarted task's calls")
+    for sub_task in list(peer.requests)[1:]:
+        await peer.answer(sub_task, "prices rose 3%, again")
+    answer = await mesh.client.wait(request_id, timeout_s=10)
+    assert answer.status.state is a2a.TaskState.COMPLETED
+    # the fresh context began with the recovery prompt, in place of the request
+    assert model.asked[0] == REQUEST
+    restart_prompt = model.asked[-1]
+    assert restart_prompt.startswith(f"You are resuming task {task_id}"), restart_prompt
+    assert f"The request: {REQUEST}" in restart_prompt
+    assert "What could not be trusted" in restart_prompt
+    restarted = [u for u in mesh.client.updates[request_id]
+                 if u.metadata and "meshpoint_restarted" in u.metadata]
+    assert len(restarted) == 1 and restarted[0].status.state is a2a.TaskState.WORKING
+    assert len(mesh.events("reconstructed")) == 1 and len(mesh.events("blocked")) == 1
+    await no_rows_left(live_store)
+    log = EventStore(live_store)
+    kinds = [e.event_type for e in await log.get_events(thread_id=task_id)]
+    assert "integrity_blocked" in kinds and "integrity_restarted" in kinds
+    phases = await live_store.run(lambda conn: [r.data["execution_state"]["phase"]
+                                                for r in conn.execute(
+        select(checkpoints).where(checkpoints.c.logical_task_id == task_id)
+        .order_by(checkpoints.c.seq))])
+    assert phases[0] == "restarted" and phases[-1] == "completed", phases
+
+
+async def test_without_reconstruct_a_blocked_task_waits_for_an_operator(
+        mesh: Mesh, live_store: SqlStore) -> None:
+    peer = await ManualPeer(mesh, "researcher").start()
+    await mesh.run(coordinator(ScriptedModel()))
+    request_id = await mesh.client.submit("coordinator", REQUEST)
+    await eventually(lambda: len(peer.requests) == 1, what="the peer's request")
+    task_id = mesh.client.task_id("coordinator", request_id)
+    await live_store.run(lambda conn: conn.execute(delete(checkpoints).where(
+        checkpoints.c.logical_task_id == task_id)), write=True)
+    await peer.answer(next(iter(peer.requests)), "prices rose 3%")
+    await eventually(lambda: len(mesh.events("blocked")) == 1, what="the block")
+    assert mesh.events("reconstructed") == [] and len(peer.requests) == 1
+    statuses = await live_store.run(lambda conn: [r.status for r in conn.execute(
+        select(paused_tasks.c.status))])
+    assert statuses == ["blocked"]
+    # what an operator reads before deciding (the chain is gone: events only)
+    await eventually(lambda: logged(live_store, task_id, ("protocol_receive", "request")),
+                     what="the request's event")
+    rebuilt = await reconstruct(live_store, task_id)
+    assert rebuilt.checkpoint is None and rebuilt.request == REQUEST
+    assert rebuilt.history_problem is not None
+    await mesh.client.cancel("coordinator", task_id)
+    await mesh.client.wait(request_id, timeout_s=10)
