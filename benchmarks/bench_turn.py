@@ -14,11 +14,14 @@ LangGraph: a ``StateGraph`` of 10 nodes in sequence, each appending its result t
 ``messages`` channel (the add reducer), compiled with ``SqliteSaver`` /
 ``PostgresSaver``, which checkpoints every step; ``graph.invoke`` on a new thread.
 
+The same turn is also run by an agent that keeps an event log (``events=True``,
+issue 16 §1): its cost on a turn is the ratio of the two meshpoint sides.
+
 Each tool/node returns the same ~200 B result. Reported: p50/p99 of the whole turn
 and the ratio meshpoint / LangGraph, and the bytes of data each stored for one turn
 (meshpoint: at its last checkpoint, summed over its rows' data columns, before the
 task ends and its rows go; LangGraph: its checkpoints, blobs and writes of the
-thread, which it keeps). Runs alternate sides, on SQLite (a file, WAL,
+thread, which it keeps). Runs alternate the three sides, on SQLite (a file, WAL,
 synchronous=NORMAL on both) and PostgreSQL.
 """
 
@@ -68,9 +71,10 @@ def step(arguments: dict[str, Any]) -> str:
     return RESULT
 
 
-def meshpoint_agent() -> Agent:
-    return Agent("worker", ScriptedModel("worker"), checkpoint=CheckpointPolicy(after_tools=True),
-                 tools=[LocalTool(f"step_{n}", f"Step {n}.", step) for n in range(STEPS)])
+def meshpoint_agent(name: str = "worker", *, events: bool = False) -> Agent:
+    return Agent(name, ScriptedModel("worker"), checkpoint=CheckpointPolicy(after_tools=True),
+                 tools=[LocalTool(f"step_{n}", f"Step {n}.", step) for n in range(STEPS)],
+                 events=events)
 
 
 class State(TypedDict):
@@ -129,20 +133,28 @@ async def compare(store: Any, saver: Any, turns: int, progress: Progress, backen
                   lg_scalar: Any) -> dict[str, Any]:
     broker = InProcessBroker()
     instance = AgentInstance(meshpoint_agent(), store, broker)
+    logged = AgentInstance(meshpoint_agent("logged", events=True), store, broker)
     await instance.start()
+    await logged.start()
     graph = langgraph_graph(saver)
     mp: list[float] = []
+    ev: list[float] = []
     lg: list[float] = []
     job = progress.add_task(f"{backend}: {turns} turns a side, alternated", total=turns)
     try:
         async with Client(broker) as client:
-            for _ in range(3):  # warm both up
+            for _ in range(3):  # warm every side up
                 await client.ask("worker", "Run the steps")
+                await client.ask("logged", "Run the steps")
                 graph.invoke({"messages": []}, {"configurable": {"thread_id": uuid.uuid4().hex}})
             for _ in range(turns):
                 started = time.perf_counter()
                 answer = await client.ask("worker", "Run the steps")
                 mp.append((time.perf_counter() - started) * 1000)
+                assert answer.status.state.value == "completed", answer
+                started = time.perf_counter()
+                answer = await client.ask("logged", "Run the steps")
+                ev.append((time.perf_counter() - started) * 1000)
                 assert answer.status.state.value == "completed", answer
                 started = time.perf_counter()
                 graph.invoke({"messages": []}, {"configurable": {"thread_id": uuid.uuid4().hex}})
@@ -151,7 +163,10 @@ async def compare(store: Any, saver: Any, turns: int, progress: Progress, backen
         checkpoints = instance.stats.counts["mid_turn_checkpoints"]
     finally:
         await instance.stop()
+        await logged.stop()  # writes what its log still buffers
         await broker.close()
+    assert logged.events is not None and not logged.events.dropped
+    events_per_turn = round(logged.events.written / (turns + 3), 1)
     thread = uuid.uuid4().hex
     graph.invoke({"messages": []}, {"configurable": {"thread_id": thread}})
     size = "pg_column_size" if backend == "postgres" else "length"  # bytes as stored
@@ -165,6 +180,7 @@ async def compare(store: Any, saver: Any, turns: int, progress: Progress, backen
           f" 0) FROM {'checkpoint_writes' if backend == 'postgres' else 'writes'} "
           f"WHERE thread_id = '{thread}')")
     return {"meshpoint_turn": percentiles(mp), "langgraph_turn": percentiles(lg),
+            "meshpoint_events_turn": percentiles(ev), "events_per_turn": events_per_turn,
             "meshpoint_checkpoints_per_turn": round(checkpoints / (turns + 3), 2),
             "meshpoint_bytes": await meshpoint_bytes(store, size),
             "langgraph_bytes": int(lg_bytes)}
@@ -237,6 +253,12 @@ def main() -> int:
                       f"({r['meshpoint_checkpoints_per_turn']:g} checkpoints a turn) | "
                       f"{m['p50']:.2f} / {m['p99']:.2f} | {g['p50']:.2f} / {g['p99']:.2f} | "
                       f"{m['p50'] / g['p50']:.2f}, {m['p99'] / g['p99']:.2f} |")
+        e = r["meshpoint_events_turn"]
+        console.print(f"| {backend} | the same turn with the event log on (`events: true`, "
+                      f"{r['events_per_turn']:g} events a turn), p50 / p99 ms | "
+                      f"{e['p50']:.2f} / {e['p99']:.2f} | {g['p50']:.2f} / {g['p99']:.2f} | "
+                      f"{e['p50'] / g['p50']:.2f}, {e['p99'] / g['p99']:.2f} (log on / off: "
+                      f"{e['p50'] / m['p50']:.2f}, {e['p99'] / m['p99']:.2f}) |")
         console.print(f"| {backend} | bytes of data stored for one turn | "
                       f"{r['meshpoint_bytes']:,} | {r['langgraph_bytes']:,} | "
                       f"{r['meshpoint_bytes'] / max(1, r['langgraph_bytes']):.2f} |")
