@@ -165,6 +165,7 @@ class EventStore:
         self._lock = threading.Lock()  # log_event may be called from worker threads
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
+        self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Events dropped because the buffer was full (the database was away too long).
         self.dropped = 0
@@ -222,7 +223,7 @@ class EventStore:
                 self._loop.call_soon_threadsafe(self._wake.set)
 
     async def _flush_forever(self) -> None:
-        while True:
+        while not self._closing:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
             except TimeoutError:
@@ -257,14 +258,17 @@ class EventStore:
             self.written += len(rows)
 
     async def close(self) -> None:
-        """Stop the background writer and write what is left."""
+        """Stop the background writer and write what is left. A write in flight is
+        let finish, not canceled (canceled, its commit could land unseen and its
+        events be written twice; the insert ignores an event id already written)."""
         if self._flusher is not None:
-            self._flusher.cancel()
+            self._closing = True
+            self._wake.set()
             try:
                 await self._flusher
-            except asyncio.CancelledError:
-                pass
-            self._flusher = None
+            finally:
+                self._flusher = None
+                self._closing = False
         await self.flush()
 
     def abandon(self) -> None:

@@ -102,16 +102,20 @@ async def test_close_writes_everything_buffered(live_store: SqlStore) -> None:
 
 class Flaky:
     """The real store, whose next ``failures`` transactions fail as if the database
-    were away."""
+    were away (``after_commit``: as if the connection broke once the commit was sent,
+    so the writer cannot know it landed)."""
 
-    def __init__(self, store: SqlStore, failures: int) -> None:
+    def __init__(self, store: SqlStore, failures: int, *, after_commit: bool = False) -> None:
         self.store, self.failures, self.tenant_id = store, failures, store.tenant_id
+        self.after_commit = after_commit
 
     async def transaction(self, *args: Any, **kwargs: Any) -> Any:
-        if self.failures:
-            self.failures -= 1
-            raise ConnectionError("the database is away")
-        return await self.store.transaction(*args, **kwargs)
+        if not self.failures:
+            return await self.store.transaction(*args, **kwargs)
+        self.failures -= 1
+        if self.after_commit:
+            await self.store.transaction(*args, **kwargs)
+        raise ConnectionError("the database is away")
 
 
 async def test_a_database_away_loses_nothing_and_keeps_the_order(
@@ -124,6 +128,18 @@ async def test_a_database_away_loses_nothing_and_keeps_the_order(
     assert flaky.failures == 0 and log.dropped == 0
     assert [e.step_name for e in await log.get_events()] == [f"s{n}" for n in range(5)]
     await log.close()
+
+
+async def test_a_write_retried_after_its_commit_landed_writes_each_event_once(
+        live_store: SqlStore) -> None:
+    flaky = Flaky(live_store, failures=1, after_commit=True)
+    log = EventStore(flaky, flush_interval_s=60)
+    for n in range(3):
+        log.log_event("a", "t", "step_start", step_name=f"s{n}")
+    with pytest.raises(ConnectionError):
+        await log.flush()  # it committed, but the writer was not told
+    await log.close()  # the retry: the same event ids, each kept once
+    assert [e.step_name for e in await log.get_events()] == ["s0", "s1", "s2"]
 
 
 @dataclasses.dataclass

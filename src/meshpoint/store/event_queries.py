@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Float, String, bindparam, insert, or_, select
+from sqlalchemy import Boolean, Float, String, bindparam, or_, select
+from sqlalchemy.dialects.postgresql import insert as upsert
 
 from meshpoint.store.queries import agent, limit, now, task, tenant
 from meshpoint.store.schema import events as V
 from meshpoint.store.statement import Statement
 
 INSERT_EVENT = Statement(
-    "insert_log_event", "Appends one event to the event log (one parameter set per event).",
-    insert(V).values(
+    "insert_log_event", "Appends one event to the event log (one parameter set per event); "
+    "an event already written (a write retried after its commit) is left as it is.",
+    upsert(V).values(
         tenant_id=tenant, event_id=bindparam("p_event_id", type_=String),
         agent_name=agent, logical_task_id=task,
         event_type=bindparam("p_event_type", type_=String),
@@ -18,7 +20,7 @@ INSERT_EVENT = Statement(
         input_data=bindparam("p_input", type_=V.c.input_data.type),
         output_data=bindparam("p_output", type_=V.c.output_data.type),
         state_snapshot=bindparam("p_state", type_=V.c.state_snapshot.type),
-        created_at=now))
+        created_at=now).on_conflict_do_nothing())
 
 _FILTERS = (
     V.c.tenant_id == tenant,
