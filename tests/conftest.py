@@ -27,6 +27,9 @@ POSTGRES_URL = os.environ.get("MESHPOINT_TEST_POSTGRES_URL",
                               "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 REQUIRE_SERVICES = os.environ.get("MESHPOINT_REQUIRE_SERVICES") == "1"
 NATS_URL = os.environ.get("MESHPOINT_TEST_NATS_URL", "nats://127.0.0.1:4222")
+#: LangGraph's conformance suite from source: its test_*.py files are its specs, run by
+#: tests/integration/test_langgraph_conformance.py, not tests of their own.
+collect_ignore = ["vendor"]
 
 
 def service_missing(message: str) -> NoReturn:

@@ -1,15 +1,14 @@
-"""LangGraph's own conformance suite (``langgraph-checkpoint-conformance``) on
-meshpoint's saver, on SQLite and PostgreSQL (and PostgreSQL's portable bodies): level
-FULL with every capability the suite knows implemented and detected.
+"""LangGraph's own conformance suite on meshpoint's saver, on SQLite and PostgreSQL
+(and PostgreSQL's portable bodies): level FULL with every capability the suite knows
+implemented and detected, run twice: the release the ``test`` extra pins
+(``langgraph-checkpoint-conformance`` 0.0.2, the newest on PyPI: three extended
+capabilities, prune, copy_thread and delete_for_runs, 81 tests) and LangGraph's source
+(``tests/vendor/langgraph_conformance``, see its README: a fourth, delta channel
+history, 89 tests).
 
 A FULL over no detected extended capability would be a pass of nothing, so the test
-also asserts how many of the suite's tests ran, which is why the package is pinned
-in the ``test`` extra. Release 0.0.2 (the newest on PyPI) knows three extended
-capabilities (prune, copy_thread, delete_for_runs) and runs 81 tests; LangGraph's
-repository has a fourth, delta channel history, not released yet: a release that has
-it runs 89 here (measured with that source, see docs/langgraph.md), and this test
-requires it detected and passed too. Until then ``test_langgraph_saver.py`` proves
-the saver's ``get_delta_channel_history`` against LangGraph's reference walk.
+also asserts how many of the suite's tests ran and that each extended capability was
+detected and passed.
 """
 
 from __future__ import annotations
@@ -23,13 +22,10 @@ import pytest
 
 pytest.importorskip("langgraph.checkpoint.conformance")
 
+import importlib
+
 from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.checkpoint.conformance import checkpointer_test, validate
-from langgraph.checkpoint.conformance.capabilities import (
-    EXTENDED_CAPABILITIES,
-    Capability,
-    DetectedCapabilities,
-)
+from langgraph.checkpoint.conformance.capabilities import DetectedCapabilities
 
 from meshpoint.integrations.langgraph import MeshpointSaver
 from meshpoint.store import open_store
@@ -37,8 +33,9 @@ from tests.conftest import BACKEND_OPTIONS, fresh_pg_schema, pg_execute_async
 
 pytestmark = pytest.mark.portable_too
 
-#: Tests the suite runs at FULL, by the capabilities it knows.
-EXPECTED_TESTS = {8: 81, 9: 89}
+#: The suites: the released package, and LangGraph's source; the tests each runs at FULL.
+SUITES = {"release": ("langgraph.checkpoint.conformance", 81),
+          "source": ("tests.vendor.langgraph_conformance", 89)}
 
 
 @pytest.fixture
@@ -63,8 +60,14 @@ async def open_saver(backend: str, request: pytest.FixtureRequest,
         await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
 
 
+@pytest.mark.parametrize("suite", SUITES)
 async def test_langgraph_conformance_at_full_with_every_extended_capability(
-        open_saver: Any) -> None:
+        open_saver: Any, suite: str) -> None:
+    package, expected = SUITES[suite]
+    conformance = importlib.import_module(package)
+    capabilities = importlib.import_module(f"{package}.capabilities")
+    checkpointer_test, validate = conformance.checkpointer_test, conformance.validate
+
     @checkpointer_test(name=f"MeshpointSaver-{uuid.uuid4().hex[:6]}")
     async def saver() -> AsyncIterator[BaseCheckpointSaver[str]]:
         created = await open_saver()
@@ -77,15 +80,18 @@ async def test_langgraph_conformance_at_full_with_every_extended_capability(
     failures = {name: r.failures for name, r in report.results.items() if r.failures}
     assert failures == {}, failures
     assert report.conformance_level() == "FULL"
-    known = set(Capability)
-    assert {name for name, r in report.results.items() if r.detected} == \
-        {c.value for c in known}, "every capability the suite knows is detected"
-    assert {c.value for c in EXTENDED_CAPABILITIES} <= \
-        {name for name, r in report.results.items() if r.passed}
+    known = {c.value for c in capabilities.Capability}
+    assert {name for name, r in report.results.items() if r.detected} == known, \
+        "every capability the suite knows is detected"
+    extended = {c.value for c in capabilities.EXTENDED_CAPABILITIES}
+    assert extended <= {name for name, r in report.results.items() if r.passed}
+    if suite == "source":
+        assert extended == {"prune", "copy_thread", "delete_for_runs",
+                            "delta_channel_history"}
     ran = sum(r.tests_passed for r in report.results.values())
-    assert ran == EXPECTED_TESTS[len(known)], (
-        f"langgraph-checkpoint-conformance {version('langgraph-checkpoint-conformance')} "
-        f"ran {ran} tests")
+    assert ran == expected, (
+        f"the {suite} suite (langgraph-checkpoint-conformance "
+        f"{version('langgraph-checkpoint-conformance')} installed) ran {ran} tests")
 
 
 def test_the_delta_channel_history_capability_is_detected_as_langgraph_detects_it() -> None:
