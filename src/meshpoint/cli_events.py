@@ -59,7 +59,8 @@ def events(task: Annotated[str | None, typer.Option("--task", help="A task (thre
            tenant: Tenant = None, as_json: AsJson = False) -> None:
     """The event log, oldest first: every step and protocol message of agents that
     keep one (``events: true``), and the integrity events of the history. With
-    ``--follow``, new events as they are written (``--json``: one JSON line each)."""
+    ``--follow``, the newest ``--limit`` (or those from ``--since``), then new events as
+    they are written (``--json``: one JSON line each)."""
     from meshpoint.events import EventStore
 
     first = parse_time(since, "--since")
@@ -68,7 +69,11 @@ def events(task: Annotated[str | None, typer.Option("--task", help="A task (thre
 
     async def body(store: Any) -> list[Any]:
         log = EventStore(store)
-        found = await log.get_events(**filters, since=first, until=last, limit=limit)
+        if follow and first is None:  # as tail -f: the newest, then what comes
+            found = (await log.get_events(**filters, until=last, limit=limit,
+                                          newest_first=True))[::-1]
+        else:
+            found = await log.get_events(**filters, since=first, until=last, limit=limit)
         if not follow:
             return found
         seen = {e.event_id: e.timestamp.timestamp() for e in found}

@@ -159,3 +159,22 @@ def test_events_follow_prints_new_events_as_they_are_written(demo_db: Path) -> N
         follower.send_signal(signal.SIGINT)
         _, errors = follower.communicate(timeout=30)
     assert follower.returncode == 0, errors
+
+
+def test_events_follow_starts_from_the_newest_as_tail_does(demo_db: Path) -> None:
+    url, here = f"sqlite:///{demo_db}", demo_db.parent
+    every = json.loads(meshpoint("events", "--url", url, "--limit", "100000", "--json",
+                                 cwd=here).stdout)["events"]
+    assert len(every) > 2
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "meshpoint.cli", "events", "--follow", "--json", "--limit",
+         "2", "--url", url], cwd=here, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        assert follower.stdout is not None
+        first = [json.loads(follower.stdout.readline())["event_id"] for _ in range(2)]
+    finally:
+        follower.send_signal(signal.SIGINT)
+        _, errors = follower.communicate(timeout=30)
+    assert follower.returncode == 0, errors
+    assert first == [e["event_id"] for e in every[-2:]]

@@ -244,8 +244,6 @@ class AgentInstance:
                                for s in self._own_queues))
         self._own_queues.clear()
         await self._halt()
-        if self.events is not None:
-            await self.events.close()
         logger.info("%s: drained (%d task(s) left to recovery)", self.instance_id, left)
 
     async def stop(self) -> None:
@@ -253,17 +251,15 @@ class AgentInstance:
         their messages were not acknowledged and their leases expire. The event log's
         buffered events are written."""
         await self._halt()
-        if self.events is not None:
-            await self.events.close()
 
     async def kill(self) -> None:
         """Die as a crash would: same as :meth:`stop`, which never acks or releases,
         except that the event log's buffered events are lost, as SIGKILL loses them."""
-        await self._halt()
-        if self.events is not None:
-            self.events.abandon()
+        await self._halt(crash=True)
 
-    async def _halt(self) -> None:
+    async def _halt(self, *, crash: bool = False) -> None:
+        """Stop the loops; then write the event log's buffer, or, as a ``crash``,
+        lose it."""
         self._lifecycle.running = False
         for subscription in (*self._work_queues, *self._own_queues):
             await subscription.stop()
@@ -271,6 +267,11 @@ class AgentInstance:
         self._own_queues.clear()
         await self._background.cancel_all()
         self._in_hand.clear()
+        if self.events is not None:
+            if crash:
+                self.events.abandon()
+            else:
+                await self.events.close()
 
     # -- requests -------------------------------------------------------------------------
 
