@@ -242,3 +242,57 @@ async def test_0005_down_refuses_a_value_jsonb_cannot_store_and_says_why(
         assert (await store.get_peer_sub_task("t1/sub-0")).result == {"text": "a\x00b"}
     finally:
         await store.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("backend", ["postgres"])  # SQLite has no GIN index nor compression
+async def test_0011_indexes_records_by_path_and_compresses_them_with_lz4(
+        empty_database: tuple[str, dict[str, Any]]) -> None:
+    """The history's GIN index uses jsonb_path_ops and still answers a containment
+    query on the documents, before and after the switch; the record's columns are
+    lz4-compressed where the server can; the downgrade puts jsonb_ops and the
+    server's default compression back."""
+    url, options = empty_database
+    db = open_database(url, busy_timeout_s=5, schema=options.get("schema"), pool_size=1)
+    store = SqlStore(db, tenant_id="default")
+
+    def layout(conn: Connection) -> tuple[str, set[str]]:
+        opclass = conn.exec_driver_sql(
+            "SELECT opc.opcname FROM pg_index i JOIN pg_opclass opc "
+            "ON opc.oid = i.indclass[0] "
+            "WHERE i.indexrelid = 'ix_agent_checkpoints_data'::regclass").scalar()
+        methods = {str(row[0]) for row in conn.exec_driver_sql(
+            "SELECT attcompression::text FROM pg_attribute WHERE attrelid = "
+            "'agent_checkpoints'::regclass AND attname IN ('data', 'snapshot')")}
+        return str(opclass), methods
+
+    def waiting_on_peer_1(conn: Connection) -> list[str]:
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")  # the index, or nothing
+        return sorted(row[0] for row in conn.exec_driver_sql(
+            "SELECT logical_task_id FROM agent_checkpoints WHERE data @> "
+            """'{"context_summary": {"external_dependencies": ["peer-1"]}}'::jsonb"""))
+
+    def lz4_available(conn: Connection) -> bool:
+        try:
+            with conn.begin_nested():
+                conn.exec_driver_sql("CREATE TEMP TABLE lz4_probe (x text COMPRESSION lz4)")
+            return True
+        except Exception:
+            return False
+
+    try:
+        await migrate(db, "0010")
+        assert (await store.run(layout))[0] == "jsonb_ops"
+        await store.checkpoint_task(fan_out("before", peers=2), "agent")
+        await store.checkpoint_task(fan_out("alone", peers=1), "agent")  # peer-0 only
+        await migrate(db)
+        lz4 = "l" if await store.run(lz4_available, write=True) else ""
+        assert await store.run(layout) == ("jsonb_path_ops", {lz4})
+        await store.checkpoint_task(fan_out("after", peers=2), "agent")
+        assert await store.run(waiting_on_peer_1) == ["after", "before"]
+        assert (await store.history.get_latest_checkpoint("before")) is not None
+        await downgrade(db, "0010")
+        assert await store.run(layout) == ("jsonb_ops", {""})
+        assert await store.run(waiting_on_peer_1) == ["after", "before"]
+    finally:
+        await store.close()

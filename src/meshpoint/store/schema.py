@@ -216,8 +216,10 @@ checkpoints = Table(
     # A task's chain in order; unique, so two writers cannot both append record n.
     Index("ix_agent_checkpoints_task", "logical_task_id", "tenant_id", "seq", unique=True),
     Index("ix_agent_checkpoints_agent", "agent_name", "tenant_id", "created_at"),
-    # PostgreSQL only: a GIN index answers JSONB containment queries on the documents.
-    Index("ix_agent_checkpoints_data", "data", postgresql_using="gin").ddl_if(
+    # PostgreSQL only: a GIN index answers JSONB containment queries on the documents
+    # (jsonb_path_ops: a hash per path to a value, not an entry per key; 0011).
+    Index("ix_agent_checkpoints_data", "data", postgresql_using="gin",
+          postgresql_ops={"data": "jsonb_path_ops"}).ddl_if(
         dialect="postgresql"),
 )
 
@@ -242,7 +244,8 @@ checkpoint_heads = Table(
     Column("outcome", String(32)),
     Column("retention_policy", String(64)),
     Column("updated_at", Float, nullable=False),
-    Index("ix_agent_checkpoint_heads_agent", "agent_name", "tenant_id", "updated_at"),
+    # No secondary index: heads are read by task (and paged by task for a purge);
+    # one by agent and updated_at moved with every record (dropped by 0011).
 )
 
 events = Table(
