@@ -29,6 +29,8 @@ Create Date: 2026-11-24
 
 from __future__ import annotations
 
+from typing import Any
+
 from alembic import op
 
 from meshpoint.store.migrations.pg_compression import set_compression
@@ -44,8 +46,8 @@ INDEX = "ix_agent_checkpoints_data"
 
 def _gin(opclass: str | None) -> None:
     op.drop_index(INDEX, table_name="agent_checkpoints")
-    op.create_index(INDEX, "agent_checkpoints", ["data"], postgresql_using="gin",
-                    **({"postgresql_ops": {"data": opclass}} if opclass else {}))
+    ops: dict[str, Any] = {"postgresql_ops": {"data": opclass}} if opclass else {}
+    op.create_index(INDEX, "agent_checkpoints", ["data"], postgresql_using="gin", **ops)
 
 
 HEADS_INDEX = "ix_agent_checkpoint_heads_agent"
