@@ -45,6 +45,7 @@ sql: $(STAMP)
 BENCH_MODE ?= quick
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_compare.py --mode $(BENCH_MODE)
+	$(BIN)/python benchmarks/bench_history.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_claims.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_hooks.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_turn.py --mode $(BENCH_MODE)
