@@ -36,6 +36,16 @@ def _include(obj: Any, name: str | None, kind: str, reflected: bool, compare_to:
     return not (kind == "table" and name == "alembic_version")
 
 
+def _lz4_available(conn: Connection) -> bool:
+    """Whether this PostgreSQL server can compress with lz4 (14+, built with it)."""
+    try:
+        with conn.begin_nested():
+            conn.exec_driver_sql("CREATE TEMP TABLE lz4_probe (x text COMPRESSION lz4)")
+        return True
+    except Exception:
+        return False
+
+
 def _diff(conn: Connection) -> list[Any]:
     context = MigrationContext.configure(conn, opts={
         "compare_type": True, "include_object": _include,
@@ -151,14 +161,6 @@ async def test_0003_compresses_large_columns_with_lz4_on_postgresql(
             "attcompression::text AS method FROM pg_attribute "
             "WHERE attrelid = 'agent_session_events'::regclass AND attname = 'data'")}
 
-    def lz4_available(conn: Connection) -> bool:
-        try:
-            with conn.begin_nested():
-                conn.exec_driver_sql("CREATE TEMP TABLE lz4_probe (x text COMPRESSION lz4)")
-            return True
-        except Exception:
-            return False
-
     def big(task_id: str) -> Any:
         ctx = fan_out(task_id, peers=1)
         for n in range(20):  # ~10 KB of conversation: compressed, not stored inline
@@ -170,7 +172,7 @@ async def test_0003_compresses_large_columns_with_lz4_on_postgresql(
         async with ledger_lent(store):
             await store.checkpoint_task(big("before"), "agent")
         await migrate(db)
-        expected = "l" if await store.run(lz4_available, write=True) else ""
+        expected = "l" if await store.run(_lz4_available, write=True) else ""
         assert await store.run(compression) == {"agent_session_events.data": expected}
         await store.checkpoint_task(big("after"), "agent")
         for task_id in ("before", "after"):
@@ -272,21 +274,13 @@ async def test_0011_indexes_records_by_path_and_compresses_them_with_lz4(
             "SELECT logical_task_id FROM agent_checkpoints WHERE data @> "
             """'{"context_summary": {"external_dependencies": ["peer-1"]}}'::jsonb"""))
 
-    def lz4_available(conn: Connection) -> bool:
-        try:
-            with conn.begin_nested():
-                conn.exec_driver_sql("CREATE TEMP TABLE lz4_probe (x text COMPRESSION lz4)")
-            return True
-        except Exception:
-            return False
-
     try:
         await migrate(db, "0010")
         assert (await store.run(layout))[0] == "jsonb_ops"
         await store.checkpoint_task(fan_out("before", peers=2), "agent")
         await store.checkpoint_task(fan_out("alone", peers=1), "agent")  # peer-0 only
         await migrate(db)
-        lz4 = "l" if await store.run(lz4_available, write=True) else ""
+        lz4 = "l" if await store.run(_lz4_available, write=True) else ""
         assert await store.run(layout) == ("jsonb_path_ops", {lz4})
         await store.checkpoint_task(fan_out("after", peers=2), "agent")
         assert await store.run(waiting_on_peer_1) == ["after", "before"]
