@@ -14,7 +14,9 @@ server (EXPLAIN ANALYZE of the one-statement first checkpoint), that insert took
   with pglz; lz4 (0003's choice for the live rows) stores them in about as much
   space (2,224 bytes a row against 2,112) and took the insert to 0.11-0.12 ms.
 
-Values already stored keep their compression; servers that cannot use lz4 keep
+The index is rebuilt inside the migration's transaction: on a large history,
+checkpoints wait for it (docs/store.md, *Migration 0011*). Values already stored
+keep their compression; servers that cannot use lz4 keep
 pglz (with a NOTICE, as in 0003). SQLite has neither.
 
 On both databases the index of the heads by agent (``ix_agent_checkpoint_heads_agent``)
