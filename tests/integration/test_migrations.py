@@ -252,8 +252,8 @@ async def test_0011_indexes_records_by_path_and_compresses_them_with_lz4(
         empty_database: tuple[str, dict[str, Any]]) -> None:
     """The history's GIN index uses jsonb_path_ops and still answers a containment
     query on the documents, before and after the switch; the record's columns are
-    lz4-compressed where the server can; the downgrade puts jsonb_ops and the
-    server's default compression back."""
+    lz4-compressed where the server can; the heads' index by agent is gone; the
+    downgrade puts jsonb_ops, the server's default compression and that index back."""
     url, options = empty_database
     db = open_database(url, busy_timeout_s=5, schema=options.get("schema"), pool_size=1)
     store = SqlStore(db, tenant_id="default")
@@ -268,25 +268,36 @@ async def test_0011_indexes_records_by_path_and_compresses_them_with_lz4(
             "'agent_checkpoints'::regclass AND attname IN ('data', 'snapshot')")}
         return str(opclass), methods
 
+    query = ("SELECT logical_task_id FROM agent_checkpoints WHERE data @> "
+             """'{"context_summary": {"external_dependencies": ["peer-1"]}}'::jsonb""")
+
     def waiting_on_peer_1(conn: Connection) -> list[str]:
-        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")  # the index, or nothing
-        return sorted(row[0] for row in conn.exec_driver_sql(
-            "SELECT logical_task_id FROM agent_checkpoints WHERE data @> "
-            """'{"context_summary": {"external_dependencies": ["peer-1"]}}'::jsonb"""))
+        """The records waiting on peer-1, found through the GIN index (a sequential
+        scan made too dear for a table of three rows, and the plan checked)."""
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        plan = "\n".join(row[0] for row in conn.exec_driver_sql("EXPLAIN " + query))
+        assert "Index Scan on ix_agent_checkpoints_data" in plan, plan
+        return sorted(row[0] for row in conn.exec_driver_sql(query))
+
+    def heads_indexes(conn: Connection) -> set[str]:
+        return {ix["name"] for ix in inspect(conn).get_indexes("agent_checkpoint_heads")}
 
     try:
         await migrate(db, "0010")
         assert (await store.run(layout))[0] == "jsonb_ops"
+        assert await store.run(heads_indexes) == {"ix_agent_checkpoint_heads_agent"}
         await store.checkpoint_task(fan_out("before", peers=2), "agent")
         await store.checkpoint_task(fan_out("alone", peers=1), "agent")  # peer-0 only
         await migrate(db)
         lz4 = "l" if await store.run(_lz4_available, write=True) else ""
         assert await store.run(layout) == ("jsonb_path_ops", {lz4})
+        assert await store.run(heads_indexes) == set()
         await store.checkpoint_task(fan_out("after", peers=2), "agent")
         assert await store.run(waiting_on_peer_1) == ["after", "before"]
         assert (await store.history.get_latest_checkpoint("before")) is not None
         await downgrade(db, "0010")
         assert await store.run(layout) == ("jsonb_ops", {""})
+        assert await store.run(heads_indexes) == {"ix_agent_checkpoint_heads_agent"}
         assert await store.run(waiting_on_peer_1) == ["after", "before"]
     finally:
         await store.close()

@@ -2,20 +2,22 @@
 
 Every checkpoint inserts a record of about 2 KB into ``agent_checkpoints``: its
 document (JSONB, ~1.9 KB as text) and its snapshot (~1 KB). Timed inside the
-server (EXPLAIN ANALYZE of the one-statement first checkpoint), that insert took
-0.21-0.24 ms of the statement's 0.6, most of what the history adds to a pause:
+server (EXPLAIN ANALYZE of the one-statement first checkpoint, ``bench_history``),
+that insert took 0.21 ms of the statement's 0.54, most of what the history adds to a
+pause inside the server:
 
 * the GIN index on ``data`` (``jsonb_ops``) stored an entry for every key and every
   value of the document, about a hundred. ``jsonb_path_ops`` stores one hash per
-  path to a value, and answers the same containment queries (``@>``, and the
-  ``@?``/``@@`` path queries); it cannot answer key-existence (``?``), which no
-  query of meshpoint's uses. With it the insert took 0.13-0.17 ms;
+  path to a value, and answers containment of values (``@>``) and the ``@?``/``@@``
+  path queries; not key-existence (``?``), which no query of meshpoint's uses, nor
+  containment of an empty object or array. With it the insert took 0.13-0.17 ms;
 * the row is past PostgreSQL's 2 KB threshold, so both columns were compressed
   with pglz; lz4 (0003's choice for the live rows) stores them in about as much
-  space (2,224 bytes a row against 2,112) and took the insert to 0.11-0.12 ms.
+  space (2,224 bytes a row against 2,112); with both the insert took 0.11 ms.
 
-The index is rebuilt inside the migration's transaction: on a large history,
-checkpoints wait for it (docs/store.md, *Migration 0011*). Values already stored
+The index is rebuilt inside the migration's transaction, with both history tables
+locked: on a large history, checkpoints and restores wait for it (docs/store.md,
+*Migration 0011*). Values already stored
 keep their compression; servers that cannot use lz4 keep
 pglz (with a NOTICE, as in 0003). SQLite has neither.
 
