@@ -235,13 +235,18 @@ async def _explained(store: SqlStore, schemas: dict[str, str], runs: int,
 
 # -- the table --------------------------------------------------------------------------------
 
+def _on_off(timings: dict[str, Any], digits: int, unit: str) -> str:
+    """The cells of a timed row: on and off as p50 / p99, and the difference at p50."""
+    on, off = timings["on"], timings["off"]
+    return (f"{on['p50']:.{digits}f} / {on['p99']:.{digits}f} | "
+            f"{off['p50']:.{digits}f} / {off['p99']:.{digits}f} | "
+            f"+{on['p50'] - off['p50']:.{digits}f} {unit} at p50 |")
+
+
 def table(results: dict[str, Any]) -> str:
     lines = ["| measure | history on | history off | the history's part |", "|---|---|---|---|"]
-    py = results["python_us"]
-    lines.append(f"| Python: planning a first checkpoint, p50 / p99 µs | "
-                 f"{py['on']['p50']:.0f} / {py['on']['p99']:.0f} | "
-                 f"{py['off']['p50']:.0f} / {py['off']['p99']:.0f} | "
-                 f"+{py['on']['p50'] - py['off']['p50']:.0f} µs at p50 |")
+    lines.append("| Python: planning a first checkpoint, p50 / p99 µs | "
+                 + _on_off(results["python_us"], 0, "µs"))
     frames = results["sqlite_wal_frames"]
     lines.append(f"| SQLite: WAL frames (4 KiB pages) per first checkpoint | {frames['on']} | "
                  f"{frames['off']} | +{frames['on'] - frames['off']:.1f} |")
@@ -253,10 +258,8 @@ def table(results: dict[str, Any]) -> str:
     lines.append(f"| PostgreSQL: WAL bytes the statement's inserts write | {wal['on']:,} | "
                  f"{wal['off']:,} | +{wal['on'] - wal['off']:,} |")
     ex = pg["execution_ms"]
-    lines.append(f"| PostgreSQL: the statement inside the server (EXPLAIN ANALYZE, planning "
-                 f"excluded), p50 / p99 ms | {ex['on']['p50']:.3f} / {ex['on']['p99']:.3f} | "
-                 f"{ex['off']['p50']:.3f} / {ex['off']['p99']:.3f} | "
-                 f"+{ex['on']['p50'] - ex['off']['p50']:.3f} ms at p50 |")
+    lines.append("| PostgreSQL: the statement inside the server (EXPLAIN ANALYZE, planning "
+                 "excluded), p50 / p99 ms | " + _on_off(ex, 3, "ms"))
     rec = pg["record_insert_ms"]
     lines.append(f"| PostgreSQL: of it, the record's insert, p50 / p99 ms | "
                  f"{rec['on']['p50']:.3f} / {rec['on']['p99']:.3f} | | |")
