@@ -251,8 +251,9 @@ def table(results: dict[str, Any]) -> str:
     lines.append(f"| SQLite: WAL frames (4 KiB pages) per first checkpoint | {frames['on']} | "
                  f"{frames['off']} | +{frames['on'] - frames['off']:.1f} |")
     pg = results.get("postgres") or {}
-    if "skipped" in pg or not pg:
-        lines.append(f"| PostgreSQL | skipped: {pg.get('skipped', 'not run')} | | |")
+    if "skipped" in pg or "failed" in pg:
+        why = f"skipped: {pg['skipped']}" if "skipped" in pg else f"**failed**: {pg['failed']}"
+        lines.append(f"| PostgreSQL | {why} | | |")
         return "\n".join(lines)
     wal = pg["wal_bytes"]
     lines.append(f"| PostgreSQL: WAL bytes the statement's inserts write | {wal['on']:,} | "
@@ -270,7 +271,9 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main() -> int:
+    """Run every part; 1 if the PostgreSQL part failed on a server that is up (after
+    printing and writing what the other parts measured), else 0."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=sorted(MODES), default="quick")
     args = parser.parse_args()
@@ -289,9 +292,9 @@ def main() -> None:
         else:
             try:
                 results["postgres"] = asyncio.run(postgres(mode["explains"], progress))
-            except Exception as error:  # keep what was measured; say why this was not
+            except Exception as error:  # keep what was measured; fail the run below
                 console.print(f"[red]PostgreSQL part failed: {error!r}[/red]")
-                results["postgres"] = {"skipped": f"failed: {error!r}"}
+                results["postgres"] = {"failed": repr(error)}
     console.print(table(results), markup=False)
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%SZ")
     RESULTS.mkdir(exist_ok=True)
@@ -301,7 +304,8 @@ def main() -> None:
         "python": platform.python_version(), "sqlite": sqlite3.sqlite_version,
         "seconds": round(time.perf_counter() - started), "results": results}, indent=2))
     console.print(f"written to {out} ({time.perf_counter() - started:.0f} s)")
+    return 1 if "failed" in results["postgres"] else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
