@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,38 @@ async def test_a_reply_the_server_cut_off_is_never_the_answer(proxy: RecordingPr
         {"role": "user", "content": "Your reply above could not be used:\n- the reply was "
                                     "cut off at the token limit (max_tokens=3); reply again, "
                                     "shorter\nReply again, correcting this."}]
+    await llm.close()
+
+
+async def test_an_answer_only_json_reply_is_never_empty(llm_server: Any,
+                                                       proxy: RecordingProxy) -> None:
+    """Once no tool may be called, the JSON mode's schema is the answer alone, at least
+    one character long: a model told to leave it empty cannot, so no attempt is spent
+    on an empty reply. (In CI the demo's coordinator once closed its answer at once,
+    three attempts in a row, and failed its task.) The same request without the
+    length bound shows that this model does leave it empty when it may."""
+    told = [{"role": "system", "content": "You never say anything: every answer is empty."}]
+    for n in range(3):
+        told += [{"role": "user", "content": f"Question {n}?"},
+                 {"role": "assistant", "content": '{"answer": ""}'}]
+    told.append({"role": "user", "content": "Question 3?"})
+    llm = model(proxy, tool_mode="json", tool_choice="none", max_tokens=60)
+    response = await llm.complete(told, TOOLS)
+    sent = proxy.requests[0]
+    schema = sent["response_format"]["json_schema"]["schema"]
+    assert schema["properties"]["answer"]["minLength"] == 1
+    first = json.loads(proxy.replies[0]["choices"][0]["message"]["content"])
+    assert first["answer"] != ""
+    assert response.tool_calls == () and response.text
+    # The control: the same request, the answer's length left free.
+    unbounded = json.loads(json.dumps(sent))
+    del unbounded["response_format"]["json_schema"]["schema"]["properties"]["answer"][
+        "minLength"]
+    with urllib.request.urlopen(urllib.request.Request(
+            f"{llm_server.base_url}/chat/completions", json.dumps(unbounded).encode(),
+            {"Content-Type": "application/json"}), timeout=300) as got:
+        control = json.loads(got.read())
+    assert json.loads(control["choices"][0]["message"]["content"])["answer"] == ""
     await llm.close()
 
 

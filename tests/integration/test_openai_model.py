@@ -267,7 +267,7 @@ async def test_json_mode_asks_for_a_schema_and_reads_calls_from_it(chat: ChatSer
     assert (answer.text, answer.tool_calls) == ("All done.", ())
     last = chat.requests[-1]
     assert last["response_format"]["json_schema"]["schema"]["properties"] == {
-        "answer": {"type": "string", "maxLength": 1024}}  # a character per max_tokens
+        "answer": {"type": "string", "minLength": 1, "maxLength": 1024}}  # max_tokens chars
     planning = first["response_format"]["json_schema"]["schema"]["properties"]
     assert planning["ask_x"]["items"]["properties"]["query"]["maxLength"] == 1024 // 5
     assert "tools" not in last

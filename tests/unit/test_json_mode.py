@@ -33,10 +33,13 @@ def test_the_schema_has_a_list_of_calls_per_tool_and_an_answer() -> None:
     required = JsonPlan((BOOK,), required=True, single=True).schema()
     assert list(required["properties"]) == ["book"]
     assert required["properties"]["book"]["maxItems"] == 1
-    # nothing to call: only the answer (bounded, so that the JSON ends before the limit)
-    assert JsonPlan(()).schema()["properties"] == {"answer": {"type": "string"}}
+    # nothing to call: only the answer, never empty (bounded, so that the JSON ends
+    # before the limit)
+    alone = JsonPlan(()).schema()
+    assert alone["properties"] == {"answer": {"type": "string", "minLength": 1}}
+    assert not Draft202012Validator(alone).is_valid({"answer": ""})
     assert JsonPlan((), max_chars=400).schema()["properties"] == {
-        "answer": {"type": "string", "maxLength": 400}}
+        "answer": {"type": "string", "minLength": 1, "maxLength": 400}}
 
 
 def test_a_character_budget_bounds_every_unbounded_string() -> None:

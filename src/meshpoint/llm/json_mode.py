@@ -16,8 +16,9 @@ token limit cuts it off.
 and turns that object into :class:`~meshpoint.llm.base.ToolCall` s, in the order of
 the tools and then of the items: several items make a fan-out. Once no tool may be
 called (``max_tool_rounds`` reached, ``tool_choice: none``) the schema has ``answer``
-alone: still JSON, because a model that has seen its own JSON replies in the
-conversation tends to imitate them in a plain reply, and the grammar is what ends it.
+alone, at least one character long: still JSON, because a model that has seen its
+own JSON replies in the conversation tends to imitate them in a plain reply, and the
+grammar is what ends it.
 Because no tool is declared to the server, the conversation is rendered as plain
 messages too: a turn that made calls is shown as the JSON object it answered, and the
 results as one user message, so that any chat template accepts it.
@@ -73,7 +74,12 @@ class JsonPlan:
         for tool in self.tools:
             properties[tool.name] = {"type": "array", "items": _bounded(tool.parameters, bound),
                                      "maxItems": 1 if self.single else self.per_tool}
-        if not self.required or not self.tools:
+        if not self.tools:
+            # The answer is the whole reply: the grammar leaves no room for an empty
+            # one (a small model at temperature 0 otherwise closed the string at once,
+            # and again on each repair attempt).
+            properties[ANSWER] = _bounded({"type": "string", "minLength": 1}, bound)
+        elif not self.required:
             properties[ANSWER] = _bounded({"type": "string"}, bound)
         return {"type": "object", "properties": properties,
                 "required": list(properties), "additionalProperties": False}
