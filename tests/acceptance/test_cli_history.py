@@ -135,12 +135,30 @@ def test_events_and_reconstruct_work_on_the_demos_database(demo_db: Path) -> Non
     assert done.returncode == 1 and "nope" in done.stderr
 
 
+def _follow(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    """``meshpoint events --follow --json`` as a terminal starts it: Ctrl-C (SIGINT)
+    interrupts it even when this run's own shell ignores SIGINT (a job started in the
+    background by a shell without job control does, and its children inherit that)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "meshpoint.cli", "events", "--follow", "--json", *args],
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _interrupt(follower: subprocess.Popen[str]) -> str:
+    """Ctrl-C, then what the follower wrote to stderr; killed if it does not stop."""
+    follower.send_signal(signal.SIGINT)
+    try:
+        return follower.communicate(timeout=30)[1]
+    except subprocess.TimeoutExpired:
+        follower.kill()
+        follower.communicate()
+        raise
+
+
 def test_events_follow_prints_new_events_as_they_are_written(demo_db: Path) -> None:
     url, here = f"sqlite:///{demo_db}", demo_db.parent
-    follower = subprocess.Popen(
-        [sys.executable, "-m", "meshpoint.cli", "events", "--follow", "--json", "--task",
-         "followed", "--url", url], cwd=here, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+    follower = _follow("--task", "followed", "--url", url, cwd=here)
     try:
         writer = ("import asyncio\nfrom meshpoint import open_store\n"
                   "from meshpoint.events import EventStore\n"
@@ -156,8 +174,7 @@ def test_events_follow_prints_new_events_as_they_are_written(demo_db: Path) -> N
         event = json.loads(line)
         assert (event["thread_id"], event["step_name"]) == ("followed", "late")
     finally:
-        follower.send_signal(signal.SIGINT)
-        _, errors = follower.communicate(timeout=30)
+        errors = _interrupt(follower)
     assert follower.returncode == 0, errors
 
 
@@ -166,15 +183,11 @@ def test_events_follow_starts_from_the_newest_as_tail_does(demo_db: Path) -> Non
     every = json.loads(meshpoint("events", "--url", url, "--limit", "100000", "--json",
                                  cwd=here).stdout)["events"]
     assert len(every) > 2
-    follower = subprocess.Popen(
-        [sys.executable, "-m", "meshpoint.cli", "events", "--follow", "--json", "--limit",
-         "2", "--url", url], cwd=here, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+    follower = _follow("--limit", "2", "--url", url, cwd=here)
     try:
         assert follower.stdout is not None
         first = [json.loads(follower.stdout.readline())["event_id"] for _ in range(2)]
     finally:
-        follower.send_signal(signal.SIGINT)
-        _, errors = follower.communicate(timeout=30)
+        errors = _interrupt(follower)
     assert follower.returncode == 0, errors
     assert first == [e["event_id"] for e in every[-2:]]
