@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -181,3 +182,22 @@ def loads(text: str | bytes) -> Any:
     """Parse JSON text; the caller translates ``ValueError`` into its own error
     (orjson's ``JSONDecodeError`` is the standard library's)."""
     return orjson.loads(text)
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A stored JSON document whose text does not parse: what a column of documents
+    that are verified before use (the checkpoint history's records) reads back as,
+    instead of failing the whole read, so that the verifier names that one record."""
+
+    text: str
+    error: str
+
+
+def loads_or_undecodable(text: str | bytes) -> Any:
+    """:func:`loads`, or an :class:`Undecodable` holding the text and why it failed."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as error:
+        shown = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+        return Undecodable(shown, str(error))

@@ -17,11 +17,15 @@ from typing import Any, Literal
 
 import orjson
 
+from meshpoint._json import Undecodable
 from meshpoint.encryption import is_envelope
 from meshpoint.errors import InvalidArgumentError
 from meshpoint.history import HistoryOptions, encryption_keys
 from meshpoint.integrity import GENESIS, canonical, chain_hash, hashes_equal, head_message
 from meshpoint.record import CheckpointRecord
+
+#: What a record says about itself, in the order a mismatch names it.
+_CLAIMS = ("checkpoint", "task", "tenant", "record")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,16 +65,23 @@ def verify_record(record: StoredRecord, options: HistoryOptions, *,
     signature signs, and it says it is the record it is stored as); else why not.
     ``parent_hash``: the hash the record must name as its parent, if known."""
     doc = record.document
+    if isinstance(doc, Undecodable):
+        return f"its document is not JSON ({doc.error})"
     try:
         meta = doc["metadata"]
         named_parent = doc["compliance"]["parent_hash"]
         claims = (meta["checkpoint_id"], meta["task_id"], meta["tenant_id"], meta["seq"])
     except (TypeError, KeyError):
         return "the record is not a history document (metadata or compliance missing)"
-    if claims != (record.checkpoint_id, record.task_id, record.tenant_id, record.seq):
-        return (f"the record says it is {claims[0]} (task {claims[1]!r}, tenant "
-                f"{claims[2]!r}, record {claims[3]}) but is stored as {record.checkpoint_id} "
-                f"(task {record.task_id!r}, tenant {record.tenant_id!r}, record {record.seq})")
+    stored = (record.checkpoint_id, record.task_id, record.tenant_id, record.seq)
+    if claims != stored:
+        # Only what differs, each value as it is (a seq of "1" is not record 1).
+        said, where = zip(*((f"{name} {claim!r}", f"{name} {value!r}") for name, claim, value
+                            in zip(_CLAIMS, claims, stored, strict=True)
+                            if claim != value or type(claim) is not type(value)),
+                          strict=True)
+        return (f"the record says it is {', '.join(said)} but is stored as "
+                f"{', '.join(where)} (record {record.seq}, {record.checkpoint_id})")
     if parent_hash is not None and not hashes_equal(str(named_parent), parent_hash):
         return "it does not name the previous record's hash as its parent"
     try:
@@ -169,20 +180,23 @@ def verify_chain(task_id: str, records: Sequence[StoredRecord], head: StoredHead
 
 def decrypted(document: Mapping[str, Any], options: HistoryOptions, *, tenant_id: str,
               task_id: str, checkpoint_id: str) -> dict[str, Any]:
-    """``document`` with its encrypted fields decrypted (KeyMissingError if a key is
-    not held); call it only on a verified record."""
+    """``document`` with every encrypted field it holds decrypted, whether or not the
+    options still name it (a record keeps the fields that were encrypted when it was
+    written); KeyMissingError if there is no key ring or it lacks a key. Call it only
+    on a verified record."""
     out: dict[str, Any] = orjson.loads(orjson.dumps(document))
-    for path in options.encrypt_fields:
-        if path == "snapshot":
-            continue
-        *parents, last = path.split(".")
-        node: Any = out
-        for name in parents:
-            node = node.get(name) if isinstance(node, dict) else None
-        if isinstance(node, dict) and is_envelope(node.get(last)):
-            node[last] = encryption_keys(options).decrypt(
-                node[last], tenant=tenant_id,
-                aad={"task": task_id, "record": checkpoint_id, "field": path})
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for name, value in node.items():
+            path = f"{prefix}{name}"
+            if is_envelope(value):
+                node[name] = encryption_keys(options).decrypt(
+                    value, tenant=tenant_id,
+                    aad={"task": task_id, "record": checkpoint_id, "field": path})
+            elif isinstance(value, dict):
+                walk(value, f"{path}.")
+
+    walk(out, "")
     return out
 
 

@@ -66,13 +66,23 @@ def test_verify_names_the_record_someone_changed(demo_db: Path, tmp_path: Path) 
         conn.execute("UPDATE agent_checkpoints SET data = ? WHERE logical_task_id = ? AND "
                      "seq = 1", (data.replace('"agent_type":"general"', '"agent_type":"generaI"'),
                                    task_id))
+        # Another task's last record no longer even parses: that chain is reported,
+        # and the others are still walked.
+        other, last = conn.execute(
+            "SELECT logical_task_id, max(seq) FROM agent_checkpoints WHERE logical_task_id "
+            "> ? GROUP BY logical_task_id ORDER BY logical_task_id LIMIT 1",
+            (task_id,)).fetchone()
+        conn.execute("UPDATE agent_checkpoints SET data = 'X' || substr(data, 2) WHERE "
+                     "logical_task_id = ? AND seq = ?", (other, last))
     url = f"sqlite:///{copy}"
     done = meshpoint("verify", "--all", "--url", url, "--json", cwd=tmp_path)
-    assert done.returncode == 1, done.stdout
+    assert done.returncode == 1, done.stdout + done.stderr
     report = json.loads(done.stdout)
-    assert report["failed"] == 1
-    bad = next(r for r in report["reports"] if not r["ok"])
-    assert (bad["task_id"], bad["first_bad_seq"], bad["kind"]) == (task_id, seq, "corrupt")
+    assert report["failed"] == 2 and report["chains"] > 2
+    bad = {r["task_id"]: r for r in report["reports"] if not r["ok"]}
+    assert (bad[task_id]["first_bad_seq"], bad[task_id]["kind"]) == (seq, "corrupt")
+    assert (bad[other]["first_bad_seq"], bad[other]["kind"]) == (last, "corrupt")
+    assert bad[other]["reason"].startswith("its document is not JSON")
     done = meshpoint("verify", "--task", task_id, "--url", url, cwd=tmp_path)
     assert done.returncode == 1 and "corrupt" in done.stdout
     assert "0 of 1 chain(s) verify" in done.stdout

@@ -365,9 +365,17 @@ async def test_encrypted_fields_never_rest_in_plain_text_and_shredding_keeps_the
     assert restored.context.security_context == {"token": "s3cret-token"}
     record = await encrypting.history.get_latest_checkpoint("t1")
     assert record is not None and record.recovery.continuation_prompt == "the confidential plan"
-    # Without the key ring: a clear error, never the ciphertext or a blank.
+    # Without the key ring: a clear error, never the ciphertext or a blank, whether
+    # the task is restored or its record read.
     with pytest.raises(KeyMissingError, match="no encryption key ring"):
         await store.restore_task("t1")
+    with pytest.raises(KeyMissingError, match="no encryption key ring"):
+        await store.history.get_latest_checkpoint("t1")
+    # The record keeps what was encrypted when it was written: a store whose options
+    # no longer name the field, with the key, still opens it.
+    renamed = store.with_history(HistoryOptions(encryption=keys))
+    record = await renamed.history.get_latest_checkpoint("t1")
+    assert record is not None and record.recovery.continuation_prompt == "the confidential plan"
     # Crypto-shredding: the tenant's keys deleted, its chains still verify, its
     # encrypted fields are gone for good.
     shredded = store.with_history(HistoryOptions(encryption=keys.shredded("default"),

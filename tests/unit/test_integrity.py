@@ -14,6 +14,7 @@ import rfc8785
 from hypothesis import given
 from hypothesis import strategies as st
 
+from meshpoint._json import Undecodable
 from meshpoint.encryption import EncryptionKeys, is_envelope, load_keyring, save_keyring
 from meshpoint.errors import (
     ConfigurationError,
@@ -199,3 +200,14 @@ def test_a_chain_verifies_and_each_kind_of_damage_is_named() -> None:
     tampered = replace(records[1], document={**records[1].document, "extensions": {"x": 1}})
     report = verify_chain("t1", [records[0], tampered, *records[2:]], head, options)
     assert (report.kind, report.first_bad_seq, report.last_good_seq) == ("corrupt", 2, 1)
+    # A document that does not parse is named as such; a claim that differs only in
+    # its type shows both values as they are.
+    unreadable = replace(records[2], document=Undecodable("X\"schema_version\"", "bad"))
+    report = verify_chain("t1", [*records[:2], unreadable, records[3]], head, options)
+    assert (report.kind, report.first_bad_seq) == ("corrupt", 3)
+    assert report.reason == "its document is not JSON (bad)"
+    meta = {**records[0].document["metadata"], "seq": "1"}
+    retyped = replace(records[0], document={**records[0].document, "metadata": meta})
+    report = verify_chain("t1", [retyped, *records[1:]], head, options)
+    assert report.kind == "broken" and (report.reason or "").startswith(
+        "the record says it is record '1' but is stored as record 1 (record 1, ")

@@ -63,15 +63,28 @@ class SqliteJSON(TypeDecorator[Any]):
         return None if value is None else _json.loads(value)
 
 
+class SqliteJSONDoc(SqliteJSON):
+    """:class:`SqliteJSON` for documents that are verified before use: text that no
+    longer parses reads back as :class:`~meshpoint._json.Undecodable` (which fails
+    verification, naming its row) instead of failing the whole read. PostgreSQL's
+    JSONB refuses such text on write."""
+
+    cache_ok = True
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else _json.loads_or_undecodable(value)
+
+
 #: The caller's JSON (results, correlation data, conversation events), kept as the
 #: text written: TEXT on SQLite (see SqliteJSON), ``json`` on PostgreSQL. JSONB would
 #: rewrite it: it turns ``1e16`` into an integer and ``1e300`` into 301 digits that no
 #: 64-bit JSON reader takes back, and it reorders object keys (migration 0005).
 JSONText = JSON(none_as_null=True).with_variant(SqliteJSON(), "sqlite")
-#: Documents meshpoint writes and queries by content: JSONB on PostgreSQL (indexable,
-#: compared by value), TEXT on SQLite.
+#: Documents meshpoint writes, queries by content and verifies before use (the
+#: history's records): JSONB on PostgreSQL (indexable, compared by value), TEXT on
+#: SQLite.
 JSONDoc = (JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
-           .with_variant(SqliteJSON(), "sqlite"))
+           .with_variant(SqliteJSONDoc(), "sqlite"))
 
 ID = String(255)
 TENANT = String(64)
