@@ -2,7 +2,7 @@
 
 A field is replaced by an envelope::
 
-    {"$encrypted": {"alg": "A256GCM", "kid": "k2", "nonce": "...", "ct": "..."}}
+    {"$encrypted": {"alg": "A256GCM", "kid": "k2-3f9a1c", "nonce": "...", "ct": "..."}}
 
 AES-256-GCM (``cryptography``) with a fresh 96-bit nonce per value. The associated
 data binds the ciphertext to its tenant, task, record and field: a ciphertext moved
@@ -103,9 +103,14 @@ class EncryptionKeys:
 
     def rotated(self, tenant: str, key_id: str | None = None) -> tuple[EncryptionKeys, str]:
         """This ring with a new key for ``tenant``, made active (the old keys stay to
-        decrypt what they encrypted); and the new key's id."""
+        decrypt what they encrypted); and the new key's id.
+
+        A generated id is ``k<n>-<6 random hex digits>``: never the id of a key that
+        was shredded, or lost with a ring file deleted by hand, so that what such a
+        key encrypted reads as a missing key, never as a field that does not decrypt
+        with the new one (which looks like tampering)."""
         ring = dict(self.keys.get(tenant, {}))
-        key_id = key_id or f"k{len(ring) + 1}"
+        key_id = key_id or f"k{len(ring) + 1}-{secrets.token_hex(3)}"
         while key_id in ring:
             key_id = f"{key_id}-{secrets.token_hex(2)}"
         ring[key_id] = AESGCM.generate_key(bit_length=256)

@@ -135,9 +135,15 @@ def test_rotation_keeps_old_keys_and_the_ring_file_round_trips(tmp_path: Path) -
     where = {"task": "t1", "record": "r1", "field": "f"}
     old = keys.encrypt("before", tenant="acme", aad=where)
     keys, new_id = keys.rotated("acme")
-    assert new_id == "k2" and keys.active["acme"] == "k2"
+    assert new_id.startswith("k2-") and keys.active["acme"] == new_id
     new = keys.encrypt("after", tenant="acme", aad=where)
-    assert new["$encrypted"]["kid"] == "k2"
+    assert new["$encrypted"]["kid"] == new_id
+    # Shredded, then rotated again: the new key never takes a shredded key's id, so
+    # what the old keys encrypted reads as a missing key, not as tampering.
+    again_after_shred, fresh = keys.shredded("acme").rotated("acme")
+    assert fresh.startswith("k1-") and fresh not in keys.keys["acme"]
+    with pytest.raises(KeyMissingError, match=f"holds no encryption key '{new_id}'"):
+        again_after_shred.decrypt(new, tenant="acme", aad=where)
     path = tmp_path / "keys.json"
     save_keyring(keys, path)
     assert path.stat().st_mode & 0o777 == 0o600
