@@ -86,6 +86,11 @@ def test_verify_names_the_record_someone_changed(demo_db: Path, tmp_path: Path) 
     done = meshpoint("verify", "--task", task_id, "--url", url, cwd=tmp_path)
     assert done.returncode == 1 and "corrupt" in done.stdout
     assert "0 of 1 chain(s) verify" in done.stdout
+    # A mistyped path is an error, and creates nothing.
+    done = meshpoint("verify", "--all", "--url", "sqlite:///typo/x.db", "--json",
+                     cwd=tmp_path)
+    assert done.returncode == 1 and not (tmp_path / "typo").exists()
+    assert "no SQLite database at typo/x.db" in json.loads(done.stdout)["error"]
 
 
 def test_the_key_ring_commands(tmp_path: Path) -> None:

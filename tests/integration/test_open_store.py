@@ -15,6 +15,7 @@ from meshpoint import TaskExecutionContext
 from meshpoint.errors import (
     ConfigurationError,
     InvalidArgumentError,
+    SchemaError,
     StoreError,
     StoreUnavailableError,
 )
@@ -41,6 +42,20 @@ async def test_schema_is_a_postgresql_option(tmp_path: Path) -> None:
 async def test_a_tenant_id_is_checked(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match="tenant_id"):
         await open_store(f"sqlite:///{tmp_path / 'x.db'}", tenant_id="")
+
+
+async def test_without_migrate_a_missing_sqlite_file_is_refused_not_created(
+        tmp_path: Path) -> None:
+    """migrate=False (every command that only reads) says the schema is there: a
+    path that names no file is a typo, refused before SQLite creates anything."""
+    missing = tmp_path / "typo" / "x.db"
+    with pytest.raises(SchemaError, match=f"no SQLite database at {missing}"):
+        await open_store(f"sqlite:///{missing}", migrate=False)
+    assert not (tmp_path / "typo").exists()
+    async with open_store(f"sqlite:///{missing}"):  # migrate=True creates it
+        pass
+    async with open_store(f"sqlite:///{missing}", migrate=False):
+        pass
 
 
 async def test_an_unreachable_postgresql_is_reported(unused_tcp_port: int) -> None:

@@ -16,12 +16,13 @@ only when a URL of that dialect is opened. The runtime sees the contract,
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from collections.abc import Callable, Generator
 from typing import Any
 
 from sqlalchemy.engine import URL
 
-from meshpoint.errors import ConfigurationError
+from meshpoint.errors import ConfigurationError, SchemaError
 from meshpoint.history import HistoryOptions
 from meshpoint.store.base import TIMEOUT_RESULT, Store
 from meshpoint.store.engine import Database, check_schema, migrate, parse_url
@@ -65,6 +66,21 @@ def open_database(url: str | URL, *, busy_timeout_s: float = 30.0, schema: str |
     return opener(parsed, busy_timeout_s=busy_timeout_s, schema=schema, pool_size=pool_size)
 
 
+def _check_sqlite_file_exists(url: str | URL) -> None:
+    """Without ``migrate``, the schema must be there already: a SQLite URL that names
+    no file is a mistyped path, refused before SQLite would create the file (and
+    its directories)."""
+    parsed = parse_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return
+    path = Path(parsed.database).expanduser()
+    if not path.exists():
+        raise SchemaError(
+            f"there is no SQLite database at {path} (from the store URL); nothing was "
+            "created. Check the path, or create the database with `meshpoint migrate` "
+            "(open_store(migrate=True) from Python)")
+
+
 class StoreOpener:
     """What :func:`open_store` returns: ``await`` it, or use it as ``async with``."""
 
@@ -78,6 +94,8 @@ class StoreOpener:
         check_id("tenant_id", opts["tenant_id"], max_len=64)
         if opts["pool_size"] < 1:
             raise ConfigurationError(f"pool_size must be at least 1, got {opts['pool_size']}")
+        if not opts["migrate"]:
+            _check_sqlite_file_exists(self._url)
         db = open_database(self._url, busy_timeout_s=opts["busy_timeout_s"],
                            schema=opts["schema"], pool_size=opts["pool_size"])
         try:
@@ -113,7 +131,8 @@ def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = Tr
 
     ``migrate`` brings the schema up to date first (under an advisory lock on
     PostgreSQL, so instances may start together); with ``migrate=False`` an
-    out-of-date schema raises :class:`~meshpoint.errors.SchemaError`.
+    out-of-date schema raises :class:`~meshpoint.errors.SchemaError`, and so does a
+    SQLite path that names no file (which is then not created).
     ``schema`` selects a PostgreSQL schema (``search_path``). ``clock`` returns
     epoch seconds and drives deadlines and leases; hosts sharing a database need
     synchronised clocks. ``busy_timeout_s`` bounds how long a write waits for a
