@@ -185,7 +185,10 @@ def purge(dry_run: Annotated[bool, typer.Option(
                   ("the whole chain and its head" if p.whole else
                    f"records 1-{p.through}; the rest verifies"))
         table.add_row(p.task_id, p.policy, str(p.records), str(p.removed), result)
-    console.print(table if purged else "nothing to purge")
+    if not purged:
+        console.print("nothing to purge")
+        return
+    console.print(table)
     verb = "would remove" if dry_run else "removed"
     console.print(f"{verb} {sum(p.removed for p in done)} record(s) of {len(done)} chain(s)")
 

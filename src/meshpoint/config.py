@@ -17,12 +17,14 @@ from __future__ import annotations
 import importlib
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -49,6 +51,22 @@ if TYPE_CHECKING:
 
 _NAME = r"^[A-Za-z0-9_-]{1,64}$"
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _policy(value: str | None) -> str | None:
+    """A retention policy, checked when the file is read (ValueError names the forms)."""
+    from meshpoint.history import parse_retention
+
+    if value is not None:
+        try:
+            parse_retention(value)
+        except InvalidArgumentError as error:
+            raise ValueError(str(error)) from None
+    return value
+
+
+#: ``days:N``, ``last:N`` or ``hold`` (:func:`meshpoint.history.parse_retention`).
+RetentionPolicy = Annotated[str | None, AfterValidator(_policy)]
 
 
 class _Strict(BaseModel):
@@ -271,7 +289,7 @@ class HistoryConfig(_Strict):
     prices: dict[str, dict[str, float]] = Field(default_factory=dict)
     currency: str = "USD"
     #: The retention of records whose agent sets none (days:N, last:N, hold).
-    retention: str | None = None
+    retention: RetentionPolicy = None
     #: How often ``serve`` purges what retention lets go (0: never; ``meshpoint purge``
     #: does it on demand).
     purge_interval_s: float = Field(default=3600.0, ge=0)
@@ -302,7 +320,7 @@ class AgentConfig(_Strict):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     #: What its records in the checkpoint history say it is, and how long they stay.
     agent_type: str = Field(default="general", min_length=1, max_length=64)
-    retention: str | None = None
+    retention: RetentionPolicy = None
     #: Keep an event log of every step and protocol message (meshpoint.events).
     events: bool = False
 
@@ -378,9 +396,11 @@ class MeshConfig(_Strict):
         """The store's :class:`~meshpoint.history.HistoryOptions` from ``history:``
         (keys read now: a missing one is a ConfigurationError naming it)."""
         try:
-            return self.history.options()
+            options = self.history.options()
         except InvalidArgumentError as error:
             raise ConfigurationError(f"history: {error}") from None
+        return replace(options, agent_retention={
+            name: agent.retention for name, agent in self.agents.items() if agent.retention})
 
     async def open_broker(self) -> Broker:
         from meshpoint.broker import open_broker

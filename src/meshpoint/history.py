@@ -109,7 +109,9 @@ class HistoryOptions:
     record fields ``encrypt_fields`` names (dotted paths, e.g.
     ``recovery.continuation_prompt``; ``snapshot`` encrypts the whole snapshot).
     ``prices``: the price table of the cost attribution. ``retention``: the policy
-    of records whose task and agent set none.
+    of chains whose task and agent set none. ``agent_retention``: policies by agent
+    name, for a purge: the chains of an agent's tasks whose records carry no policy
+    of their own (written before the agent had one) follow it.
     """
 
     enabled: bool = True
@@ -119,10 +121,21 @@ class HistoryOptions:
     encrypt_fields: tuple[str, ...] = ()
     prices: Prices = field(default_factory=Prices)
     retention: str | None = None
+    agent_retention: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.retention is not None:
             parse_retention(self.retention)
+        for agent, policy in self.agent_retention.items():
+            try:
+                parse_retention(policy)
+            except InvalidArgumentError as error:
+                raise InvalidArgumentError(f"agent_retention[{agent!r}]: {error}") from None
+
+    def retention_of(self, own: str | None, agent_name: str) -> str | None:
+        """The policy a chain follows: its records' own (the task's, or its agent's
+        when they were written), else its agent's now, else the store's."""
+        return own or self.agent_retention.get(agent_name) or self.retention
         for path in self.encrypt_fields:
             if path != "snapshot" and path.split(".", 1)[0] not in (
                     "execution_state", "context_summary", "metrics", "recovery",

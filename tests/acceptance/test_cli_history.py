@@ -55,6 +55,22 @@ def test_verify_and_cost_work_on_the_demos_database(demo_db: Path) -> None:
     assert done.returncode == 2 and "--task ID or --all" in " ".join(done.stderr.split())
 
 
+def test_purge_follows_an_agents_retention_from_the_config(demo_db: Path,
+                                                           tmp_path: Path) -> None:
+    """The demo wrote its records without a policy; a retention given to its agent in
+    the config afterwards is what ``purge`` applies to that agent's ended tasks."""
+    config = tmp_path / "mesh.yaml"
+    config.write_text(f"store: sqlite:///{demo_db}\n"
+                      "agents:\n  coordinator: {retention: 'last:1'}\n")
+    done = meshpoint("purge", "--dry-run", "--config", str(config), "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["chains"] == 12 and plan["records_removed"] >= 12
+    assert {p["policy"] for p in plan["purges"]} == {"last:1"}
+    done = meshpoint("purge", "--dry-run", "--url", f"sqlite:///{demo_db}", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "nothing to purge"
+
+
 def test_verify_names_the_record_someone_changed(demo_db: Path, tmp_path: Path) -> None:
     copy = tmp_path / "tampered.db"
     with sqlite3.connect(demo_db) as source, sqlite3.connect(copy) as target:

@@ -6,6 +6,7 @@ walks the same), and never resumed from."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -442,6 +443,13 @@ async def test_retention_purges_ended_chains_and_what_stays_verifies(
         report = await signed.history.verify_task(task_id)
         assert report.ok and report.records == records, report
     assert await signed.history.purge() == []  # nothing more to do
+    # An agent's policy, set after its tasks were written (so their records carry
+    # none), governs their chains; a task's own policy still wins over it.
+    by_agent = signed.with_history(replace(signed.history.options,
+                                           agent_retention={AGENT: "last:1"}))
+    purged = await by_agent.history.purge()
+    assert [(p.task_id, p.removed, p.policy) for p in purged] == [("no-policy", 3, "last:1")]
+    assert (await by_agent.history.verify_task("on-hold")).records == 4
     # What a purge leaves is as tamper-evident as before: a record removed from the
     # front, with the head's anchor moved to hide it, fails the anchor's signature.
     third = (await rows(store, "keep-2"))[0]

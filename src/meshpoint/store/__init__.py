@@ -16,8 +16,8 @@ only when a URL of that dialect is opened. The runtime sees the contract,
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from collections.abc import Callable, Generator
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import URL

@@ -329,7 +329,7 @@ class HistoryStore:
                     progress: Callable[[int], None] | None = None) -> list[Purge]:
         """Remove what retention lets go, from the chains of tasks that ended (a live
         task's chain is never cut: its restore may need it). Per chain, its policy
-        (the head's, else the options' ``retention``): ``hold`` keeps everything,
+        (:meth:`HistoryOptions.retention_of`): ``hold`` keeps everything,
         ``last:N`` the newest N records, ``days:N`` the records of the last N days. The
         oldest records go; the head then says where the chain starts (re-signed), so
         the rest still verifies; a chain left empty goes with its head. With
@@ -353,7 +353,7 @@ class HistoryStore:
             after = heads[-1].logical_task_id
 
     async def _purge_plan(self, head: HeadRow, now: float) -> Purge | None:
-        policy = head.retention_policy or self.options.retention
+        policy = self.options.retention_of(head.retention_policy, head.agent_name)
         if head.outcome is None or policy is None:
             return None
         kind, amount = parse_retention(policy)
