@@ -32,10 +32,11 @@ from meshpoint.cli_common import (
 from meshpoint.errors import (
     ConfigurationError,
     InvalidArgumentError,
+    KeyMissingError,
     MeshpointError,
     UnknownHistoryError,
 )
-from meshpoint.verification import ChainReport
+from meshpoint.verification import ChainReport, holds_envelope
 
 R = TypeVar("R")
 #: Tasks whose history is read per query when walking every chain.
@@ -106,12 +107,21 @@ def cost(task_id: Annotated[str, typer.Argument(help="The task.")],
     source (the agent itself, each peer), from its verified history (prices: the
     config's ``history.prices``, applied when each record was written)."""
     async def body(store: Any) -> list[Any]:
-        return list(reversed(await store.history.get_checkpoint_history(task_id,
-                                                                         limit=100_000)))
+        # Fields encrypted under a key no longer held (crypto-shredded) stay sealed:
+        # the cost is still there unless it was encrypted itself.
+        return list(reversed(await store.history.get_checkpoint_history(
+            task_id, limit=100_000, keep_unreadable=True)))
 
     records = run_on_store(url, config, schema, tenant, as_json, body)
     if not records:
         fail(UnknownHistoryError(task_id), as_json)
+    sealed = next((r.metadata.seq for r in records if holds_envelope(
+        {"phase": r.execution_state.phase, "tokens": r.metrics.tokens,
+         "cost": r.metrics.cost})), None)
+    if sealed is not None:
+        fail(KeyMissingError(f"task {task_id!r}: record {sealed}'s metrics or phase are "
+                             "encrypted with a key this process does not hold (give the "
+                             "key ring with --config)"), as_json)
     last = records[-1].metrics
     rows = [{"seq": r.metadata.seq, "checkpoint_id": r.metadata.checkpoint_id,
              "phase": r.execution_state.phase, "timestamp": r.metadata.timestamp,

@@ -131,11 +131,6 @@ class HistoryOptions:
                 parse_retention(policy)
             except InvalidArgumentError as error:
                 raise InvalidArgumentError(f"agent_retention[{agent!r}]: {error}") from None
-
-    def retention_of(self, own: str | None, agent_name: str) -> str | None:
-        """The policy a chain follows: its records' own (the task's, or its agent's
-        when they were written), else its agent's now, else the store's."""
-        return own or self.agent_retention.get(agent_name) or self.retention
         for path in self.encrypt_fields:
             if path != "snapshot" and path.split(".", 1)[0] not in (
                     "execution_state", "context_summary", "metrics", "recovery",
@@ -144,6 +139,11 @@ class HistoryOptions:
                     f"encrypt_fields: {path!r} is not a field an agent fills (a path "
                     "under execution_state, context_summary, metrics, recovery or "
                     "extensions, or 'snapshot')")
+
+    def retention_of(self, own: str | None, agent_name: str) -> str | None:
+        """The policy a chain follows: its records' own (the task's, or its agent's
+        when they were written), else its agent's now, else the store's."""
+        return own or self.agent_retention.get(agent_name) or self.retention
 
     @property
     def signatures_required(self) -> bool:

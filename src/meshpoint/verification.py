@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
+from pydantic import BaseModel
 
 from meshpoint._json import Undecodable
 from meshpoint.encryption import is_envelope
-from meshpoint.errors import InvalidArgumentError
-from meshpoint.history import HistoryOptions, encryption_keys
+from meshpoint.errors import InvalidArgumentError, KeyMissingError
+from meshpoint.history import HistoryOptions
 from meshpoint.integrity import GENESIS, canonical, chain_hash, hashes_equal, head_message
 from meshpoint.record import CheckpointRecord
 
@@ -179,20 +180,31 @@ def verify_chain(task_id: str, records: Sequence[StoredRecord], head: StoredHead
 
 
 def decrypted(document: Mapping[str, Any], options: HistoryOptions, *, tenant_id: str,
-              task_id: str, checkpoint_id: str) -> dict[str, Any]:
+              task_id: str, checkpoint_id: str,
+              keep_unreadable: bool = False) -> dict[str, Any]:
     """``document`` with every encrypted field it holds decrypted, whether or not the
     options still name it (a record keeps the fields that were encrypted when it was
-    written); KeyMissingError if there is no key ring or it lacks a key. Call it only
-    on a verified record."""
+    written); KeyMissingError if there is no key ring or it lacks a key, unless
+    ``keep_unreadable``, which leaves such a field as its envelope. Call it only on a
+    verified record."""
     out: dict[str, Any] = orjson.loads(orjson.dumps(document))
 
     def walk(node: dict[str, Any], prefix: str) -> None:
         for name, value in node.items():
             path = f"{prefix}{name}"
             if is_envelope(value):
-                node[name] = encryption_keys(options).decrypt(
-                    value, tenant=tenant_id,
-                    aad={"task": task_id, "record": checkpoint_id, "field": path})
+                try:
+                    if options.encryption is None:
+                        raise KeyMissingError(
+                            f"record {checkpoint_id} of task {task_id!r} holds the encrypted "
+                            f"field {path!r}, and this store has no encryption key ring "
+                            "(history.encryption)")
+                    node[name] = options.encryption.decrypt(
+                        value, tenant=tenant_id,
+                        aad={"task": task_id, "record": checkpoint_id, "field": path})
+                except KeyMissingError:
+                    if not keep_unreadable:
+                        raise
             elif isinstance(value, dict):
                 walk(value, f"{path}.")
 
@@ -200,11 +212,35 @@ def decrypted(document: Mapping[str, Any], options: HistoryOptions, *, tenant_id
     return out
 
 
-def record_model(record: StoredRecord, options: HistoryOptions) -> CheckpointRecord:
+def record_model(record: StoredRecord, options: HistoryOptions, *,
+                 keep_unreadable: bool = False) -> CheckpointRecord:
     """The pydantic model of a verified record, encrypted fields decrypted, its hash,
-    signature and key id filled in."""
+    signature and key id filled in. A field whose key is not held raises
+    KeyMissingError; with ``keep_unreadable`` it stays its envelope (``{"$encrypted":
+    ...}``) and the section holding it is built unvalidated (what a crypto-shredded
+    record still tells: its metadata, metrics and cost, unless those were encrypted)."""
     document = decrypted(record.document, options, tenant_id=record.tenant_id,
-                         task_id=record.task_id, checkpoint_id=record.checkpoint_id)
+                         task_id=record.task_id, checkpoint_id=record.checkpoint_id,
+                         keep_unreadable=keep_unreadable)
     document["compliance"] = {**document["compliance"], "hash": record.hash,
                               "signature": record.signature, "key_id": record.key_id}
-    return CheckpointRecord.model_validate(document)
+    if not (keep_unreadable and holds_envelope(document)):
+        return CheckpointRecord.model_validate(document)
+    sections: dict[str, Any] = {}
+    for name, spec in CheckpointRecord.model_fields.items():
+        if name not in document:
+            continue
+        value, kind = document[name], spec.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel) and isinstance(value, dict):
+            sections[name] = (kind.model_construct(**value) if holds_envelope(value)
+                              else kind.model_validate(value))
+        else:
+            sections[name] = value
+    return CheckpointRecord.model_construct(**sections)
+
+
+def holds_envelope(node: Any) -> bool:
+    """Whether ``node`` is, or holds in its dicts, an encrypted field's envelope."""
+    if is_envelope(node):
+        return True
+    return isinstance(node, dict) and any(holds_envelope(v) for v in node.values())

@@ -384,6 +384,12 @@ async def test_encrypted_fields_never_rest_in_plain_text_and_shredding_keeps_the
     assert (await shredded.history.verify_task("t1")).ok
     with pytest.raises(KeyMissingError, match="holds no encryption key 'k1'"):
         await shredded.history.get_latest_checkpoint("t1")
+    # What was not encrypted is still there to read (what `tasks cost` reads): the
+    # shredded field stays sealed, never plain text and never a blank.
+    [kept] = await shredded.history.get_checkpoint_history("t1", keep_unreadable=True)
+    assert kept.recovery.continuation_prompt["$encrypted"]["kid"] == "k1"  # type: ignore
+    assert kept.metrics.cost["currency"] == "USD" and kept.metadata.task_id == "t1"
+    assert kept.compliance.hash == record.compliance.hash
     # A record written with encryption configured but no key for the tenant: nothing
     # is written.
     keyless = store.for_tenant("other").with_history(HistoryOptions(encryption=keys))

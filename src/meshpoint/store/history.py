@@ -225,10 +225,14 @@ class HistoryStore:
         records = await self.get_checkpoint_history(task_id, limit=1)
         return records[0] if records else None
 
-    async def get_checkpoint_history(self, task_id: str, limit: int = 100
+    async def get_checkpoint_history(self, task_id: str, limit: int = 100, *,
+                                     keep_unreadable: bool = False
                                      ) -> list[CheckpointRecord]:
         """The task's newest ``limit`` records, newest first, each verified, linked to
-        the next, and the newest matching the task's signed head."""
+        the next, and the newest matching the task's signed head. A field encrypted
+        with a key this store does not hold raises KeyMissingError, or with
+        ``keep_unreadable`` stays its envelope (see
+        :func:`~meshpoint.verification.record_model`)."""
         check_id("task_id", task_id)
         check_limit(limit)
         keys = self._keys(p_task=task_id, p_limit=limit)
@@ -260,7 +264,8 @@ class HistoryStore:
         for record in records:
             self._check(record, expected)
             expected = record.hash
-        return [record_model(r, self.options) for r in reversed(records)]
+        return [record_model(r, self.options, keep_unreadable=keep_unreadable)
+                for r in reversed(records)]
 
     async def get_checkpoints_by_agent(self, agent_id: str, *, since: float = 0.0,
                                        until: float | None = None,
