@@ -132,11 +132,13 @@ def _demo_table(figures: dict[str, Any], db: Path) -> None:
             and not figures["chains_failed"]:
         console.print("[green]every task completed while instances were being killed; "
                       "nothing left behind; every history chain verifies[/green]")
-        console.print(f"try: meshpoint verify --all --url sqlite:///{db}")
+        # Soft wrap: a long path wraps on screen, but each command stays one line
+        # when copied.
+        console.print(f"try: meshpoint verify --all --url sqlite:///{db}", soft_wrap=True)
         if figures["a_task"]:
             for command in ("tasks cost", "events --task", "tasks reconstruct"):
                 console.print(f"     meshpoint {command} {figures['a_task']} --url "
-                              f"sqlite:///{db}")
+                              f"sqlite:///{db}", soft_wrap=True)
 
 
 @app.command()

@@ -53,7 +53,8 @@ def verify(task: Annotated[str | None, typer.Option(
     its parent, and the signed head (a cut-off tail). Names the first bad record of
     each chain and why; exits 1 if any chain fails."""
     if (task is None) == (not every):
-        err.print("[red]error:[/red] give --task ID or --all")
+        err.print("[red]error:[/red] give --task ID or --all"
+                  + (", not both" if every else ""))
         raise typer.Exit(code=2)
 
     async def body(store: Any) -> list[ChainReport]:
