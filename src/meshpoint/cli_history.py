@@ -117,6 +117,8 @@ def cost(task_id: Annotated[str, typer.Argument(help="The task.")],
     if not records:
         fail(UnknownHistoryError(task_id), as_json)
     sealed = next((r.metadata.seq for r in records if holds_envelope(
+        {"phase": r.execution_state, "metrics": r.metrics} if isinstance(
+            r.execution_state, dict) or isinstance(r.metrics, dict) else
         {"phase": r.execution_state.phase, "tokens": r.metrics.tokens,
          "cost": r.metrics.cost})), None)
     if sealed is not None:

@@ -42,8 +42,13 @@ ALGORITHM = "A256GCM"
 
 
 def is_envelope(value: Any) -> TypeGuard[dict[str, Any]]:
-    """Whether ``value`` is an encrypted field's envelope."""
-    return isinstance(value, dict) and len(value) == 1 and ENVELOPE in value
+    """Whether ``value`` is an encrypted field's envelope: ``{"$encrypted": {"kid",
+    "nonce", "ct", ...}}`` (an agent's own value that only starts like one is not)."""
+    if not (isinstance(value, dict) and len(value) == 1 and ENVELOPE in value):
+        return False
+    body = value[ENVELOPE]
+    return isinstance(body, dict) and all(
+        isinstance(body.get(key), str) for key in ("kid", "nonce", "ct"))
 
 
 @dataclass(frozen=True)

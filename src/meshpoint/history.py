@@ -139,11 +139,21 @@ class HistoryOptions:
                     f"encrypt_fields: {path!r} is not a field an agent fills (a path "
                     "under execution_state, context_summary, metrics, recovery or "
                     "extensions, or 'snapshot')")
+            if path in ("metrics", "metrics.tokens") or path.startswith("metrics.tokens."):
+                raise InvalidArgumentError(
+                    f"encrypt_fields: {path!r} holds the token counts, which stay "
+                    "readable: the next record's iteration is counted from them (encrypt "
+                    "metrics.cost or another field of metrics instead)")
 
     def retention_of(self, own: str | None, agent_name: str) -> str | None:
-        """The policy a chain follows: its records' own (the task's, or its agent's
-        when they were written), else its agent's now, else the store's."""
-        return own or self.agent_retention.get(agent_name) or self.retention
+        """The policy a chain follows: ``hold`` if its records', its agent's now or
+        the store's is a legal hold (a hold added later protects what was written
+        before); else its records' own (the task's, or its agent's when they were
+        written), else its agent's now, else the store's."""
+        policies = (own, self.agent_retention.get(agent_name), self.retention)
+        if "hold" in policies:
+            return "hold"
+        return next((p for p in policies if p), None)
 
     @property
     def signatures_required(self) -> bool:
@@ -250,7 +260,9 @@ def plan_record(*, tenant_id: str, task_id: str, agent_name: str, status: str,
     if type(iteration) is not int or iteration < 1:
         raise InvalidArgumentError(f"ctx.history['iteration'] must be an int >= 1, got "
                                    f"{iteration!r}")
-    retention = annotations.get("retention_policy") or options.retention
+    # The task's own policy (or its agent's, which the runtime puts there); the
+    # store's default is not stamped in: a purge applies the default it has then.
+    retention = annotations.get("retention_policy")
     if retention is not None:
         parse_retention(str(retention))
 

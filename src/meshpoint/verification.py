@@ -75,12 +75,13 @@ def verify_record(record: StoredRecord, options: HistoryOptions, *,
     except (TypeError, KeyError):
         return "the record is not a history document (metadata or compliance missing)"
     stored = (record.checkpoint_id, record.task_id, record.tenant_id, record.seq)
-    if claims != stored:
-        # Only what differs, each value as it is (a seq of "1" is not record 1).
-        said, where = zip(*((f"{name} {claim!r}", f"{name} {value!r}") for name, claim, value
-                            in zip(_CLAIMS, claims, stored, strict=True)
-                            if claim != value or type(claim) is not type(value)),
-                          strict=True)
+    # Each claim must be the stored value, of its type (a seq of "1", 1.0 or True is
+    # not record 1); only what differs is named, each value as it is.
+    differing = [(f"{name} {claim!r}", f"{name} {value!r}") for name, claim, value
+                 in zip(_CLAIMS, claims, stored, strict=True)
+                 if type(claim) is not type(value) or claim != value]
+    if differing:
+        said, where = zip(*differing, strict=True)
         return (f"the record says it is {', '.join(said)} but is stored as "
                 f"{', '.join(where)} (record {record.seq}, {record.checkpoint_id})")
     if parent_hash is not None and not hashes_equal(str(named_parent), parent_hash):
@@ -231,7 +232,9 @@ def record_model(record: StoredRecord, options: HistoryOptions, *,
         if name not in document:
             continue
         value, kind = document[name], spec.annotation
-        if isinstance(kind, type) and issubclass(kind, BaseModel) and isinstance(value, dict):
+        # A section encrypted whole stays its envelope (a dict), as any field does.
+        if isinstance(kind, type) and issubclass(kind, BaseModel) and isinstance(value, dict) \
+                and not is_envelope(value):
             sections[name] = (kind.model_construct(**value) if holds_envelope(value)
                               else kind.model_validate(value))
         else:

@@ -399,6 +399,22 @@ async def test_encrypted_fields_never_rest_in_plain_text_and_shredding_keeps_the
     assert await snapshot(store) == before
 
 
+async def test_a_record_with_a_whole_section_sealed_reads_back_as_far_as_it_can(
+        store: SqlStore) -> None:
+    keys = EncryptionKeys.generate("default")
+    sealing = store.with_history(HistoryOptions(encryption=keys,
+                                                encrypt_fields=("execution_state",)))
+    await sealing.checkpoint_task(fan_out("t1"), AGENT)
+    shredded = store.with_history(HistoryOptions(encryption=keys.shredded("default")))
+    with pytest.raises(KeyMissingError, match="'execution_state'"):
+        await shredded.history.get_checkpoint_history("t1")
+    [kept] = await shredded.history.get_checkpoint_history("t1", keep_unreadable=True)
+    assert set(kept.execution_state) == {"$encrypted"}  # type: ignore[arg-type]
+    assert kept.metrics.tokens_consumed == 0 and kept.metadata.seq == 1
+    record = await sealing.history.get_latest_checkpoint("t1")
+    assert record is not None and record.execution_state.phase == "waiting_peers"
+
+
 # -- retention --------------------------------------------------------------------------
 
 

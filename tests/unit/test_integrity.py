@@ -173,6 +173,21 @@ def test_retention_policies_and_prices() -> None:
         Prices({"m": {"input": 1.0}})
     with pytest.raises(InvalidArgumentError, match="encrypt_fields"):
         HistoryOptions(encrypt_fields=("metadata.task_id",))
+    for counts in ("metrics", "metrics.tokens", "metrics.tokens.total"):
+        with pytest.raises(InvalidArgumentError, match="token counts, which stay readable"):
+            HistoryOptions(encrypt_fields=(counts,))
+    HistoryOptions(encrypt_fields=("metrics.cost",))
+    # Which policy a chain follows: a legal hold anywhere wins; else its own, its
+    # agent's now, the store's.
+    options = HistoryOptions(retention="days:30", agent_retention={"a": "last:2"})
+    assert options.retention_of("last:5", "a") == "last:5"
+    assert options.retention_of(None, "a") == "last:2"
+    assert options.retention_of(None, "b") == "days:30"
+    assert HistoryOptions().retention_of(None, "a") is None
+    assert HistoryOptions(agent_retention={"a": "hold"}).retention_of("last:1", "a") == "hold"
+    assert HistoryOptions(retention="hold").retention_of("days:1", "a") == "hold"
+    with pytest.raises(InvalidArgumentError, match=r"agent_retention\['a'\]"):
+        HistoryOptions(agent_retention={"a": "forever"})
 
 
 def _chain(n: int, options: HistoryOptions) -> tuple[list[StoredRecord], StoredHead]:
@@ -217,3 +232,29 @@ def test_a_chain_verifies_and_each_kind_of_damage_is_named() -> None:
     report = verify_chain("t1", [retyped, *records[1:]], head, options)
     assert report.kind == "broken" and (report.reason or "").startswith(
         "the record says it is record '1' but is stored as record 1 (record 1, ")
+    for alike in (True, 1.0):  # equal to 1 in Python, not the same claim
+        meta = {**records[0].document["metadata"], "seq": alike}
+        retyped = replace(records[0], document={**records[0].document, "metadata": meta})
+        report = verify_chain("t1", [retyped, *records[1:]], head, options)
+        assert report.kind == "broken" and f"record {alike!r} but" in (report.reason or "")
+
+
+def test_only_the_history_records_read_unparsable_text_back_as_undecodable() -> None:
+    """The lenient JSON type is for the records, which are verified before use; any
+    other JSON column still fails its read on text that does not parse."""
+    from sqlalchemy.dialects import sqlite
+
+    from meshpoint.store.schema import SqliteJSONDoc, metadata
+    lenient = {(table.name, column.name) for table in metadata.tables.values()
+               for column in table.columns
+               if isinstance(column.type.dialect_impl(sqlite.dialect()), SqliteJSONDoc)}
+    assert lenient == {("agent_checkpoints", "data")}
+
+
+def test_only_a_well_formed_envelope_is_taken_for_an_encrypted_field() -> None:
+    keys = EncryptionKeys.generate("acme")
+    sealed = keys.encrypt("x", tenant="acme", aad={"task": "t", "field": "f"})
+    assert is_envelope(sealed)
+    for lookalike in ({"$encrypted": "x"}, {"$encrypted": {"kid": "k1"}},
+                      {"$encrypted": {"kid": "k1", "nonce": "n", "ct": 3}}):
+        assert not is_envelope(lookalike)

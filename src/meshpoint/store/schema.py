@@ -80,11 +80,15 @@ class SqliteJSONDoc(SqliteJSON):
 #: rewrite it: it turns ``1e16`` into an integer and ``1e300`` into 301 digits that no
 #: 64-bit JSON reader takes back, and it reorders object keys (migration 0005).
 JSONText = JSON(none_as_null=True).with_variant(SqliteJSON(), "sqlite")
-#: Documents meshpoint writes, queries by content and verifies before use (the
-#: history's records): JSONB on PostgreSQL (indexable, compared by value), TEXT on
-#: SQLite.
+#: Documents meshpoint writes and queries by content: JSONB on PostgreSQL (indexable,
+#: compared by value), TEXT on SQLite.
 JSONDoc = (JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
-           .with_variant(SqliteJSONDoc(), "sqlite"))
+           .with_variant(SqliteJSON(), "sqlite"))
+#: :data:`JSONDoc` for the history's records, which are verified before use: on
+#: SQLite, text that no longer parses reads back as ``Undecodable`` (see
+#: :class:`SqliteJSONDoc`).
+HistoryDoc = (JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+              .with_variant(SqliteJSONDoc(), "sqlite"))
 
 ID = String(255)
 TENANT = String(64)
@@ -217,7 +221,7 @@ checkpoints = Table(
     Column("phase", String(32), nullable=False),
     Column("parent_id", String(36)),
     # The record document (schema 1.0) without its hash and signature: what is hashed.
-    Column("data", JSONDoc, nullable=False),
+    Column("data", HistoryDoc, nullable=False),
     # The task as checkpointed, to restore from (JSON, zlib past the threshold).
     Column("snapshot", LargeBinary),
     Column("snapshot_encoding", String(8)),
