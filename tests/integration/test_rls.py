@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
 
-from meshpoint.errors import StoreError, UnknownTaskError
+from meshpoint.errors import ConfigurationError, StoreError, UnknownTaskError
 from meshpoint.store import SqlStore, open_store
 from meshpoint.store.postgres_tenancy import grant_runtime_role
 from meshpoint.store.schema import metadata
@@ -179,3 +179,40 @@ async def test_the_store_works_whole_as_the_runtime_role(tenancy: Tenancy,
         assert await store.forget_ended_tasks(AGENT, older_than_s=0) == 1
         await store.history.purge()
     await portable.close()
+
+
+async def test_a_role_that_owns_or_could_own_the_tables_is_not_made_the_runtime_role(
+        postgres_url: str) -> None:
+    """Row-level security binds a role only if it owns nothing: a superuser, a role
+    with BYPASSRLS, the owner of a table or of the schema (which may drop them), or a
+    member of such an owner could switch it off. Each is refused, and granted once it
+    owns nothing."""
+    schema = await fresh_pg_schema()
+    role, owner_group = (f"mp_rls_{uuid.uuid4().hex[:10]}" for _ in range(2))
+    owner = await open_store(postgres_url, schema=schema)
+    try:
+        with pytest.raises(ConfigurationError, match="superuser or has BYPASSRLS"):
+            await grant_runtime_role(owner, "postgres")
+        await pg_execute_async(f"CREATE ROLE {role} NOSUPERUSER; "
+                               f"CREATE ROLE {owner_group} NOSUPERUSER")
+        for setup, undo, named in (
+                (f"ALTER TABLE {schema}.agent_events OWNER TO {role}",
+                 f"ALTER TABLE {schema}.agent_events OWNER TO postgres", "'agent_events'"),
+                (f"ALTER SCHEMA {schema} OWNER TO {role}",
+                 f"ALTER SCHEMA {schema} OWNER TO postgres", "'(the schema)'"),
+                (f"ALTER TABLE {schema}.agent_checkpoints OWNER TO {owner_group}; "
+                 f"GRANT {owner_group} TO {role}",
+                 f"ALTER TABLE {schema}.agent_checkpoints OWNER TO postgres; "
+                 f"REVOKE {owner_group} FROM {role}", "'agent_checkpoints'")):
+            await pg_execute_async(setup)
+            with pytest.raises(ConfigurationError,
+                               match="could switch row-level security off") as refused:
+                await grant_runtime_role(owner, role)
+            assert named in str(refused.value)
+            await pg_execute_async(undo)
+        await grant_runtime_role(owner, role)  # it owns nothing now
+    finally:
+        await owner.close()
+        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
+        await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE {role}; "
+                               f"DROP ROLE {owner_group}")

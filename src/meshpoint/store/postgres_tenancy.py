@@ -97,7 +97,8 @@ async def grant_runtime_role(store: Any, role: str, *, password: str | None = No
     temporary functions of its one-statement writes (``TEMPORARY``). The role owns
     nothing and has no BYPASSRLS, so every row it touches passes the tenant policies.
     Run as the tables' owner (``meshpoint migrate --runtime-role``). An existing
-    role that is a superuser or bypasses row security is refused, not used."""
+    role that is a superuser, bypasses row security, or owns (or is a member of the
+    owner of) the schema or a table is refused, not used."""
     if not _ROLE.fullmatch(role):
         raise InvalidArgumentError(f"a runtime role name is 1-63 lower-case letters, "
                                    f"digits or _, starting with a letter, got {role!r}")
@@ -121,9 +122,25 @@ async def grant_runtime_role(store: Any, role: str, *, password: str | None = No
             raise ConfigurationError(
                 f"role {role!r} is a superuser or has BYPASSRLS: row-level security would "
                 "not hold it; use another role for the runtime")
+        schema = str(conn.exec_driver_sql("SELECT current_schema()").scalar())
+        if found is not None:
+            # An owner (of a table, or of the schema, which may drop them), or a
+            # member of one, may switch row security off: never the runtime role.
+            owned = conn.exec_driver_sql(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = "
+                "c.relnamespace WHERE n.nspname = $1 AND (c.relname = ANY($2) AND "
+                "pg_has_role($3, c.relowner, 'MEMBER')) UNION ALL SELECT '(the schema)' "
+                "FROM pg_namespace WHERE nspname = $1 AND pg_has_role($3, nspowner, "
+                "'MEMBER') ORDER BY 1",
+                (schema, sorted(metadata.tables), role)).scalars().all()
+            if owned:
+                raise ConfigurationError(
+                    f"role {role!r} owns (or is a member of the owner of) schema "
+                    f"{schema!r}'s meshpoint objects {list(owned)}: it could switch "
+                    "row-level security off; the runtime role must own nothing (migrate "
+                    "as the owner, and give another role to --runtime-role)")
         if password is not None:
             run("ALTER ROLE %I PASSWORD %L", role, password)
-        schema = str(conn.exec_driver_sql("SELECT current_schema()").scalar())
         run("GRANT USAGE ON SCHEMA %I TO %I", schema, role)
         for table in sorted(metadata.tables):
             run("GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE %I.%I TO %I", schema, table,
