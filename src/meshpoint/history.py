@@ -111,7 +111,10 @@ class HistoryOptions:
     ``prices``: the price table of the cost attribution. ``retention``: the policy
     of chains whose task and agent set none. ``agent_retention``: policies by agent
     name, for a purge: the chains of an agent's tasks whose records carry no policy
-    of their own (written before the agent had one) follow it.
+    of their own (written before the agent had one) follow it. ``check_signatures``
+    off: verification checks hashes, links and heads but not signatures (what
+    ``meshpoint verify`` does when given no signing keys; leave it on for a store
+    that runs tasks).
     """
 
     enabled: bool = True
@@ -122,6 +125,7 @@ class HistoryOptions:
     prices: Prices = field(default_factory=Prices)
     retention: str | None = None
     agent_retention: Mapping[str, str] = field(default_factory=dict)
+    check_signatures: bool = True
 
     def __post_init__(self) -> None:
         if self.retention is not None:

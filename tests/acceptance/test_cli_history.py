@@ -109,6 +109,39 @@ def test_verify_names_the_record_someone_changed(demo_db: Path, tmp_path: Path) 
     assert "no SQLite database at typo/x.db" in json.loads(done.stdout)["error"]
 
 
+def test_verify_without_signing_keys_checks_the_hashes_of_signed_chains(
+        tmp_path: Path) -> None:
+    """A URL alone gives no key to check a signature with: the hashes, links and
+    heads are checked, and the report says the signatures were not."""
+    writer = ("import asyncio\nfrom meshpoint import TaskExecutionContext, open_store\n"
+              "from meshpoint.history import HistoryOptions\n"
+              "from meshpoint.integrity import SigningKeys\n"
+              "async def main():\n"
+              "    signed = HistoryOptions(signing=SigningKeys.generate('k1'))\n"
+              "    async with open_store('sqlite:///signed.db', history=signed) as store:\n"
+              "        ctx = TaskExecutionContext('t1', {})\n"
+              "        ctx.current_invocation_id = 'inv'\n"
+              "        ctx.register_peer_sub_task('t1/s', {'invocation_id': 'inv', "
+              "'function_call_id': 'c', 'peer_agent_name': 'p', 'timeout_s': 60})\n"
+              "        await store.checkpoint_task(ctx, 'agent')\n"
+              "asyncio.run(main())\n")
+    subprocess.run([sys.executable, "-c", writer], cwd=tmp_path, check=True, timeout=60)
+    url = f"sqlite:///{tmp_path / 'signed.db'}"
+    done = meshpoint("verify", "--all", "--url", url, "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert (report["ok"], report["failed"], report["signatures_checked"]) == (1, 0, False)
+    done = meshpoint("verify", "--task", "t1", "--url", url, cwd=tmp_path)
+    assert done.returncode == 0 and "signatures were not checked" in " ".join(
+        done.stdout.split())
+    # A changed byte is still found without the keys.
+    with sqlite3.connect(tmp_path / "signed.db") as conn:
+        conn.execute("UPDATE agent_checkpoints SET data = replace(data, "
+                     "'\"agent_type\":\"general\"', '\"agent_type\":\"generaI\"')")
+    done = meshpoint("verify", "--all", "--url", url, "--json", cwd=tmp_path)
+    assert done.returncode == 1 and json.loads(done.stdout)["reports"][0]["kind"] == "corrupt"
+
+
 def test_the_key_ring_commands(tmp_path: Path) -> None:
     ring = tmp_path / "keys.json"
     done = meshpoint("keys", "rotate", "--tenant", "acme", "--keyring", str(ring), "--json",

@@ -258,3 +258,14 @@ def test_only_a_well_formed_envelope_is_taken_for_an_encrypted_field() -> None:
     for lookalike in ({"$encrypted": "x"}, {"$encrypted": {"kid": "k1"}},
                       {"$encrypted": {"kid": "k1", "nonce": "n", "ct": 3}}):
         assert not is_envelope(lookalike)
+
+
+def test_signatures_are_checked_unless_the_verifier_turns_that_off() -> None:
+    records, head = _chain(2, HistoryOptions(signing=SigningKeys.generate("k1")))
+    keyless = verify_chain("t1", records, head, HistoryOptions())
+    assert not keyless.ok and "which the key ring does not hold" in (keyless.reason or "")
+    assert verify_chain("t1", records, head, HistoryOptions(check_signatures=False)).ok
+    tampered = replace(records[1], document={**records[1].document, "extensions": {"x": 1}})
+    report = verify_chain("t1", [records[0], tampered], head,
+                          HistoryOptions(check_signatures=False))
+    assert (report.kind, report.first_bad_seq) == ("corrupt", 2)  # hashes still checked
