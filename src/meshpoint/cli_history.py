@@ -107,6 +107,8 @@ def verify(task: Annotated[str | None, typer.Option(
         if table.row_count:
             console.print(table)
         console.print(f"{len(reports) - len(failed)} of {len(reports)} chain(s) verify")
+        if not reports:
+            console.print("this tenant has no checkpoint history (is --tenant right?)")
         if not checked[0]:
             console.print("signatures were not checked: no signing keys (give --config "
                           "with history.signing to check them)")

@@ -109,24 +109,50 @@ def test_verify_names_the_record_someone_changed(demo_db: Path, tmp_path: Path) 
     assert "no SQLite database at typo/x.db" in json.loads(done.stdout)["error"]
 
 
-def test_verify_without_signing_keys_checks_the_hashes_of_signed_chains(
-        tmp_path: Path) -> None:
-    """A URL alone gives no key to check a signature with: the hashes, links and
-    heads are checked, and the report says the signatures were not."""
+def _one_paused_task(where: Path, *, signed: bool = False) -> str:
+    """A SQLite file in ``where`` holding task t1, paused on one peer call (its
+    history signed with a key the CLI is not given, if ``signed``); its URL."""
     writer = ("import asyncio\nfrom meshpoint import TaskExecutionContext, open_store\n"
               "from meshpoint.history import HistoryOptions\n"
               "from meshpoint.integrity import SigningKeys\n"
               "async def main():\n"
-              "    signed = HistoryOptions(signing=SigningKeys.generate('k1'))\n"
-              "    async with open_store('sqlite:///signed.db', history=signed) as store:\n"
+              f"    keys = SigningKeys.generate('k1') if {signed} else SigningKeys()\n"
+              "    history = HistoryOptions(signing=keys)\n"
+              "    async with open_store('sqlite:///one.db', history=history) as store:\n"
               "        ctx = TaskExecutionContext('t1', {})\n"
               "        ctx.current_invocation_id = 'inv'\n"
               "        ctx.register_peer_sub_task('t1/s', {'invocation_id': 'inv', "
-              "'function_call_id': 'c', 'peer_agent_name': 'p', 'timeout_s': 60})\n"
+              "'function_call_id': 'c', 'peer_agent_name': 'p', 'timeout_s': 600})\n"
               "        await store.checkpoint_task(ctx, 'agent')\n"
               "asyncio.run(main())\n")
-    subprocess.run([sys.executable, "-c", writer], cwd=tmp_path, check=True, timeout=60)
-    url = f"sqlite:///{tmp_path / 'signed.db'}"
+    subprocess.run([sys.executable, "-c", writer], cwd=where, check=True, timeout=60)
+    return f"sqlite:///{where / 'one.db'}"
+
+
+def test_tasks_show_shows_a_task_whose_history_fails_marked_unverified(
+        tmp_path: Path) -> None:
+    """What an operator inspects a blocked task with: its live row, marked as not
+    checked against its history, with why."""
+    url = _one_paused_task(tmp_path)
+    shown = json.loads(meshpoint("tasks", "show", "t1", "--url", url, "--json",
+                                 cwd=tmp_path).stdout)
+    assert (shown["verified"], shown["integrity_error"]) == (True, None)
+    with sqlite3.connect(tmp_path / "one.db") as conn:
+        conn.execute("DELETE FROM agent_checkpoints")  # the tail cut off
+    done = meshpoint("tasks", "show", "t1", "--url", url, "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["verified"] is False and "tail was cut off" in shown["integrity_error"]
+    assert [w["call_id"] for w in shown["waiting_on"]] == ["t1/s"]
+    done = meshpoint("tasks", "show", "t1", "--url", url, cwd=tmp_path)
+    assert done.returncode == 0 and "unverified:" in done.stdout
+
+
+def test_verify_without_signing_keys_checks_the_hashes_of_signed_chains(
+        tmp_path: Path) -> None:
+    """A URL alone gives no key to check a signature with: the hashes, links and
+    heads are checked, and the report says the signatures were not."""
+    url = _one_paused_task(tmp_path, signed=True)
     done = meshpoint("verify", "--all", "--url", url, "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
@@ -135,7 +161,7 @@ def test_verify_without_signing_keys_checks_the_hashes_of_signed_chains(
     assert done.returncode == 0 and "signatures were not checked" in " ".join(
         done.stdout.split())
     # A changed byte is still found without the keys.
-    with sqlite3.connect(tmp_path / "signed.db") as conn:
+    with sqlite3.connect(tmp_path / "one.db") as conn:
         conn.execute("UPDATE agent_checkpoints SET data = replace(data, "
                      "'\"agent_type\":\"general\"', '\"agent_type\":\"generaI\"')")
     done = meshpoint("verify", "--all", "--url", url, "--json", cwd=tmp_path)
