@@ -475,8 +475,9 @@ def load_config(path: str | Path) -> MeshConfig:
     except yaml.YAMLError as error:
         raise ConfigurationError(f"{path}: not valid YAML: {error}") from None
     if not isinstance(raw, dict):
-        raise ConfigurationError(f"{path}: expected a mapping of keys (namespace, store, "
-                                 f"broker, runtime, agents), got {type(raw).__name__}")
+        raise ConfigurationError(f"{path}: expected a mapping of keys "
+                                 f"({', '.join(MeshConfig.model_fields)}), got "
+                                 f"{type(raw).__name__}")
     try:
         return MeshConfig.model_validate(_expand_env(raw, ()))
     except ValidationError as error:
