@@ -97,7 +97,7 @@ def verify(task: Annotated[str | None, typer.Option(
         table = Table(title=f"checkpoint history: {len(reports)} chain(s), "
                             f"{len(failed)} failed")
         for column in ("task", "records", "result", "first bad record", "why"):
-            table.add_column(column)
+            table.add_column(column, overflow="fold")
         for r in reports if task is not None else failed:
             bad = "-" if r.first_bad_seq is None and r.ok else (
                 f"{r.first_bad_seq or 'head'} {r.first_bad_id or ''}".strip())
@@ -110,8 +110,8 @@ def verify(task: Annotated[str | None, typer.Option(
         if not reports:
             console.print("this tenant has no checkpoint history (is --tenant right?)")
         if not checked[0]:
-            console.print("signatures were not checked: no signing keys (give --config "
-                          "with history.signing to check them)")
+            console.print("no signing keys were given: signatures, if any, were not "
+                          "checked (--config with history.signing checks them)")
     if failed:
         raise typer.Exit(code=1)
 
@@ -207,7 +207,7 @@ def purge(dry_run: Annotated[bool, typer.Option(
         return
     table = Table(title="what the purge " + ("would remove" if dry_run else "removed"))
     for column in ("task", "policy", "records", "removed", "result"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for p in purged:
         result = (f"skipped: {p.skipped}" if p.skipped else
                   ("the whole chain and its head" if p.whole else
