@@ -116,6 +116,17 @@ def verify(task: Annotated[str | None, typer.Option(
         raise typer.Exit(code=1)
 
 
+def _figures_sealed(record: Any) -> bool:
+    """Whether what ``tasks cost`` prints of a record (read with ``keep_unreadable``)
+    is still encrypted under a key this process does not hold. A section sealed whole
+    stays its envelope, a dict; one sealed in part, a model with an envelope inside."""
+    state, metrics = record.execution_state, record.metrics
+    if isinstance(state, dict) or isinstance(metrics, dict):
+        return True
+    return any(holds_envelope(value) for value in (state.phase, metrics.tokens,
+                                                     metrics.cost))
+
+
 def cost(task_id: Annotated[str, typer.Argument(help="The task.")],
          url: Url = None, config: Config = None, schema: Schema = None,
          tenant: Tenant = None, as_json: AsJson = False) -> None:
@@ -131,11 +142,7 @@ def cost(task_id: Annotated[str, typer.Argument(help="The task.")],
     records = run_on_store(url, config, schema, tenant, as_json, body)
     if not records:
         fail(UnknownHistoryError(task_id), as_json)
-    sealed = next((r.metadata.seq for r in records if holds_envelope(
-        {"phase": r.execution_state, "metrics": r.metrics} if isinstance(
-            r.execution_state, dict) or isinstance(r.metrics, dict) else
-        {"phase": r.execution_state.phase, "tokens": r.metrics.tokens,
-         "cost": r.metrics.cost})), None)
+    sealed = next((r.metadata.seq for r in records if _figures_sealed(r)), None)
     if sealed is not None:
         fail(KeyMissingError(f"task {task_id!r}: record {sealed}'s metrics or phase are "
                              "encrypted with a key this process does not hold (give the "
