@@ -186,11 +186,13 @@ class TaskEndedError(CheckpointConflictError):
 class LeaseNotHeldError(ConflictError):
     """The caller does not hold the task's resume lease (it expired and another took it)."""
 
-    def __init__(self, task_id: str, owner: str | None) -> None:
+    def __init__(self, task_id: str, owner: str | None, status: str | None = None) -> None:
+        why = ("it is blocked: its checkpoint history failed verification, and it waits "
+               "for an operator (meshpoint tasks show, then cancel)" if status == "blocked"
+               else "it was never taken, was released, or expired and was taken by "
+               "another owner")
         super().__init__(
-            f"the resume lease of task {task_id!r} is not held by {owner!r}: it was never "
-            "taken, was released, or expired and was taken by another owner"
-        )
+            f"the resume lease of task {task_id!r} is not held by {owner!r}: {why}")
         self.task_id = task_id
         self.owner = owner
 

@@ -18,6 +18,7 @@ from meshpoint.errors import (
     IntegrityError,
     InvalidArgumentError,
     KeyMissingError,
+    LeaseNotHeldError,
     TaskBlockedError,
     UnknownCheckpointError,
     UnknownHistoryError,
@@ -337,6 +338,9 @@ async def test_a_broken_chain_blocks_the_task_for_an_operator(store: SqlStore) -
     assert [(t.status, t.owner) for t in await store.list_paused_tasks()] == [
         ("blocked", None)]
     assert (await store.stats()).paused_tasks == {(AGENT, "blocked"): 1}
+    # Its former lease holder is told why it no longer holds the lease.
+    with pytest.raises(LeaseNotHeldError, match="it is blocked: its checkpoint history"):
+        await store.restore_task("t1", lease_owner="i-2")
     logged = await store.run(lambda conn: [r.output_data for r in conn.execute(
         select(events).where(events.c.event_type == "integrity_blocked"))])
     assert len(logged) == 1 and "tail was cut off" in logged[0]["problem"]

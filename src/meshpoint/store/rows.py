@@ -276,7 +276,7 @@ def restored(task_id: str, rows: RestoreRows, lease_owner: str | None) -> Restor
     if task is None:
         raise UnknownTaskError(task_id)
     if lease_owner is not None and task.owner != lease_owner:
-        raise LeaseNotHeldError(task_id, lease_owner)
+        raise LeaseNotHeldError(task_id, lease_owner, task.status)
     doc = decode_context(task)
     events = join_events(task.logical_task_id, rows.events)
     if len(events) != task.session_event_count:

@@ -89,7 +89,7 @@ class VerifiedRestore:
         if task is None:
             raise UnknownTaskError(task_id)
         if lease_owner is not None and task.owner != lease_owner:
-            raise LeaseNotHeldError(task_id, lease_owner)
+            raise LeaseNotHeldError(task_id, lease_owner, task.status)
         if rows.head is None and rows.latest is None:
             return restored(task_id, rows, lease_owner)  # checkpointed without a history
         why = self._latest_problem(rows)
