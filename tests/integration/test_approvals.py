@@ -18,6 +18,7 @@ from meshpoint.errors import (
     NotPendingError,
     UnknownTaskError,
 )
+from meshpoint.events import EventStore
 from meshpoint.llm import ScriptedModel
 from meshpoint.runtime import Agent, Client, LocalTool, Peer, wire
 from meshpoint.runtime.agent import ToolCallInfo
@@ -87,6 +88,43 @@ async def test_a_call_needing_approval_pauses_and_runs_once_approved_on_another_
     assert key == f"{task_id}/{pending[0]['function_call_id']}"
     assert task_id in survivor.stats.tasks("resumed")
     await no_rows_left(live_store)
+
+
+@pytest.mark.parametrize("via", ["client", "store"])
+async def test_an_approval_and_the_approved_tools_run_are_in_the_event_log(
+        mesh: Mesh, live_store: SqlStore, via: str) -> None:
+    """The decision, whichever way it came (a client through an instance, or straight
+    into the store as ``meshpoint tasks approve`` writes it), and the tool's run with
+    the arguments it ran with, are logged, so the log (and a reconstruction from it)
+    knows the tool ran."""
+    effects = SideEffects()
+    await mesh.run(replace(approving(effects), events=True))
+    request_id, task_id, pending = await paused(mesh, "Send the report")
+    edited = {"query": "Send the summary"}
+    if via == "client":
+        await mesh.client.approve(task_id, pending[0]["call_id"], edited, by="alice")
+    else:
+        await decide(live_store, task_id, Approve(call_id=pending[0]["call_id"],
+                                                  arguments=edited), by="alice")
+    answer = await mesh.client.wait(request_id, timeout_s=20)
+    assert answer.status.state is a2a.TaskState.COMPLETED
+    log = EventStore(live_store)
+
+    async def steps() -> list[Any]:
+        return [e for e in await log.get_events(thread_id=task_id)
+                if e.step_name in ("tool:send", "approved")]
+
+    await eventually(lambda: _count(steps, 3), what="the approval's and the tool's events")
+    approval, start, done = await steps()
+    assert (approval.event_type, approval.output_data["by"]) == ("approval", "alice")
+    assert (start.event_type, done.event_type) == ("step_start", "step_complete")
+    assert start.input_data["arguments"] == edited
+    assert done.output_data == "sent 'Send the summary'"
+    assert list(effects.runs.values()) == [1]
+
+
+async def _count(steps: Any, n: int) -> bool:
+    return len(await steps()) == n
 
 
 async def test_edited_arguments_are_checked_before_anything_is_written(

@@ -80,6 +80,8 @@ class ApprovalCalls:
 
     agent: Agent
     broker: Broker
+    #: Where an approved tool's run is logged (the instance's; None: not logged).
+    stats: InstanceStats | None = None
 
     def handles(self, call: ToolCall) -> bool:
         tool = self.agent.local_tool(call.name)
@@ -125,11 +127,22 @@ class ApprovalCalls:
         decision = as_decision(result)
         ctx.flags.setdefault("approvals", []).append(
             {"function_call_id": call.id, "tool": call.name, **decision})
+        if self.stats is not None:
+            # Every decision is logged here, however it was given (a client, `meshpoint
+            # tasks approve` straight to the store, the deadline).
+            self.stats.log("approval", ctx.task_id, step=decision["decision"],
+                           input={"function_call_id": call.id, "tool": call.name},
+                           output=decision)
         if decision["decision"] == "approved":
             tool = self.agent.local_tool(call.name)
             if tool is None:
                 return {"error": f"unknown tool {call.name!r}"}
-            return await run_tool(tool, ctx, call, decision["arguments"])
+            arguments = decision["arguments"]
+            if self.stats is None:
+                return await run_tool(tool, ctx, call, arguments)
+            return await self.stats.tool_step(
+                ctx.task_id, call.id, call.name, arguments,
+                lambda: run_tool(tool, ctx, call, arguments))
         if decision["decision"] == "replied":
             return {"error": "not run: the human answered instead of approving",
                     "human_reply": decision["text"]}
@@ -374,7 +387,9 @@ class Inputs:
             await delivery.nak(1.0)
             return
         for decision in decided.decisions:
-            self.stats.note(decision["decision"], task_id)
+            # Counted here; logged when the task settles it (ApprovalCalls.settle),
+            # where every decision arrives, whichever way it was given.
+            self.stats.note(decision["decision"], task_id, journal=False)
         await self._reply(reply_to, wire.answer_accepted(request.id, task_id,
                                                          decided.decisions))
         await delivery.ack()

@@ -63,11 +63,12 @@ from meshpoint.store.base import Store
 logger = logging.getLogger("meshpoint.runtime")
 
 
-def call_kinds(agent: Agent, broker: Broker, namespace: str) -> list[CallKind]:
+def call_kinds(agent: Agent, broker: Broker, namespace: str,
+               stats: InstanceStats | None = None) -> list[CallKind]:
     """The kinds of call an instance makes, in the order they claim a call: where a
     new kind is registered. The first kind with an item outstanding names the
     pause: a task waiting on a human and on peers is ``input_required``."""
-    return [ApprovalCalls(agent=agent, broker=broker),
+    return [ApprovalCalls(agent=agent, broker=broker, stats=stats),
             PeerCalls(agent=agent, broker=broker, namespace=namespace), LocalTools(agent=agent)]
 
 
@@ -101,7 +102,7 @@ class AgentInstance:
         self._background = background = Background(name)
         owners, dead_letters = LeaseOwners(name), DeadLetters(name, stats)
         outages = Outages(instance_id=name, lifecycle=lifecycle)
-        kinds = CallKinds(call_kinds(agent, broker, o.namespace))
+        kinds = CallKinds(call_kinds(agent, broker, o.namespace, stats))
         endings = Endings(agent_name=agent.name, instance_id=name, store=store, broker=broker,
                           kinds=kinds, in_hand=in_hand, stats=stats,
                           lease_ttl_s=o.lease_ttl_s)

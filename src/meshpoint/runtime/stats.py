@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import statistics
+import time
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 #: Recent events and latency samples kept per instance: a long-running instance
 #: must not grow with the number of tasks it has seen.
 KEEP = 10_000
+
+
+R = TypeVar("R")
 
 
 class Journal(Protocol):
@@ -60,11 +64,12 @@ class InstanceStats:
     #: nothing beyond these counts.
     journal: Journal | None = None
 
-    def note(self, what: str, task_id: str, **detail: Any) -> None:
-        """Count ``what`` happened to ``task_id`` (and log it, with ``detail``)."""
+    def note(self, what: str, task_id: str, *, journal: bool = True, **detail: Any) -> None:
+        """Count ``what`` happened to ``task_id`` (and log it, with ``detail``, unless
+        ``journal`` is off: the step is logged where it takes effect)."""
         self.counts[what] += 1
         self.events.append((what, task_id))
-        if self.journal is not None:
+        if journal and self.journal is not None:
             self.journal(_EVENT_OF.get(what, what), task_id, step=what,
                          output=detail or None)
 
@@ -74,6 +79,22 @@ class InstanceStats:
         ``message`` as :meth:`meshpoint.events.EventJournal.__call__` takes them."""
         if self.journal is not None:
             self.journal(event_type, task_id, **fields)
+
+    async def tool_step(self, task_id: str, call_id: str, tool: str,
+                        arguments: Any, run: Callable[[], Awaitable[R]],
+                        output: Callable[[R], Any] = lambda result: result) -> R:
+        """``await run()``, a local tool's run, logged as the step ``tool:<name>``
+        (its start with the arguments it runs with, its end with ``output(result)``
+        and how long it took): whether it ran at once or once a human approved it,
+        the event log, and a reconstruction from it, know it ran."""
+        step = f"tool:{tool}"
+        self.log("step_start", task_id, step=step,
+                 input={"call_id": call_id, "arguments": arguments})
+        started = time.perf_counter()
+        result = await run()
+        self.log("step_complete", task_id, step=step, output=output(result),
+                 state={"duration_ms": round((time.perf_counter() - started) * 1000, 3)})
+        return result
 
     def summary(self, *, samples: bool = False) -> dict[str, object]:
         """Counts and p50/p99 latencies as JSON-ready data (with the raw samples, to

@@ -13,11 +13,13 @@ when its join completes in memory.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Protocol
 
 from meshpoint import a2a
@@ -273,14 +275,10 @@ class TurnLoop:
             after_tools = self.agent.checkpoint.after_tools
             for call, kind in todo:
                 if kind.immediate:
-                    step = f"tool:{call.name}"
-                    self.stats.log("step_start", ctx.task_id, step=step,
-                                   input={"call_id": call.id, "arguments": call.arguments})
-                    started = time.perf_counter()
-                    opened = await kind.open(ctx, invocation, call)
-                    self.stats.log("step_complete", ctx.task_id, step=step,
-                                   output=opened.result,
-                                   state={"duration_ms": _ms_since(started)})
+                    opened = await self.stats.tool_step(
+                        ctx.task_id, call.id, call.name, call.arguments,
+                        functools.partial(kind.open, ctx, invocation, call),
+                        output=attrgetter("result"))
                     ctx.record_parallel_result(invocation, call.id, opened.result)
                     if after_tools and not await self.mid_turn.checkpoint(run):
                         return False
