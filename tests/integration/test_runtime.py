@@ -548,3 +548,15 @@ def test_options_and_definitions_reject_bad_values() -> None:
     with pytest.raises(InvalidArgumentError, match="model must implement"):
         Agent("a", object())  # type: ignore[arg-type]
     assert json.loads(wire.cancel_request("t"))["params"] == {"id": "t"}
+
+
+async def test_an_idle_instance_that_can_pause_drains_without_waiting_out_its_loops(
+        mesh: Mesh) -> None:
+    """An agent that can pause runs periodic loops (recovery, expiry, the ended-task
+    ledger) whose periods run to minutes. A drain (SIGTERM) of an idle instance stops
+    them at once instead of waiting for each period to end, or for the drain's
+    whole timeout."""
+    [instance] = await mesh.run(Agent("coordinator", ScriptedModel(),
+                                      peers=[Peer("researcher", timeout_s=3600)]))
+    await asyncio.wait_for(instance.drain(timeout_s=600), 30)
+    assert not instance.running

@@ -232,7 +232,7 @@ class AgentInstance:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        self._lifecycle.draining = True
+        self._lifecycle.begin_draining()
         # No new work; the inbox and the control subject serve the tasks in hand.
         await asyncio.gather(*(s.drain(timeout_s) for s in self._work_queues))
         self._work_queues.clear()

@@ -39,7 +39,10 @@ async def forever(name: str, step: Callable[[], Awaitable[None]], period_s: floa
     """Run ``step`` every ``period_s`` until the instance stops (or drains, unless
     ``while_draining``)."""
     while lifecycle.running and (while_draining or not lifecycle.draining):
-        await asyncio.sleep(period_s)
+        if while_draining:
+            await asyncio.sleep(period_s)
+        else:
+            await lifecycle.sleep(period_s)  # cut short by a drain
         if lifecycle.draining and not while_draining:
             return
         try:

@@ -99,6 +99,17 @@ class Lifecycle:
     def __init__(self) -> None:
         self.running = False
         self.draining = False
+        self._drain = asyncio.Event()
+
+    def begin_draining(self) -> None:
+        self.draining = True
+        self._drain.set()
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less: until the instance begins to drain (a loop that
+        stops on a drain need not finish its period first)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._drain.wait(), seconds)
 
 
 class Background:
