@@ -58,15 +58,16 @@ def verify(task: Annotated[str | None, typer.Option(
                   + (", not both" if every else ""))
         raise typer.Exit(code=2)
 
-    checked: list[bool] = []
-
-    async def body(store: Any) -> list[ChainReport]:
+    async def body(store: Any) -> tuple[list[ChainReport], bool]:
         options = store.history.options
         # Without a signing key there is nothing to check a signature against: the
         # hashes, links and heads are checked, and the report says signatures were not.
-        checked.append(bool(options.signing.private or options.signing.public))
-        if not checked[0]:
+        checked = bool(options.signing.private or options.signing.public)
+        if not checked:
             store = store.with_history(replace(options, check_signatures=False))
+        return await walk(store), checked
+
+    async def walk(store: Any) -> list[ChainReport]:
         if task is not None:
             return [await store.history.verify_task(task)]
         reports: list[ChainReport] = []
@@ -83,11 +84,11 @@ def verify(task: Annotated[str | None, typer.Option(
                     return reports
                 after = ids[-1]
 
-    reports = run_on_store(url, config, schema, tenant, as_json, body)
+    reports, checked = run_on_store(url, config, schema, tenant, as_json, body)
     failed = [r for r in reports if not r.ok]
     if as_json:
         print(json.dumps({"chains": len(reports), "ok": len(reports) - len(failed),
-                          "failed": len(failed), "signatures_checked": checked[0],
+                          "failed": len(failed), "signatures_checked": checked,
                           "reports": [
                               {"task_id": r.task_id, "records": r.records, "ok": r.ok,
                                "kind": r.kind, "first_bad_seq": r.first_bad_seq,
@@ -109,7 +110,7 @@ def verify(task: Annotated[str | None, typer.Option(
         console.print(f"{len(reports) - len(failed)} of {len(reports)} chain(s) verify")
         if not reports:
             console.print("this tenant has no checkpoint history (is --tenant right?)")
-        if not checked[0]:
+        if not checked:
             console.print("no signing keys were given: signatures, if any, were not "
                           "checked (--config with history.signing checks them)")
     if failed:

@@ -80,8 +80,8 @@ class ApprovalCalls:
 
     agent: Agent
     broker: Broker
-    #: Where an approved tool's run is logged (the instance's; None: not logged).
-    stats: InstanceStats | None = None
+    #: The instance's: where each decision and an approved tool's run are logged.
+    stats: InstanceStats
 
     def handles(self, call: ToolCall) -> bool:
         tool = self.agent.local_tool(call.name)
@@ -127,19 +127,16 @@ class ApprovalCalls:
         decision = as_decision(result)
         ctx.flags.setdefault("approvals", []).append(
             {"function_call_id": call.id, "tool": call.name, **decision})
-        if self.stats is not None:
-            # Every decision is logged here, however it was given (a client, `meshpoint
-            # tasks approve` straight to the store, the deadline).
-            self.stats.log("approval", ctx.task_id, step=decision["decision"],
-                           input={"function_call_id": call.id, "tool": call.name},
-                           output=decision)
+        # Every decision is logged here, however it was given (a client, `meshpoint
+        # tasks approve` straight to the store, the deadline).
+        self.stats.log("approval", ctx.task_id, step=decision["decision"],
+                       input={"function_call_id": call.id, "tool": call.name},
+                       output=decision)
         if decision["decision"] == "approved":
             tool = self.agent.local_tool(call.name)
             if tool is None:
                 return {"error": f"unknown tool {call.name!r}"}
             arguments = decision["arguments"]
-            if self.stats is None:
-                return await run_tool(tool, ctx, call, arguments)
             return await self.stats.tool_step(
                 ctx.task_id, call.id, call.name, arguments,
                 lambda: run_tool(tool, ctx, call, arguments))

@@ -64,7 +64,7 @@ logger = logging.getLogger("meshpoint.runtime")
 
 
 def call_kinds(agent: Agent, broker: Broker, namespace: str,
-               stats: InstanceStats | None = None) -> list[CallKind]:
+               stats: InstanceStats) -> list[CallKind]:
     """The kinds of call an instance makes, in the order they claim a call: where a
     new kind is registered. The first kind with an item outstanding names the
     pause: a task waiting on a human and on peers is ``input_required``."""

@@ -17,6 +17,11 @@ KEEP = 10_000
 R = TypeVar("R")
 
 
+def ms_since(started: float) -> float:
+    """Milliseconds since ``started`` (a ``time.perf_counter()``), to the microsecond."""
+    return round((time.perf_counter() - started) * 1000, 3)
+
+
 class Journal(Protocol):
     """Where an instance logs its steps (:class:`meshpoint.events.EventJournal`)."""
 
@@ -93,7 +98,7 @@ class InstanceStats:
         started = time.perf_counter()
         result = await run()
         self.log("step_complete", task_id, step=step, output=output(result),
-                 state={"duration_ms": round((time.perf_counter() - started) * 1000, 3)})
+                 state={"duration_ms": ms_since(started)})
         return result
 
     def summary(self, *, samples: bool = False) -> dict[str, object]:

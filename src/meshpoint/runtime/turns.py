@@ -37,7 +37,7 @@ from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent
 from meshpoint.runtime.calls import CallKinds, turn_calls
 from meshpoint.runtime.midturn import MidTurn
-from meshpoint.runtime.stats import InstanceStats
+from meshpoint.runtime.stats import InstanceStats, ms_since
 from meshpoint.runtime.tasks import Background, InHand, LeaseOwners, TaskRun
 from meshpoint.store.base import Store
 
@@ -230,13 +230,13 @@ class TurnLoop:
             response = await agent.model.complete(messages, agent.tool_specs)
         except Exception as error:
             self.stats.log("error", ctx.task_id, step="model", output=error,
-                           state={"duration_ms": _ms_since(started)})
+                           state={"duration_ms": ms_since(started)})
             raise
         self.stats.log("step_complete", ctx.task_id, step="model", output={
             "text": response.text, "tool_calls": [
                 {"id": c.id, "name": c.name, "arguments": c.arguments}
                 for c in response.tool_calls]},
-                       state={"duration_ms": _ms_since(started), "usage": response.usage})
+                       state={"duration_ms": ms_since(started), "usage": response.usage})
         ctx.flags["model_calls"] = model_calls(ctx) + 1
         usage = response.usage
         ctx.record_token_usage(model=response.model or agent.model.name, source=agent.name,
@@ -303,10 +303,6 @@ class TurnLoop:
         if ctx.flags.get("paused_by") != self.instance_id:
             self.stats.resumed_elsewhere += 1
         self.stats.note("resumed", ctx.task_id)
-
-
-def _ms_since(started: float) -> float:
-    return round((time.perf_counter() - started) * 1000, 3)
 
 
 def model_calls(ctx: TaskExecutionContext) -> int:

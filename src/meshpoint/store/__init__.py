@@ -70,10 +70,12 @@ def _check_sqlite_file_exists(url: str | URL) -> None:
     """Without ``migrate``, the schema must be there already: a SQLite URL that names
     no file is a mistyped path, refused before SQLite would create the file (and
     its directories)."""
+    from meshpoint.store.sqlite import is_memory
+
     parsed = parse_url(url)
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+    if parsed.get_backend_name() != "sqlite" or is_memory(parsed):
         return
-    path = Path(parsed.database).expanduser()
+    path = Path(str(parsed.database)).expanduser()  # not None: is_memory said so
     if not path.exists():
         raise SchemaError(
             f"there is no SQLite database at {path} (from the store URL); nothing was "

@@ -82,13 +82,16 @@ class SqliteJSONDoc(SqliteJSON):
 JSONText = JSON(none_as_null=True).with_variant(SqliteJSON(), "sqlite")
 #: Documents meshpoint writes and queries by content: JSONB on PostgreSQL (indexable,
 #: compared by value), TEXT on SQLite.
-JSONDoc = (JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
-           .with_variant(SqliteJSON(), "sqlite"))
+def _document(on_sqlite: SqliteJSON) -> JSON:
+    return (JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+            .with_variant(on_sqlite, "sqlite"))
+
+
+JSONDoc = _document(SqliteJSON())
 #: :data:`JSONDoc` for the history's records, which are verified before use: on
 #: SQLite, text that no longer parses reads back as ``Undecodable`` (see
 #: :class:`SqliteJSONDoc`).
-HistoryDoc = (JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
-              .with_variant(SqliteJSONDoc(), "sqlite"))
+HistoryDoc = _document(SqliteJSONDoc())
 
 ID = String(255)
 TENANT = String(64)

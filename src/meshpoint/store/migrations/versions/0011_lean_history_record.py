@@ -17,9 +17,8 @@ pause inside the server:
 
 The index is rebuilt inside the migration's transaction, with both history tables
 locked: on a large history, checkpoints and restores wait for it (docs/store.md,
-*Migration 0011*). Values already stored
-keep their compression; servers that cannot use lz4 keep
-pglz (with a NOTICE, as in 0003). SQLite has neither.
+*Migration 0011*). Values already stored keep their compression; servers that
+cannot use lz4 keep pglz (with a NOTICE, as in 0003). SQLite has neither.
 
 On both databases the index of the heads by agent (``ix_agent_checkpoint_heads_agent``)
 goes: no query reads it, and since it held ``updated_at`` every record moved the
