@@ -148,7 +148,8 @@ def migrate(url: Url = None, config: Config = None, schema: Schema = None,
                 "serve connects as: no ownership, no BYPASSRLS.")] = None,
             password_env: Annotated[str | None, typer.Option(
                 "--runtime-password-env", help="Set the runtime role's password from this "
-                "environment variable.")] = None) -> None:
+                "environment variable.")] = None,
+            as_json: AsJson = False) -> None:
     """Bring a database's schema up to date (safe to run from many hosts at once), as
     the owner of meshpoint's tables; on PostgreSQL, optionally set up the runtime role
     that row-level security holds to one tenant per transaction."""
@@ -161,16 +162,23 @@ def migrate(url: Url = None, config: Config = None, schema: Schema = None,
             raise typer.BadParameter(f"the environment variable {password_env} is not set",
                                      param_hint="--runtime-password-env")
 
-    async def grant(store: Any) -> None:
-        if runtime_role is None:
-            return
-        if store.dialect != "postgresql":
-            raise ConfigurationError("--runtime-role is for PostgreSQL (SQLite has no roles)")
-        from meshpoint.store.postgres_tenancy import grant_runtime_role
+    async def grant(store: Any) -> str:
+        if runtime_role is not None:
+            if store.dialect != "postgresql":
+                raise ConfigurationError(
+                    "--runtime-role is for PostgreSQL (SQLite has no roles)")
+            from meshpoint.store.postgres_tenancy import grant_runtime_role
 
-        await grant_runtime_role(store, runtime_role, password=password)
+            await grant_runtime_role(store, runtime_role, password=password)
+        return str(store.dialect)
 
-    run_on_store(url, config, schema, None, False, grant, migrate=True)
+    dialect = run_on_store(url, config, schema, None, as_json, grant, migrate=True)
+    if as_json:
+        from meshpoint.store.engine import head_revision
+
+        print(json.dumps({"up_to_date": True, "revision": head_revision(),
+                          "dialect": dialect, "runtime_role": runtime_role}))
+        return
     console.print("schema is up to date" + (f"; role {runtime_role} may use it (row-level "
                                             "security holds it to one tenant per "
                                             "transaction)" if runtime_role else ""))
@@ -221,10 +229,14 @@ def submit(
     try:
         task = asyncio.run(run_submit(load_config(config), agent, text, timeout_s=timeout))
     except MeshpointError as error:
-        fail(error)
+        fail(error, as_json)
     except TimeoutError:
-        err.print(f"[red]error:[/red] no answer from {agent} within {timeout:g}s; is a "
-                  f"`meshpoint serve --agent {agent}` running on this config?")
+        problem = (f"no answer from {agent} within {timeout:g}s; is a "
+                   f"`meshpoint serve --agent {agent}` running on this config?")
+        if as_json:
+            print(json.dumps({"error": problem, "kind": "TimeoutError", "decision": None}))
+        else:
+            err.print(f"[red]error:[/red] {problem}")
         raise typer.Exit(code=1) from None
     if as_json:
         print(task.model_dump_json(by_alias=True, exclude_none=True))
@@ -290,7 +302,7 @@ def stats(url: Url = None, config: Config = None, schema: Schema = None,
     listing = Table(title="oldest paused tasks")
     for column in ("task", "agent", "status", "age (s)", "pending", "next deadline in (s)",
                    "lease owner"):
-        listing.add_column(column)
+        listing.add_column(column, overflow="fold")  # ids are shown whole, folded
     for t in tasks:
         listing.add_row(t.task_id, t.agent_name, t.status, f"{now - t.checkpointed_at:.1f}",
                         str(t.pending_sub_tasks),

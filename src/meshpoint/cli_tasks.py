@@ -144,7 +144,7 @@ def list_tasks(agent: Annotated[str | None, typer.Option("--agent")] = None,
         return
     table = Table(title="paused tasks")
     for column in ("task", "agent", "status", "paused (s)", "pending", "next deadline in (s)"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # an id is shown whole, folded
     for t in rows:
         table.add_row(t.task_id, t.agent_name, t.status, f"{now - t.checkpointed_at:.1f}",
                       str(t.pending_sub_tasks),

@@ -154,16 +154,22 @@ def _short(value: Any, limit: int = 200) -> str:
 def _prompt(task_id: str, agent: str | None, request: str | None,
             checkpoint: CheckpointRecord | None, problem: str | None, done: list[str],
             remaining: list[str], last_error: str | None) -> str:
-    lines = [f"You are resuming task {task_id}" + (f" of agent {agent}" if agent else "")
-             + " after a failure; the context you had is gone and was rebuilt from the "
-             "task's records.",
+    of = f"task {task_id}" + (f" of agent {agent}" if agent else "")
+    ended = checkpoint is not None and checkpoint.recovery.status in _ENDED
+    if ended:
+        assert checkpoint is not None
+        # Nothing is resumed: the summary is for whoever reviews or continues the work.
+        first = (f"This is what is known of {of}, rebuilt from the task's records. The "
+                 f"task has ended: {checkpoint.recovery.status}.")
+    else:
+        first = (f"You are resuming {of} after a failure; the context you had is gone "
+                 "and was rebuilt from the task's records.")
+    lines = [first,
              f"The request: {request}" if request else "The request was not recorded."]
     if checkpoint is not None:
         meta = checkpoint.metadata
         lines.append(f"Last verified checkpoint: record {meta.seq} "
                      f"({checkpoint.execution_state.phase}, {meta.timestamp}).")
-        if checkpoint.recovery.status in _ENDED:
-            lines.append(f"The task has ended: {checkpoint.recovery.status}.")
     if problem:
         lines.append(f"What could not be trusted: {problem}.")
     lines.append("Done so far:" if done else "Nothing is known to be done.")

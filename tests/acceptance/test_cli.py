@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from meshpoint.store.engine import head_revision
+
 
 def meshpoint(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "meshpoint.cli", *args], cwd=cwd,
@@ -54,6 +56,12 @@ def test_migrate_then_stats(tmp_path: Path) -> None:
     assert meshpoint("stats", "--url", url, cwd=tmp_path).returncode == 1  # not migrated
     done = meshpoint("migrate", "--url", url, cwd=tmp_path)
     assert done.returncode == 0 and "up to date" in done.stdout
+    done = meshpoint("migrate", "--url", url, "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"up_to_date": True, "revision": head_revision(),
+                                       "dialect": "sqlite", "runtime_role": None}
+    done = meshpoint("migrate", "--url", url, "--runtime-role", "rt", "--json", cwd=tmp_path)
+    assert done.returncode == 1 and json.loads(done.stdout)["kind"] == "ConfigurationError"
     done = meshpoint("stats", "--url", url, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "pending sub-tasks: 0" in done.stdout
@@ -63,6 +71,7 @@ def test_bad_urls_fail_with_a_message_not_a_traceback(tmp_path: Path) -> None:
     done = meshpoint("migrate", "--url", "mysql://x/y", cwd=tmp_path)
     assert done.returncode == 1
     assert "unsupported store URL scheme" in done.stderr
+    assert "postgres://" in " ".join(done.stderr.split())  # accepted, so named
     assert "Traceback" not in done.stderr
     done = meshpoint("stats", "--url", f"sqlite:///{tmp_path / 'empty.db'}", cwd=tmp_path)
     assert "meshpoint migrate" in done.stderr and "Traceback" not in done.stderr

@@ -222,8 +222,10 @@ def test_events_and_reconstruct_work_on_the_demos_database(demo_db: Path) -> Non
     assert rebuilt["checkpoint"]["phase"] == "completed" and rebuilt["history_problem"] is None
     assert f"The request: {rebuilt['request']}" in rebuilt["prompt"]
     assert "The task has ended: completed." in rebuilt["prompt"]
+    # an ended task is summarised, not resumed "after a failure"
+    assert "resuming" not in rebuilt["prompt"] and "failure" not in rebuilt["prompt"]
     done = meshpoint("tasks", "reconstruct", task_id, "--url", url, cwd=here)
-    assert done.returncode == 0 and f"You are resuming task {task_id}" in done.stdout
+    assert done.returncode == 0 and f"known of task {task_id}" in done.stdout
     done = meshpoint("tasks", "reconstruct", "nope", "--url", url, cwd=here)
     assert done.returncode == 1 and "nope" in done.stderr
 

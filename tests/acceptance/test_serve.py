@@ -4,6 +4,7 @@ example config runs as examples/README.md says, SIGTERM drains, mistakes are cle
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -112,6 +113,15 @@ async def test_submit_and_serve_explain_what_is_wrong(
     nobody = meshpoint("submit", "--config", str(path), "coordinator", "hi", "--timeout", "1")
     assert nobody.returncode == 1
     assert "no answer from coordinator within 1s" in " ".join(nobody.stderr.split())
+    # with --json, a script reads the error as JSON on stdout, whichever it is
+    for args, kind, words in (
+            (("hotel", "hi"), "ConfigurationError", "no agent 'hotel' in the config"),
+            (("coordinator", "hi", "--timeout", "1"), "TimeoutError",
+             "no answer from coordinator within 1s")):
+        done = meshpoint("submit", "--config", str(path), *args, "--json")
+        assert done.returncode == 1, done.stderr
+        problem = json.loads(done.stdout)
+        assert problem["kind"] == kind and words in problem["error"], problem
     bad = tmp_path / "bad.yaml"
     bad.write_text(path.read_text().replace("lease_ttl_s", "lease_ttl"))
     refused = meshpoint("serve", "--config", str(bad), "--agent", "coordinator")

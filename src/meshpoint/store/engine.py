@@ -45,7 +45,8 @@ from meshpoint.store.hooks import NO_FAST_PATHS, FastPaths
 R = TypeVar("R")
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 _URL_HELP = ("sqlite:///path.db, sqlite:///:memory: or "
-             "postgresql+asyncpg://user@host:5432/db")
+             "postgresql+asyncpg://user@host:5432/db (postgresql:// and postgres:// "
+             "mean the same)")
 
 
 def parse_url(url: str | URL) -> URL:
