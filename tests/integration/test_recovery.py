@@ -87,11 +87,18 @@ async def test_tasks_waiting_for_a_human_are_left_alone_or_their_callers_reminde
     agent = replace(approving(effects), recovery=RecoveryPolicy(auto_resume_hitl=hitl))
     await mesh.run(agent)
     request_id, _, pending = await paused(mesh, "Send the report")
-    await mesh.run(agent)  # a new instance starts: its recovery pass runs
+    (second,) = await mesh.run(agent)  # a new instance starts: its recovery pass runs
     if hitl:
         reminded = await mesh.client.wait_input(request_id, timeout_s=10)
         assert reminded == pending
-        assert len(mesh.events("reminded")) == 1
+
+        def by() -> list[str]:
+            return [instance for instance, _ in mesh.events("reminded")]
+
+        await eventually(lambda: second.instance_id in by(), what="the new instance's reminder")
+        # Once by the new instance; the first one's start pass runs in the background
+        # and, on a slow machine, may have found the task paused and reminded too.
+        assert by().count(second.instance_id) == 1 and len(by()) <= 2, by()
     else:
         for instance in mesh.instances:  # as each did when it started
             await instance._recovery.at_start()
