@@ -74,15 +74,18 @@ def verify(task: Annotated[str | None, typer.Option(
         with Progress(TextColumn("verifying chains"), BarColumn(), MofNCompleteColumn(),
                       console=err, disable=as_json) as progress:
             job = progress.add_task("chains", total=None)
-            after = ""
-            while True:
-                ids = await store.history.task_ids(after=after, limit=_PAGE)
-                for task_id in ids:
-                    reports.append(await store.history.verify_task(task_id))
-                    progress.advance(job)
-                if len(ids) < _PAGE:
-                    return reports
-                after = ids[-1]
+            # The chains their heads list, then those whose head is gone.
+            for listing in (store.history.task_ids, store.history.headless_task_ids):
+                after = ""
+                while True:
+                    ids = await listing(after=after, limit=_PAGE)
+                    for task_id in ids:
+                        reports.append(await store.history.verify_task(task_id))
+                        progress.advance(job)
+                    if len(ids) < _PAGE:
+                        break
+                    after = ids[-1]
+            return reports
 
     reports, checked = run_on_store(url, config, schema, tenant, as_json, body)
     failed = [r for r in reports if not r.ok]

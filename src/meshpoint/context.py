@@ -130,6 +130,10 @@ class TokenUsage:
         for name, amount in amounts.items():
             if type(amount) is not int or amount < 0:
                 raise InvalidArgumentError(f"{name} must be a non-negative int, got {amount!r}")
+        if cached_tokens > prompt_tokens:
+            raise InvalidArgumentError(
+                f"cached_tokens ({cached_tokens}) are part of the prompt: they cannot "
+                f"exceed prompt_tokens ({prompt_tokens})")
         for counts in (self.totals, self.by_model.setdefault(model, _zero_counts()),
                        self.by_source.setdefault(source, _zero_counts())):
             for name, amount in amounts.items():

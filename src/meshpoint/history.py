@@ -32,6 +32,7 @@ reads and writes them.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import zlib
@@ -41,6 +42,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import uuid_utils
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from meshpoint._json import dump_bytes
 from meshpoint.encryption import EncryptionKeys, is_envelope
@@ -52,7 +54,7 @@ from meshpoint.integrity import (
     chain_hash,
     head_message,
 )
-from meshpoint.record import SCHEMA_VERSION
+from meshpoint.record import SCHEMA_VERSION, ContextSummary, ExecutionState, Metrics, Recovery
 
 #: The phases a record's ``execution_state.phase`` takes when the agent does not set
 #: one: the pause it was written at, or how the task ended.
@@ -60,6 +62,18 @@ PAUSE_PHASES = ("waiting_peers", "input_required", "working", "handoff")
 END_PHASES = ("completed", "failed", "canceled", "expired")
 #: Sections of the record an agent may fill through ``ctx.history["record"]``.
 AGENT_SECTIONS = ("execution_state", "context_summary", "metrics", "recovery", "extensions")
+#: The fields of those sections that meshpoint fills and an agent may not set: what
+#: restores (``recovery``), cost attribution (``metrics``) and the join (the
+#: dependencies) rely on. An agent's value there would be taken as meshpoint's.
+MESHPOINT_FIELDS: dict[str, frozenset[str]] = {
+    "execution_state": frozenset(),
+    "context_summary": frozenset({"external_dependencies"}),
+    "metrics": frozenset({"tokens_consumed", "tools_invoked", "model_calls", "tokens",
+                          "cost"}),
+    "recovery": frozenset({"last_successful_state", "status", "context_sha256",
+                           "snapshot_sha256", "session_event_count"}),
+    "extensions": frozenset(),
+}
 _TOKEN_KINDS = ("prompt_tokens", "completion_tokens", "cached_tokens")
 
 
@@ -143,6 +157,12 @@ class HistoryOptions:
                     f"encrypt_fields: {path!r} is not a field an agent fills (a path "
                     "under execution_state, context_summary, metrics, recovery or "
                     "extensions, or 'snapshot')")
+            if path == "recovery" or path.split(".")[:2] in (
+                    ["recovery", name] for name in MESHPOINT_FIELDS["recovery"]):
+                raise InvalidArgumentError(
+                    f"encrypt_fields: {path!r} holds what a restore checks the task "
+                    "against, which stays readable (encrypt recovery.continuation_prompt "
+                    "or recovery.rollback_instructions instead)")
             if path in ("metrics", "metrics.tokens") or path.startswith("metrics.tokens."):
                 raise InvalidArgumentError(
                     f"encrypt_fields: {path!r} holds the token counts, which stay "
@@ -249,11 +269,7 @@ def plan_record(*, tenant_id: str, task_id: str, agent_name: str, status: str,
     for a key the options need and do not have. No I/O.
     """
     annotations = doc.get("history") or {}
-    agent_record = annotations.get("record") or {}
-    if not isinstance(agent_record, dict) or set(agent_record) - set(AGENT_SECTIONS):
-        raise InvalidArgumentError(
-            f"ctx.history['record'] must be a dict of the sections {AGENT_SECTIONS}, got "
-            f"{sorted(agent_record) if isinstance(agent_record, dict) else agent_record!r}")
+    agent_record = check_annotations(annotations)
     checkpoint_id = new_checkpoint_id()
     seq = 1 if head is None else head.seq + 1
     parent_hash = GENESIS if head is None else head.hash
@@ -261,14 +277,9 @@ def plan_record(*, tenant_id: str, task_id: str, agent_name: str, status: str,
     pruned_hash = GENESIS if head is None else head.pruned_hash
     agent_type = str(annotations.get("agent_type") or "general")
     iteration = annotations.get("iteration", 1)
-    if type(iteration) is not int or iteration < 1:
-        raise InvalidArgumentError(f"ctx.history['iteration'] must be an int >= 1, got "
-                                   f"{iteration!r}")
     # The task's own policy (or its agent's, which the runtime puts there); the
     # store's default is not stamped in: a purge applies the default it has then.
     retention = annotations.get("retention_policy")
-    if retention is not None:
-        parse_retention(str(retention))
 
     subs: Mapping[str, Any] = doc.get("active_peer_sub_tasks") or {}
     invocations: Mapping[str, Any] = doc.get("parallel_tool_calls") or {}
@@ -314,8 +325,6 @@ def plan_record(*, tenant_id: str, task_id: str, agent_name: str, status: str,
         "extensions": {},
     }
     for section, values in agent_record.items():
-        if not isinstance(values, dict):
-            raise InvalidArgumentError(f"ctx.history['record'][{section!r}] must be a dict")
         document[section] = {**document[section], **values}
     for path in options.encrypt_fields:
         if path != "snapshot":
@@ -392,6 +401,71 @@ def _encrypt_path(document: dict[str, Any], path: str, keys: EncryptionKeys, ten
     if isinstance(node, dict) and last in node and not is_envelope(node[last]):
         node[last] = keys.encrypt(node[last], tenant=tenant,
                                   aad={"task": task, "record": record, "field": path})
+
+
+def check_annotations(annotations: Any) -> dict[str, Any]:
+    """Check what a task's ``ctx.history`` gives its records (``record``: a partial
+    record, each section checked by :func:`agent_part`; ``iteration``;
+    ``retention_policy``) and return its ``record`` ({} if none);
+    InvalidArgumentError naming the first thing wrong."""
+    if not isinstance(annotations, dict):
+        raise InvalidArgumentError(f"ctx.history must be a dict, got "
+                                   f"{type(annotations).__name__}")
+    agent_record = annotations.get("record") or {}
+    if not isinstance(agent_record, dict) or set(agent_record) - set(AGENT_SECTIONS):
+        raise InvalidArgumentError(
+            f"ctx.history['record'] must be a dict of the sections {AGENT_SECTIONS}, got "
+            f"{sorted(agent_record) if isinstance(agent_record, dict) else agent_record!r}")
+    for section, values in agent_record.items():
+        agent_part(section, values)
+    iteration = annotations.get("iteration", 1)
+    if type(iteration) is not int or iteration < 1:
+        raise InvalidArgumentError(f"ctx.history['iteration'] must be an int >= 1, got "
+                                   f"{iteration!r}")
+    retention = annotations.get("retention_policy")
+    if retention is not None:
+        parse_retention(str(retention))
+    return agent_record
+
+
+_SECTION_MODELS: dict[str, type[BaseModel]] = {
+    "execution_state": ExecutionState, "context_summary": ContextSummary,
+    "metrics": Metrics, "recovery": Recovery}
+
+
+def agent_part(section: str, values: Any) -> dict[str, Any]:
+    """``values``, an agent's part of a record ``section``, checked: a dict that sets
+    none of :data:`MESHPOINT_FIELDS` and whose fields have the record's types (so
+    that every read of the record can decode it); InvalidArgumentError naming the
+    field otherwise."""
+    where = f"the record's {section}"
+    if not isinstance(values, dict):
+        raise InvalidArgumentError(f"{where} must be a dict, got {type(values).__name__}")
+    taken = sorted(MESHPOINT_FIELDS[section] & set(values))
+    if taken:
+        raise InvalidArgumentError(
+            f"{where}: {', '.join(taken)} {'is' if len(taken) == 1 else 'are'} filled by "
+            "meshpoint and cannot be set by an agent (docs/history.md, The record)")
+    for name, value in values.items():
+        check = _field_check(section, name)
+        if check is None:
+            continue  # a field of the agent's own: any JSON value
+        try:
+            check.validate_python(value, strict=True)
+        except ValidationError as error:
+            raise InvalidArgumentError(
+                f"{where}.{name}: {error.errors()[0]['msg']} (got {value!r:.80})") from None
+    return values
+
+
+@functools.cache
+def _field_check(section: str, name: str) -> TypeAdapter[Any] | None:
+    """The type check of a field of the record's ``section`` (None: not one of the
+    schema's fields, or a section without them)."""
+    model = _SECTION_MODELS.get(section)
+    found = None if model is None else model.model_fields.get(name)
+    return None if found is None or found.annotation is None \
+        else TypeAdapter(found.annotation)
 
 
 def _pending_item(sub_task_id: str, corr: Mapping[str, Any]) -> dict[str, Any]:

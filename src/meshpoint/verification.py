@@ -11,6 +11,8 @@ these functions judge.
 
 from __future__ import annotations
 
+import hashlib
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -140,9 +142,33 @@ class ChainReport:
     last_good_seq: int = 0
 
 
+def snapshot_problem(record: StoredRecord) -> str | None:
+    """Why the snapshot stored with ``record`` (read with it: ``record.snapshot``)
+    is not the one its verified document names by hash, or None. A record that names
+    none (an end, an append) has none to check."""
+    expected = ((record.document.get("recovery") or {}).get("snapshot_sha256")
+                if isinstance(record.document, dict) else None)
+    if expected is None:
+        return None
+    if record.snapshot is None:
+        return "its snapshot is missing"
+    raw = bytes(record.snapshot)
+    if record.snapshot_encoding == "zlib":
+        try:
+            raw = zlib.decompress(raw)
+        except zlib.error:
+            return "its snapshot does not decompress (changed after it was written)"
+    if not hashes_equal(hashlib.sha256(raw).hexdigest(), str(expected)):
+        return "its snapshot does not hash to what the record says (changed after it was " \
+               "written)"
+    return None
+
+
 def verify_chain(task_id: str, records: Sequence[StoredRecord], head: StoredHead | None,
-                 options: HistoryOptions) -> ChainReport:
-    """Walk a task's records (in ``seq`` order) against its head (see ChainReport)."""
+                 options: HistoryOptions, *, snapshots: bool = False) -> ChainReport:
+    """Walk a task's records (in ``seq`` order) against its head (see ChainReport);
+    with ``snapshots`` (the records were read with their snapshots), each record's
+    snapshot is checked against the hash its document names too."""
     expected_seq = 1 if head is None else head.pruned_through + 1
     parent = GENESIS if head is None else head.pruned_hash
     last_good = expected_seq - 1
@@ -159,6 +185,8 @@ def verify_chain(task_id: str, records: Sequence[StoredRecord], head: StoredHead
                        f"stored is record {record.seq})" if record.seq > expected_seq
                        else f"record {record.seq} is out of place (expected {expected_seq})")
         why = verify_record(record, options)
+        if why is None and snapshots:
+            why = snapshot_problem(record)
         if why is not None:
             kind: Literal["corrupt", "broken"] = (
                 "broken" if why.startswith("the record says it is") else "corrupt")

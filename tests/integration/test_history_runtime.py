@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from sqlalchemy import delete, select
 
 from meshpoint import a2a
@@ -50,6 +51,29 @@ async def test_each_pause_kind_and_the_end_write_a_record(
     # the tokens of the whole task, by model and by source, in its last record
     total = records[0].metrics.tokens["total"]
     assert total["by_source"]["coordinator"]["completion_tokens"] > 0
+
+
+async def test_a_history_hook_that_sets_a_bad_record_is_logged_and_left_out(
+        mesh: Mesh, live_store: SqlStore, caplog: pytest.LogCaptureFixture) -> None:
+    peer = await ManualPeer(mesh, "researcher").start()
+
+    def hook(ctx: Any) -> None:  # a figure meshpoint fills, and a field of a wrong type
+        ctx.history["record"] = {"metrics": {"cost": "free", "tests_status": "green"}}
+
+    await mesh.run(Agent("coordinator", ScriptedModel(), history_hook=hook,
+                         peers=[Peer("researcher", timeout_s=30)]))
+    request_id = await mesh.client.submit("coordinator", "Look into it")
+    await eventually(lambda: len(peer.requests) == 1, what="the peer's request")
+    await peer.answer(next(iter(peer.requests)), "found it")
+    answer = await mesh.client.wait(request_id, timeout_s=10)
+    assert answer.status.state is a2a.TaskState.COMPLETED  # the task went on
+    await no_rows_left(live_store)
+    task_id = mesh.client.task_id("coordinator", request_id)
+    records = await live_store.history.get_checkpoint_history(task_id)
+    assert phases(records) == ["waiting_peers", "completed"]
+    assert all(r.metrics.cost["currency"] and r.metrics.tests_status is None
+               for r in records)  # what the hook set is not in them
+    assert "its history hook failed" in caplog.text and "cost is filled by" in caplog.text
 
 
 async def test_a_broken_history_blocks_the_task_and_tells_its_caller(

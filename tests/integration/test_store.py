@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sqlalchemy import delete
+from sqlalchemy import delete, insert, update
 
 from meshpoint import TaskExecutionContext
 from meshpoint.errors import (
@@ -18,7 +18,7 @@ from meshpoint.errors import (
     UnknownCallError,
 )
 from meshpoint.store import TIMEOUT_RESULT, SqlStore, open_store
-from meshpoint.store.schema import parallel_invocations
+from meshpoint.store.schema import parallel_invocations, paused_tasks, session_events
 from tests.conftest import FakeClock, pg_execute_async, row_counts, snapshot
 
 #: The store's own suite: also run with PostgreSQL's fast paths off.
@@ -316,6 +316,31 @@ async def test_cleanup_under_a_lease_is_reserved_to_its_holder(store: SqlStore) 
     await store.cleanup_task("t1", lease_owner="a")
     assert set((await store.live_row_counts()).values()) == {0}
     assert (await row_counts(store))["agent_ended_tasks"] == 1
+
+
+@pytest.mark.parametrize("backend", [
+    pytest.param(name, marks=pytest.mark.postgres)
+    for name in ("postgres", "postgres-portable")], indirect=True)
+async def test_a_cleanup_that_waited_for_a_re_checkpoint_leaves_none_of_its_rows(
+        store: SqlStore) -> None:
+    """Under READ COMMITTED a cleanup deletes the children, then waits for the task
+    row the lease holder is checkpointing again; the events that re-checkpoint adds
+    commit after the children were deleted, and must not outlive the task. Staged:
+    a transaction holds the task row and adds an event, as the re-checkpoint does.
+    (SQLite's write lock runs one of the two wholly before the other.)"""
+    await store.checkpoint_task(fan_out("t1"), AGENT)
+    async with store._db.engine.connect() as holder:
+        await holder.execute(update(paused_tasks).where(
+            paused_tasks.c.logical_task_id == "t1").values(version=paused_tasks.c.version + 1))
+        await holder.execute(insert(session_events).values(
+            tenant_id=store.tenant_id, logical_task_id="t1", seq=1,
+            data=[{"role": "model", "text": "written by the re-checkpoint"}], created_at=0.0))
+        cleanup = asyncio.create_task(store.cleanup_task("t1"))
+        await asyncio.sleep(0.5)  # the cleanup waits for the task row
+        assert not cleanup.done()
+        await holder.commit()
+    await cleanup
+    assert set((await store.live_row_counts()).values()) == {0}
 
 
 async def test_operator_listing_and_counts(store: SqlStore, clock: FakeClock) -> None:

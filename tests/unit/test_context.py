@@ -99,15 +99,19 @@ def test_parallel_results_come_back_in_call_order() -> None:
 def test_token_usage_totals_and_breakdowns() -> None:
     ctx = TaskExecutionContext("t")
     ctx.record_token_usage(model="m1", source="agent", prompt_tokens=10, completion_tokens=2)
-    ctx.record_token_usage(model="m2", source="agent", prompt_tokens=1, cached_tokens=4)
+    ctx.record_token_usage(model="m2", source="agent", prompt_tokens=5, cached_tokens=4)
     ctx.record_token_usage(model="m1", source="search", completion_tokens=3)
     usage = ctx.token_usage
-    assert usage.totals == {"prompt_tokens": 11, "completion_tokens": 5, "cached_tokens": 4}
+    assert usage.totals == {"prompt_tokens": 15, "completion_tokens": 5, "cached_tokens": 4}
     assert usage.by_model["m1"] == {"prompt_tokens": 10, "completion_tokens": 5,
                                     "cached_tokens": 0}
-    assert usage.by_source["agent"]["prompt_tokens"] == 11
+    assert usage.by_source["agent"]["prompt_tokens"] == 15
     with pytest.raises(InvalidArgumentError, match="prompt_tokens"):
         ctx.record_token_usage(model="m", source="s", prompt_tokens=-1)
+    # cached tokens are part of the prompt (more would price the call below zero)
+    with pytest.raises(InvalidArgumentError, match=r"cached_tokens \(9\).*prompt_tokens \(2\)"):
+        ctx.record_token_usage(model="m", source="s", prompt_tokens=2, cached_tokens=9)
+    assert usage.totals["cached_tokens"] == 4  # nothing of the refused call was added
 
 
 def test_checkpoint_dict_has_persisted_fields_only() -> None:

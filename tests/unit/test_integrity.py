@@ -177,6 +177,12 @@ def test_retention_policies_and_prices() -> None:
         with pytest.raises(InvalidArgumentError, match="token counts, which stay readable"):
             HistoryOptions(encrypt_fields=(counts,))
     HistoryOptions(encrypt_fields=("metrics.cost",))
+    # What a restore checks the live row against stays readable too.
+    for checked in ("recovery", "recovery.context_sha256", "recovery.snapshot_sha256",
+                    "recovery.session_event_count", "recovery.status"):
+        with pytest.raises(InvalidArgumentError, match="what a restore checks"):
+            HistoryOptions(encrypt_fields=(checked,))
+    HistoryOptions(encrypt_fields=("recovery.continuation_prompt",))
     # Which policy a chain follows: a legal hold anywhere wins; else its own, its
     # agent's now, the store's.
     options = HistoryOptions(retention="days:30", agent_retention={"a": "last:2"})

@@ -22,9 +22,10 @@ from typing import Any, Literal
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from meshpoint._json import json_copy
 from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import InvalidArgumentError
-from meshpoint.history import parse_retention
+from meshpoint.history import check_annotations, parse_retention
 from meshpoint.llm.base import Model, ToolSpec
 
 logger = logging.getLogger("meshpoint.runtime")
@@ -273,8 +274,9 @@ class Agent:
     #: Called with a task's context before each of its checkpoints, to add to its
     #: history record what only the agent knows: set ``ctx.history["record"]`` to a
     #: partial record (``context_summary``, ``execution_state``, ``recovery``,
-    #: ``metrics``, ``extensions``; see :mod:`meshpoint.history`). An error in it is
-    #: logged and the checkpoint goes on.
+    #: ``metrics``, ``extensions``; see :mod:`meshpoint.history`). An error in it, or
+    #: a record it sets that is not valid, is logged and the checkpoint goes on
+    #: without what it set.
     history_hook: Callable[[TaskExecutionContext], None] | None = None
     #: Keep an event log of every step and protocol message of this agent's tasks
     #: (seed 003; :mod:`meshpoint.events`), written off the hot path.
@@ -323,11 +325,16 @@ class Agent:
         """Run the history hook on ``ctx`` before a checkpoint (see ``history_hook``)."""
         if self.history_hook is None:
             return
+        before = json_copy(ctx.history)
         try:
             self.history_hook(ctx)
+            # What it set must make a record, or every checkpoint would fail on it.
+            check_annotations(json_copy(ctx.history, "ctx.history"))
         except Exception:
             logger.exception("agent %s: its history hook failed on task %s; the "
-                             "checkpoint goes on without it", self.name, ctx.task_id)
+                             "checkpoint goes on without what it set", self.name,
+                             ctx.task_id)
+            ctx.history = before
 
     @property
     def pauses(self) -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, exc
 
 from meshpoint.errors import (
     CheckpointConflictError,
@@ -28,7 +28,9 @@ from meshpoint.errors import (
     UnknownHistoryError,
 )
 from meshpoint.history import (
+    AGENT_SECTIONS,
     END_PHASES,
+    MESHPOINT_FIELDS,
     HistoryHead,
     HistoryOptions,
     PlannedRecord,
@@ -38,7 +40,8 @@ from meshpoint.history import (
 from meshpoint.integrity import head_message
 from meshpoint.record import CheckpointRecord
 from meshpoint.store import history_queries as hq
-from meshpoint.store.rows import HeadRow, RecordRow, check_id, check_limit
+from meshpoint.store import queries as q
+from meshpoint.store.rows import HeadRow, RecordRow, check_id, check_limit, check_time_range
 from meshpoint.verification import (
     ChainReport,
     StoredHead,
@@ -52,6 +55,8 @@ from meshpoint.verification import (
 R = TypeVar("R")
 #: Heads read per query by a purge.
 _PAGE = 500
+#: Tries of a seed 001 append whose chain another writer moved meanwhile.
+_APPEND_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +81,8 @@ NO_RECORD: dict[str, Any] = {
     "p_rec_parent_hash": None, "p_rec_data": None, "p_rec_snapshot": None,
     "p_rec_snapshot_encoding": None, "p_rec_hash": None, "p_rec_signature": None,
     "p_rec_key_id": None, "p_rec_retention": None, "p_rec_head_signature": None,
-    "p_rec_head_key_id": None, "p_rec_outcome": None}
+    "p_rec_head_key_id": None, "p_rec_outcome": None, "p_rec_pruned_through": 0,
+    "p_rec_pruned_hash": ""}
 
 
 def record_params(planned: PlannedRecord | None, *, outcome: str | None = None
@@ -94,7 +100,9 @@ def record_params(planned: PlannedRecord | None, *, outcome: str | None = None
         "p_rec_signature": planned.signature, "p_rec_key_id": planned.key_id,
         "p_rec_retention": planned.retention_policy,
         "p_rec_head_signature": planned.head_signature,
-        "p_rec_head_key_id": planned.head_key_id, "p_rec_outcome": outcome}
+        "p_rec_head_key_id": planned.head_key_id, "p_rec_outcome": outcome,
+        "p_rec_pruned_through": planned.pruned_through,
+        "p_rec_pruned_hash": planned.pruned_hash}
 
 
 def write_record(conn: Connection, params: dict[str, Any]) -> None:
@@ -107,16 +115,35 @@ def write_record(conn: Connection, params: dict[str, Any]) -> None:
     if params["p_rec_seq"] == 1:
         hq.INSERT_HEAD.rowcount(conn, params)
     elif not hq.ADVANCE_HEAD.rowcount(conn, params):
-        raise CheckpointConflictError(
+        raise HeadMovedError(
             f"the history of task {params['p_task']!r} no longer ends at record "
-            f"{params['p_rec_seq'] - 1} ({params['p_rec_parent_id']}): another writer "
-            "appended to it; restore the task and checkpoint it again")
+            f"{params['p_rec_seq'] - 1} ({params['p_rec_parent_id']}) as it did when "
+            "the record was planned: another writer appended to it, or a purge moved "
+            "where it starts; restore the task and checkpoint it again")
+
+
+class HeadMovedError(CheckpointConflictError):
+    """A record's parent is no longer its chain's head (see :func:`write_record`):
+    planned again on the head as stored now, the record may be written."""
 
 
 def stored_record(row: RecordRow) -> StoredRecord:
     return StoredRecord(tenant_id=row.tenant_id, checkpoint_id=row.checkpoint_id,
                         task_id=row.logical_task_id, seq=row.seq, document=row.data,
                         hash=row.hash, signature=row.signature, key_id=row.key_id)
+
+
+def read_chain(conn: Connection, keys: dict[str, Any]
+               ) -> tuple[list[StoredRecord], HeadRow | None]:
+    """A task's records, oldest first, each with its snapshot, and its head."""
+    snapshots = {row.seq: (row.snapshot, row.snapshot_encoding)
+                 for row in hq.GET_CHAIN_SNAPSHOTS.rows(conn, keys)}
+    records = []
+    for row in hq.GET_CHAIN.rows(conn, keys):
+        snapshot, encoding = snapshots.get(row.seq, (None, None))
+        records.append(replace(stored_record(row), snapshot=None if snapshot is None
+                               else bytes(snapshot), snapshot_encoding=encoding))
+    return records, hq.GET_HEAD.first(conn, keys)
 
 
 def stored_head(row: HeadRow) -> StoredHead:
@@ -256,7 +283,12 @@ class HistoryStore:
         why = verify_head(stored, self.options)
         if why is not None:
             raise IntegrityError(f"its head: {why}", task_id=task_id)
-        if not records or records[-1].seq != head.records or records[-1].hash != head.head_hash:
+        if records and records[-1].seq == head.records \
+                and records[-1].hash != head.head_hash:
+            self._check(records[-1], None)  # names what is wrong with it, if anything
+            raise IntegrityError(f"record {head.records} is not the one its head names: it "
+                                 "was replaced", task_id=task_id, seq=head.records)
+        if not records or records[-1].seq != head.records:
             raise IntegrityError(f"its head says {head.records} records, the newest stored is "
                                  f"record {records[-1].seq if records else 0}: its tail was "
                                  "cut off or replaced", task_id=task_id)
@@ -274,15 +306,20 @@ class HistoryStore:
         first, each verified (content and signature)."""
         check_id("agent_id", agent_id)
         check_limit(limit)
-        keys = self._keys(p_agent=agent_id, p_since=float(since),
-                          p_until=float("inf") if until is None else float(until),
-                          p_limit=limit)
+        start, end = check_time_range(since, until)
+        keys = self._keys(p_agent=agent_id, p_since=start, p_until=end, p_limit=limit)
         rows = await self._read(f"reading the history of agent {agent_id!r}",
                                 lambda conn: hq.GET_BY_AGENT.rows(conn, keys))
         out = []
         for row in rows:
             record = stored_record(row)
             self._check(record, None)
+            said = record.document["metadata"].get("agent_id")
+            if said != agent_id:  # the column the query found it by was changed
+                raise IntegrityError(
+                    f"the record is stored under agent {agent_id!r} but says it is agent "
+                    f"{said!r}'s", task_id=record.task_id,
+                    checkpoint_id=record.checkpoint_id, seq=record.seq)
             out.append(record_model(record, self.options))
         return out
 
@@ -291,14 +328,12 @@ class HistoryStore:
         check_id("task_id", task_id)
         keys = self._keys(p_task=task_id)
 
-        def body(conn: Connection) -> tuple[list[RecordRow], HeadRow | None]:
-            return hq.GET_CHAIN.rows(conn, keys), hq.GET_HEAD.first(conn, keys)
-
-        rows, head = await self._read(f"verifying the history of task {task_id!r}", body)
-        if not rows and head is None:
+        records, head = await self._read(f"verifying the history of task {task_id!r}",
+                                         lambda conn: read_chain(conn, keys))
+        if not records and head is None:
             raise UnknownHistoryError(task_id)
-        return verify_chain(task_id, [stored_record(r) for r in rows],
-                            None if head is None else stored_head(head), self.options)
+        return verify_chain(task_id, records, None if head is None else stored_head(head),
+                            self.options, snapshots=True)
 
     async def last_verified(self, task_id: str) -> tuple[ChainReport, CheckpointRecord | None]:
         """The walk of the task's chain, and its newest record that verified with every
@@ -306,15 +341,12 @@ class HistoryStore:
         check_id("task_id", task_id)
         keys = self._keys(p_task=task_id)
 
-        def body(conn: Connection) -> tuple[list[RecordRow], HeadRow | None]:
-            return hq.GET_CHAIN.rows(conn, keys), hq.GET_HEAD.first(conn, keys)
-
-        rows, head = await self._read(f"verifying the history of task {task_id!r}", body)
-        if not rows and head is None:
+        records, head = await self._read(f"verifying the history of task {task_id!r}",
+                                         lambda conn: read_chain(conn, keys))
+        if not records and head is None:
             raise UnknownHistoryError(task_id)
-        records = [stored_record(r) for r in rows]
-        report = verify_chain(task_id, records,
-                              None if head is None else stored_head(head), self.options)
+        report = verify_chain(task_id, records, None if head is None else stored_head(head),
+                              self.options, snapshots=True)
         good = next((r for r in records if r.seq == report.last_good_seq), None)
         return report, None if good is None else record_model(good, self.options)
 
@@ -322,6 +354,16 @@ class HistoryStore:
         """The tenant's tasks that have a history, by id, after ``after`` (paging)."""
         check_limit(limit)
         return [row.logical_task_id for row in await self._heads(after, limit)]
+
+    async def headless_task_ids(self, *, after: str = "", limit: int = 1000) -> list[str]:
+        """The tenant's tasks that have records but no head, by id, after ``after``
+        (paging): chains :meth:`task_ids` does not list, whose head was deleted.
+        :meth:`verify_task` reports each as broken."""
+        check_limit(limit)
+        keys = self._keys(p_after=after, p_limit=limit)
+        rows = await self._read("listing the chains without a head", lambda conn: (
+            hq.LIST_HEADLESS.rows(conn, keys)))
+        return [row[0] for row in rows]
 
     async def _heads(self, after: str, limit: int) -> list[HeadRow]:
         keys = self._keys(p_after=after, p_limit=limit)
@@ -416,21 +458,23 @@ class HistoryStore:
         """Append a record of ``state`` (sections of the record: ``execution_state``,
         ``context_summary``, ``metrics``, ``recovery``, ``extensions``) to the task's
         chain, for history kept without the runtime; its checkpoint id."""
-        return await self._append(task_id, agent_id, dict(state), phase=phase)
+        return await self._append(task_id, agent_id, _sections(state, "state"), phase=phase)
 
     async def update_checkpoint(self, checkpoint_id: str, partial_state: Mapping[str, Any]
                                 ) -> str:
         """Records are immutable: append a record that amends ``checkpoint_id`` with
         ``partial_state`` merged over its sections; the new record's id."""
+        partial = _sections(partial_state, "partial_state")
         base = await self.get_checkpoint(checkpoint_id)
         document = base.model_dump(mode="json")
         state: dict[str, Any] = {}
-        for section in ("execution_state", "context_summary", "recovery", "extensions"):
-            merged = {**document.get(section, {}), **dict(partial_state.get(section) or {})}
-            state[section] = merged
+        for section in AGENT_SECTIONS:
+            # What the agent part of the amended record said (meshpoint's own fields
+            # are filled anew), with the amendment over it.
+            kept = {k: v for k, v in document.get(section, {}).items()
+                    if k not in MESHPOINT_FIELDS[section]}
+            state[section] = {**kept, **partial.get(section, {})}
         state["extensions"] = {**state["extensions"], "amends": checkpoint_id}
-        state["recovery"] = {k: v for k, v in state["recovery"].items()
-                             if k in ("rollback_instructions", "continuation_prompt")}
         return await self._append(base.metadata.task_id, base.metadata.agent_id, state,
                                   phase=state["execution_state"].get("phase"))
 
@@ -448,6 +492,8 @@ class HistoryStore:
         """Record that ``child_id``'s chain continues ``parent_id``'s (a handoff to a
         fresh iteration): a record appended to the child's chain names the parent
         record and its hash, so the link is verifiable; the new record's id."""
+        if parent_id == child_id:
+            raise InvalidArgumentError(f"a record cannot be linked to itself ({parent_id!r})")
         parent = await self.get_checkpoint(parent_id)
         child = await self.get_checkpoint(child_id)
         return await self._append(child.metadata.task_id, child.metadata.agent_id, {
@@ -465,8 +511,19 @@ class HistoryStore:
         keys = self._keys(p_task=task_id, p_agent=agent_id)
 
         def body(conn: Connection) -> str:
+            if q.TASK_STATE.first(conn, keys) is not None:
+                raise CheckpointConflictError(
+                    f"task {task_id!r} is live (paused or running in the runtime): its "
+                    "records are written by its checkpoints, and the agent adds to them "
+                    "through ctx.history (docs/history.md); seed 001's appends are for "
+                    "chains kept without the runtime, or once the task has ended")
+            row = hq.GET_HEAD.first(conn, keys)
+            if row is not None and row.outcome is not None:
+                raise CheckpointConflictError(
+                    f"the history of task {task_id!r} was finalized ({row.outcome}): an "
+                    "ended chain takes no more records")
             head = stored_head_of(conn, keys)
-            if head is None and hq.GET_HEAD.first(conn, keys) is not None:
+            if head is None and row is not None:
                 raise IntegrityError("its head names a record that is not stored",
                                      task_id=task_id)
             now = self._clock()
@@ -476,11 +533,22 @@ class HistoryStore:
                 doc={"history": {"record": state}}, context_sha256=None,
                 session_event_count=0, head=head, now=now, options=self.options,
                 compress_threshold=self._compress_threshold, snapshot_context=None)
-            write_record(conn, {**keys, "p_now": now,
-                                **record_params(planned, outcome=outcome)})
+            try:
+                write_record(conn, {**keys, "p_now": now,
+                                    **record_params(planned, outcome=outcome)})
+            except exc.IntegrityError:  # record n taken by a concurrent append
+                raise HeadMovedError(f"another writer appended to the history of task "
+                                     f"{task_id!r} at the same time") from None
             return planned.checkpoint_id
 
-        return str(await self._write(f"appending to the history of task {task_id!r}", body))
+        doing = f"appending to the history of task {task_id!r}"
+        for attempt in range(_APPEND_ATTEMPTS):
+            try:
+                return str(await self._write(doing, body))
+            except HeadMovedError:  # planned on a head that moved: plan it again
+                if attempt == _APPEND_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -504,3 +572,21 @@ class HistoryStore:
             raise IntegrityError(why, task_id=record.task_id,
                                  checkpoint_id=record.checkpoint_id, seq=record.seq)
 
+
+
+def _sections(state: Any, name: str) -> dict[str, Any]:
+    """``state``, an agent's sections of a record, as a dict of dicts;
+    InvalidArgumentError naming what is wrong (each section's fields are checked when
+    the record is planned: :func:`meshpoint.history.agent_part`)."""
+    if not isinstance(state, Mapping):
+        raise InvalidArgumentError(f"{name} must be a dict of record sections "
+                                   f"{AGENT_SECTIONS}, got {type(state).__name__}")
+    unknown = sorted(map(str, set(state) - set(AGENT_SECTIONS)))
+    if unknown:
+        raise InvalidArgumentError(f"{name}: {', '.join(unknown)}: not a section an "
+                                   f"agent fills {AGENT_SECTIONS}")
+    for section, values in state.items():
+        if not isinstance(values, Mapping):
+            raise InvalidArgumentError(f"{name}[{section!r}] must be a dict, got "
+                                       f"{type(values).__name__}")
+    return {section: dict(values) for section, values in state.items()}

@@ -40,6 +40,10 @@ has_record = bindparam("p_history", type_=Boolean)
 seq = bindparam("p_rec_seq", type_=Integer)
 record_hash = bindparam("p_rec_hash", type_=String)
 parent_hash = bindparam("p_rec_parent_hash", type_=String)
+#: Where the chain the record continues starts (a purge moves it): its head was
+#: signed with these, so a head a purge moved meanwhile is not the record's parent.
+pruned_through = bindparam("p_rec_pruned_through", type_=Integer)
+pruned_hash = bindparam("p_rec_pruned_hash", type_=String)
 
 HEAD_KEY = and_(H.c.tenant_id == tenant, H.c.logical_task_id == task)
 OF_TASK = and_(C.c.logical_task_id == task, C.c.tenant_id == tenant)
@@ -87,7 +91,9 @@ def head_is_parent() -> Any:
     """The stored head is the record's parent: its first record finds none, a later
     one finds the head it chains to (what ADVANCE_HEAD sets, a snapshot's view)."""
     stored = select(H.c.head_hash).where(HEAD_KEY, H.c.records == seq - 1,
-                                         H.c.head_hash == parent_hash)
+                                         H.c.head_hash == parent_hash,
+                                         H.c.pruned_through == pruned_through,
+                                         H.c.pruned_hash == pruned_hash)
     return ~has_record | and_(seq == 1, ~select(H.c.records).where(HEAD_KEY).exists()) \
         | stored.exists()
 
@@ -96,7 +102,8 @@ def advance_head() -> Any:
     """The head moved to the new record, if it still is the record's parent."""
     return (update(H)
             .where(HEAD_KEY, has_record, seq > 1, H.c.records == seq - 1,
-                   H.c.head_hash == parent_hash)
+                   H.c.head_hash == parent_hash, H.c.pruned_through == pruned_through,
+                   H.c.pruned_hash == pruned_hash)
             .values({name: value for name, value in _HEAD.items()
                      if name not in ("tenant_id", "logical_task_id", "agent_name")}))
 
@@ -108,7 +115,8 @@ INSERT_HEAD = Statement(
     "insert_head", "Inserts a task's history head with its first record.", insert_head())
 ADVANCE_HEAD = Statement(
     "advance_head", "Moves a task's history head to its new record if the head is the "
-    "record's parent (a compare-and-set on the previous hash).", advance_head())
+    "record's parent (a compare-and-set on the previous hash and where the chain "
+    "starts).", advance_head())
 
 # -- reads ----------------------------------------------------------------------------
 
@@ -130,6 +138,9 @@ GET_SNAPSHOT = Statement(
 GET_CHAIN = Statement(
     "get_chain", "Reads a task's history records, oldest first.",
     select(*RECORD_COLUMNS).where(OF_TASK).order_by(C.c.seq), row=RecordRow)
+GET_CHAIN_SNAPSHOTS = Statement(
+    "get_chain_snapshots", "Reads the snapshots of a task's history records by position.",
+    select(C.c.seq, C.c.snapshot, C.c.snapshot_encoding).where(OF_TASK).order_by(C.c.seq))
 GET_HISTORY = Statement(
     "get_history", "Reads a task's newest history records, newest first.",
     select(*RECORD_COLUMNS).where(OF_TASK).order_by(C.c.seq.desc()).limit(limit),
@@ -147,6 +158,15 @@ LIST_HEADS = Statement(
     select(*HEAD_COLUMNS).where(H.c.tenant_id == tenant,
                                 H.c.logical_task_id > bindparam("p_after", type_=String))
     .order_by(H.c.logical_task_id).limit(limit), row=HeadRow)
+
+LIST_HEADLESS = Statement(
+    "list_headless", "Lists the tenant's tasks that have history records but no head "
+    "(a head deleted: verify reports them), after a task id (paging).",
+    select(C.c.logical_task_id).distinct().where(
+        C.c.tenant_id == tenant, C.c.logical_task_id > bindparam("p_after", type_=String),
+        ~select(H.c.records).where(H.c.tenant_id == C.c.tenant_id,
+                                   H.c.logical_task_id == C.c.logical_task_id).exists())
+    .order_by(C.c.logical_task_id).limit(limit))
 
 # -- retention ----------------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from sqlalchemy import (
     insert,
     literal,
     literal_column,
+    or_,
     select,
     true,
     type_coerce,
@@ -138,17 +139,31 @@ def _first_checkpoint(history: bool) -> Any:
     body must say why."""
     new_task = q.insert_task().returning(T.c.logical_task_id).cte("new_task")
     written = select(new_task.c.logical_task_id).exists()
-    return (select(func.count()).select_from(new_task)
-            .add_cte(new_task, *_child_inserts(written),
-                     *(_record_inserts(written) if history else ())))
+    if not history:
+        return (select(func.count()).select_from(new_task)
+                .add_cte(new_task, *_child_inserts(written)))
+    record, head, moved = _record_inserts(written)
+    return (select(func.count(), _head_moved_or_fail(written, moved))
+            .select_from(new_task).add_cte(new_task, *_child_inserts(written),
+                                           record, head, moved))
 
 
-def _record_inserts(*where: Any) -> tuple[Any, ...]:
+def _record_inserts(*where: Any) -> tuple[Any, Any, Any]:
     """The CTEs writing a checkpoint's history record and moving its task's head
     (insert_record, and insert_head or advance_head), each under ``where``."""
     return (hq.insert_record(*where).cte("new_record"),
             hq.insert_head(*where).cte("new_head"),
-            hq.advance_head().where(*where).cte("moved_head"))
+            hq.advance_head().where(*where).returning(hq.H.c.records)
+            .cte("moved_head"))
+
+
+def _head_moved_or_fail(written: Any, moved: Any) -> Any:
+    """1, or a division by zero (the whole statement rolled back) if a record after
+    the first was written and did not move its head: the head was not its parent
+    when the update ran (a purge or another writer moved it after the statement's
+    snapshot). The portable body then says so."""
+    fine = or_(~written, ~hq.has_record, hq.seq == 1, select(moved.c.records).exists())
+    return (literal(1) / cast(fine, Integer)).label("head_moved_or_fail")
 
 
 #: Each write and the restore come in two forms: with the history (the default) and
@@ -188,9 +203,12 @@ def _recheckpoint(history: bool) -> Any:
                 .cte("old_invocations"))
     deletes_done = (select(func.count()).select_from(old_subs).scalar_subquery()
                     + select(func.count()).select_from(old_invs).scalar_subquery()) >= 0
-    return (select(rewritten.c.version)
-            .add_cte(rewritten, old_subs, old_invs, *_child_inserts(done, deletes_done),
-                     *(_record_inserts(done) if history else ())))
+    children = _child_inserts(done, deletes_done)
+    if not history:
+        return select(rewritten.c.version).add_cte(rewritten, old_subs, old_invs, *children)
+    record, head, moved = _record_inserts(done)
+    return (select(rewritten.c.version, _head_moved_or_fail(done, moved))
+            .add_cte(rewritten, old_subs, old_invs, *children, record, head, moved))
 
 
 RECHECKPOINT = {
@@ -321,13 +339,26 @@ class PostgresFastPaths(FastPaths):
         return await self._fetch(statement, params)
 
     async def first_checkpoint(self, params: dict[str, Any]) -> int | Portable:
-        (written,), = await self._fetch(FIRST_CHECKPOINT[params["p_history"]],
-                                        _children_as_text(params))
+        rows = await self._unless_head_moved(FIRST_CHECKPOINT[params["p_history"]], params)
+        written = rows is not PORTABLE and bool(rows[0][0])
         return 1 if written else PORTABLE  # not written: the task ended, as the body says
 
     async def recheckpoint(self, params: dict[str, Any]) -> int | Portable:
-        rows = await self._fetch(RECHECKPOINT[params["p_history"]], _children_as_text(params))
-        return rows[0].version if rows else PORTABLE  # refused: the body says why
+        rows = await self._unless_head_moved(RECHECKPOINT[params["p_history"]], params)
+        if rows is PORTABLE or not rows:
+            return PORTABLE  # refused: the body says why
+        return int(rows[0].version)
+
+    async def _unless_head_moved(self, statement: Statement, params: dict[str, Any]
+                                 ) -> Any:
+        """The rows of a checkpoint's statement, or PORTABLE if it was rolled back
+        because its record did not move the head (see _head_moved_or_fail)."""
+        try:
+            return await self._fetch(statement, _children_as_text(params))
+        except exc.DBAPIError as error:
+            if getattr(error.orig, "sqlstate", None) == "22012":
+                return PORTABLE
+            raise
 
     async def resolve_one(self, params: Callable[[], dict[str, Any]],
                           lease_owner: str | None) -> Resolution | Portable | None:

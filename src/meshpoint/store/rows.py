@@ -143,9 +143,29 @@ def check_timeout(name: str, value: Any) -> None:
         raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
+#: The largest ``limit`` a read takes: PostgreSQL's LIMIT is bound as a 32-bit int.
+MAX_LIMIT = 2**31 - 1
+
+
 def check_limit(limit: Any) -> None:
-    if type(limit) is not int or limit < 1:
-        raise InvalidArgumentError(f"limit must be a positive int, got {limit!r}")
+    if type(limit) is not int or not 1 <= limit <= MAX_LIMIT:
+        raise InvalidArgumentError(
+            f"limit must be an int from 1 to {MAX_LIMIT}, got {limit!r}")
+
+
+def check_time_range(since: Any, until: Any) -> tuple[float, float]:
+    """``(since, until)`` as epoch seconds (None: no end); InvalidArgumentError
+    unless both are finite numbers and ``since <= until``."""
+    for name, value in (("since", since), ("until", until)):
+        if name == "until" and value is None:
+            continue
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise InvalidArgumentError(
+                f"{name} must be epoch seconds (a finite int or float), got {value!r:.80}")
+    end = math.inf if until is None else float(until)
+    if float(since) > end:
+        raise InvalidArgumentError(f"since ({since}) is after until ({until})")
+    return float(since), end
 
 
 def check_ttl(ttl_s: Any) -> None:

@@ -48,7 +48,13 @@ from meshpoint.store import queries as q
 from meshpoint.store.base import TIMEOUT_RESULT, Store
 from meshpoint.store.checkpoints import insert_children, plan_checkpoint, rewrite_task
 from meshpoint.store.engine import Database, is_retryable, translate
-from meshpoint.store.history import HistoryStore, finalize, stored_head_of, write_record
+from meshpoint.store.history import (
+    HeadMovedError,
+    HistoryStore,
+    finalize,
+    stored_head_of,
+    write_record,
+)
 from meshpoint.store.hooks import NO_FAST_PATHS, Portable
 from meshpoint.store.joins import advance
 from meshpoint.store.records import (
@@ -77,11 +83,12 @@ __all__ = ["TIMEOUT_RESULT", "SqlStore"]
 
 R = TypeVar("R")
 logger = logging.getLogger("meshpoint.store")
+#: Tries of a first checkpoint that continues an ended chain a purge moved meanwhile.
+_HEAD_ATTEMPTS = 3
 
 
 class _Collision(Exception):
     """A checkpoint hit a unique key; its transaction is rolled back (internal)."""
-
 
 
 def _deadlock_backoff(state: RetryCallState) -> float:
@@ -289,15 +296,25 @@ class SqlStore(Store):
                     f"task {ctx.task_id!r} is already checkpointed; a resumed task is "
                     "checkpointed again by the holder of its resume lease (lease_owner=)"
                 ) from None
-            if lease_owner is None and plan.planned is not None and head is not None:
+            for attempt in range(_HEAD_ATTEMPTS):
+                if lease_owner is not None or plan.planned is None or head is None:
+                    break
                 # The id of an ended task whose end was forgotten, started again: its
-                # history goes on from where the earlier task's ended.
+                # history goes on from where the earlier task's ended (planned again
+                # if a purge moved where that chain starts meanwhile).
                 plan = plan.with_head(head)
                 params = plan.params
                 try:
                     return plan.committed(ctx, await self._write(doing, body))
                 except _Collision as again:
                     problem = str(again)
+                    break
+                except HeadMovedError:
+                    if attempt == _HEAD_ATTEMPTS - 1:
+                        raise
+                    exists, head = await self._read("checking a collision", task_exists)
+                    if exists:
+                        break
             raise CheckpointConflictError(
                 f"checkpoint of task {ctx.task_id!r} collides with stored rows (a sub-task "
                 f"id already in use, or conversation events already stored): {problem}"
@@ -493,6 +510,11 @@ class SqlStore(Store):
             rows = await self._fast.restore(keys)
         if isinstance(rows, Portable):
             rows = await self._read(doing, body)
+        if history and verify and rows.task is not None and rows.head is None:
+            # No head: checkpointed without a history, or its head was deleted, which
+            # must not pass for the former: a record of the task says it had one.
+            rows = rows._replace(latest=await self._read(doing, lambda conn: (
+                hq.GET_HISTORY.first(conn, {**keys, "p_limit": 1}))))
         result = restored(task_id, rows, lease_owner) if not (history and verify) \
             else await self._verified.restore(task_id, rows, lease_owner)
         ctx = result.context
@@ -562,17 +584,24 @@ class SqlStore(Store):
         final = None if ctx is None or not self._history.enabled else ctx.checkpoint_delta()
         head = None if ctx is None else ctx.history_head
 
+        children = (q.DELETE_TASK_SUB_TASKS, q.DELETE_TASK_INVOCATIONS, q.DELETE_TASK_EVENTS)
+
         def body(conn: Connection) -> None:
             # Children first, matching the lock order of resolvers (see queries.py).
             # These deletes are what keeps a task from leaving orphans (no foreign keys).
-            for statement in (q.DELETE_TASK_SUB_TASKS, q.DELETE_TASK_INVOCATIONS,
-                              q.DELETE_TASK_EVENTS):
+            for statement in children:
                 statement.rows(conn, keys)
             delete = q.DELETE_TASK if lease_owner is None else q.DELETE_TASK_OF_OWNER
             deleted = delete.first(conn, keys)
             if deleted is None:
                 self._raise_if_unknown_task(conn, task_id)
                 raise LeaseNotHeldError(task_id, lease_owner)
+            if conn.dialect.name == "postgresql":
+                # Under READ COMMITTED the task row's delete may have waited for the
+                # holder's re-checkpoint, whose new children committed after the
+                # deletes above: delete them too (SQLite's write lock rules this out).
+                for statement in children:
+                    statement.rows(conn, keys)
             q.RECORD_ENDED.rows(conn, {**keys, "p_agent": deleted.agent_name,
                                        "p_now": self._clock()})
             if self._history.enabled:

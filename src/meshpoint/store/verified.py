@@ -31,7 +31,7 @@ import hashlib
 import time
 import zlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -52,6 +52,7 @@ from meshpoint.store import queries as q
 from meshpoint.store.checkpoints import SPLIT_KEYS
 from meshpoint.store.history import (
     head_of,
+    read_chain,
     record_params,
     stored_head,
     stored_head_of,
@@ -60,7 +61,13 @@ from meshpoint.store.history import (
 )
 from meshpoint.store.records import RestoredTask
 from meshpoint.store.rows import RestoreRows, TaskRow, join_events, restored
-from meshpoint.verification import StoredRecord, verify_chain, verify_head, verify_record
+from meshpoint.verification import (
+    StoredRecord,
+    snapshot_problem,
+    verify_chain,
+    verify_head,
+    verify_record,
+)
 
 #: The result a call gets when the answer it had was lost with a record that failed
 #: verification (a rewind): the model sees the call failed and may make it again.
@@ -108,7 +115,10 @@ class VerifiedRestore:
                 else:
                     result.context.history_head = head_of(latest, rows.head)
                     return result
-            return await self._repair(task_id, rows, latest, live_problem, lease_owner)
+            try:
+                return await self._repair(task_id, rows, latest, live_problem, lease_owner)
+            except IntegrityError as error:  # its snapshot failed too: walk the chain
+                why = f"{live_problem}; and its last record: {error.reason}"
         return await self._fall_back(task_id, rows, why, lease_owner)
 
     # -- the last record ----------------------------------------------------------------
@@ -154,15 +164,18 @@ class VerifiedRestore:
         """The verified snapshot stored with ``record``."""
         row = await self.read(f"reading the snapshot of {record.checkpoint_id}", lambda conn: (
             hq.GET_SNAPSHOT.first(conn, self._keys(p_rec_id=record.checkpoint_id))))
-        expected = (record.document.get("recovery") or {}).get("snapshot_sha256")
+        read = replace(record, snapshot=None if row is None or row.snapshot is None
+                       else bytes(row.snapshot),
+                       snapshot_encoding=None if row is None else row.snapshot_encoding)
         try:
-            if row is None or row.snapshot is None or expected is None:
+            if (record.document.get("recovery") or {}).get("snapshot_sha256") is None:
                 raise ValueError("the record has no snapshot")
-            raw = bytes(row.snapshot)
-            if row.snapshot_encoding == "zlib":
+            why = snapshot_problem(read)
+            if why is not None:
+                raise ValueError(why)
+            raw = bytes(read.snapshot or b"")
+            if read.snapshot_encoding == "zlib":
                 raw = zlib.decompress(raw)
-            if hashlib.sha256(raw).hexdigest() != expected:
-                raise ValueError("the snapshot does not hash to what its record says")
             snapshot = orjson.loads(raw)
             if "context" not in snapshot and "snapshot" in self.options.encrypt_fields:
                 from meshpoint.history import encryption_keys
@@ -184,13 +197,10 @@ class VerifiedRestore:
                          lease_owner: str | None) -> RestoredTask:
         keys = self._keys(p_task=task_id)
 
-        def chain(conn: Connection) -> Any:
-            return hq.GET_CHAIN.rows(conn, keys), hq.GET_HEAD.first(conn, keys)
-
-        records, head = await self.read(f"verifying the history of task {task_id!r}", chain)
-        stored = [stored_record(r) for r in records]
+        stored, head = await self.read(f"verifying the history of task {task_id!r}",
+                                       lambda conn: read_chain(conn, keys))
         report = verify_chain(task_id, stored, None if head is None else stored_head(head),
-                              self.options)
+                              self.options, snapshots=True)
         if report.ok:  # the last record changed meanwhile (a concurrent writer): retry
             raise IntegrityError(f"{why} (but the chain now verifies: restore again)",
                                  task_id=task_id)

@@ -1,4 +1,4 @@
--- Moves a task's history head to its new record if the head is the record's parent (a compare-and-set on the previous hash).
+-- Moves a task's history head to its new record if the head is the record's parent (a compare-and-set on the previous hash and where the chain starts).
 UPDATE agent_checkpoint_heads
 SET records=:p_rec_seq::INTEGER, head_id=:p_rec_id::VARCHAR, head_hash=:p_rec_hash::VARCHAR,
   signature=:p_rec_head_signature::VARCHAR, key_id=:p_rec_head_key_id::VARCHAR, outcome=:p_rec_outcome::VARCHAR,
@@ -8,4 +8,6 @@ WHERE agent_checkpoint_heads.tenant_id = :p_tenant::VARCHAR
   AND :p_history::BOOLEAN
   AND :p_rec_seq::INTEGER > 1
   AND agent_checkpoint_heads.records = :p_rec_seq::INTEGER - 1
-  AND agent_checkpoint_heads.head_hash = :p_rec_parent_hash::VARCHAR;
+  AND agent_checkpoint_heads.head_hash = :p_rec_parent_hash::VARCHAR
+  AND agent_checkpoint_heads.pruned_through = :p_rec_pruned_through::INTEGER
+  AND agent_checkpoint_heads.pruned_hash = :p_rec_pruned_hash::VARCHAR;

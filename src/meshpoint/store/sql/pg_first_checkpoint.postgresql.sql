@@ -82,8 +82,18 @@ WITH
      AND :p_rec_seq::INTEGER > 1
      AND agent_checkpoint_heads.records = :p_rec_seq::INTEGER - 1
      AND agent_checkpoint_heads.head_hash = :p_rec_parent_hash::VARCHAR
+     AND agent_checkpoint_heads.pruned_through = :p_rec_pruned_through::INTEGER
+     AND agent_checkpoint_heads.pruned_hash = :p_rec_pruned_hash::VARCHAR
      AND (EXISTS
             (SELECT new_task.logical_task_id
-             FROM new_task)))
-SELECT count(*) AS count_1
+             FROM new_task)) RETURNING agent_checkpoint_heads.records)
+SELECT count(*) AS count_1,
+  1 / CAST(CAST(NOT (EXISTS
+                       (SELECT new_task.logical_task_id
+                        FROM new_task))
+                OR NOT :p_history::BOOLEAN
+                OR :p_rec_seq::INTEGER = 1
+                OR (EXISTS
+                      (SELECT moved_head.records
+                       FROM moved_head)) AS INTEGER) AS NUMERIC) AS head_moved_or_fail
 FROM new_task;

@@ -28,7 +28,9 @@ WITH
                  WHERE agent_checkpoint_heads.tenant_id = :p_tenant::VARCHAR
                    AND agent_checkpoint_heads.logical_task_id = :p_task::VARCHAR
                    AND agent_checkpoint_heads.records = :p_rec_seq::INTEGER - 1
-                   AND agent_checkpoint_heads.head_hash = :p_rec_parent_hash::VARCHAR))) RETURNING agent_paused_tasks.version),
+                   AND agent_checkpoint_heads.head_hash = :p_rec_parent_hash::VARCHAR
+                   AND agent_checkpoint_heads.pruned_through = :p_rec_pruned_through::INTEGER
+                   AND agent_checkpoint_heads.pruned_hash = :p_rec_pruned_hash::VARCHAR))) RETURNING agent_paused_tasks.version),
   old_sub_tasks AS
   (DELETE
    FROM agent_peer_sub_tasks
@@ -128,8 +130,18 @@ WITH
      AND :p_rec_seq::INTEGER > 1
      AND agent_checkpoint_heads.records = :p_rec_seq::INTEGER - 1
      AND agent_checkpoint_heads.head_hash = :p_rec_parent_hash::VARCHAR
+     AND agent_checkpoint_heads.pruned_through = :p_rec_pruned_through::INTEGER
+     AND agent_checkpoint_heads.pruned_hash = :p_rec_pruned_hash::VARCHAR
      AND (EXISTS
             (SELECT rewritten.version
-             FROM rewritten)))
-SELECT rewritten.version
+             FROM rewritten)) RETURNING agent_checkpoint_heads.records)
+SELECT rewritten.version,
+  1 / CAST(CAST(NOT (EXISTS
+                       (SELECT rewritten.version
+                        FROM rewritten))
+                OR NOT :p_history::BOOLEAN
+                OR :p_rec_seq::INTEGER = 1
+                OR (EXISTS
+                      (SELECT moved_head.records
+                       FROM moved_head)) AS INTEGER) AS NUMERIC) AS head_moved_or_fail
 FROM rewritten;
