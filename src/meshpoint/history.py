@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import math
 import zlib
 from collections.abc import Mapping
@@ -55,6 +56,8 @@ from meshpoint.integrity import (
     head_message,
 )
 from meshpoint.record import SCHEMA_VERSION, ContextSummary, ExecutionState, Metrics, Recovery
+
+logger = logging.getLogger("meshpoint.history")
 
 #: The phases a record's ``execution_state.phase`` takes when the agent does not set
 #: one: the pause it was written at, or how the task ended.
@@ -426,6 +429,25 @@ def check_annotations(annotations: Any) -> dict[str, Any]:
     if retention is not None:
         parse_retention(str(retention))
     return agent_record
+
+
+def sound_annotations(annotations: Any, where: str) -> dict[str, Any]:
+    """``annotations`` (a task's ``ctx.history``) as far as :func:`check_annotations`
+    takes them: whole, or without the agent's record part, or nothing; what is left
+    out is logged. For the records a task must be able to write whatever its context
+    holds (its end, a rewind), where refusing would leave the task unable to end."""
+    candidates = [annotations]
+    if isinstance(annotations, dict):
+        candidates.append({k: v for k, v in annotations.items() if k != "record"})
+    for candidate in candidates:
+        try:
+            check_annotations(candidate)
+        except InvalidArgumentError as error:
+            logger.warning("%s: its record is written without what ctx.history sets: %s",
+                           where, error)
+            continue
+        return dict(candidate)
+    return {}
 
 
 _SECTION_MODELS: dict[str, type[BaseModel]] = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,8 @@ class Plan:
     rounds: int
     tasks: int
     out_path: str
+    policy: str = "last:2"  # the retention the purge applies
+    ahead_s: float = 0.0  # how far ahead of the real clock the purge's clock runs
 
 
 def history(seed: str, retention: str | None = None) -> HistoryOptions:
@@ -48,8 +51,11 @@ def run(plan: Plan, barrier: Any) -> None:
 async def _run(plan: Plan, barrier: Any) -> None:
     seen: Counter[str] = Counter()
     rng = random.Random(plan.role)
-    async with open_store(plan.url, history=history(plan.seed, "last:2"), pool_size=2,
-                          **plan.options) as store:
+    def clock() -> float:
+        return time.time() + plan.ahead_s
+
+    async with open_store(plan.url, history=history(plan.seed, plan.policy), pool_size=2,
+                          clock=clock, **plan.options) as store:
         for r in range(plan.rounds):
             tenant = store.for_tenant(f"r{r}")
             barrier.wait()

@@ -67,6 +67,16 @@ async def test_appends_refuse_a_live_task_and_a_finalized_chain(store: SqlStore)
         await store.history.link_checkpoints(last, last)
 
 
+async def test_appends_at_once_all_land_one_after_the_other(store: SqlStore) -> None:
+    first = await store.history.create_checkpoint("audit", "planner", {})
+    ids = await asyncio.gather(*(store.history.create_checkpoint(
+        "audit", "planner", {"extensions": {"n": n}}) for n in range(8)))
+    chain = await store.history.get_checkpoint_history("audit")
+    assert sorted(r.metadata.seq for r in chain) == list(range(1, 10))
+    assert {r.metadata.checkpoint_id for r in chain} == {first, *ids}
+    assert (await store.history.verify_task("audit")).ok
+
+
 async def test_an_agents_part_of_a_record_is_checked_before_it_is_written(
         store: SqlStore) -> None:
     for state, problem in (
@@ -230,3 +240,18 @@ def test_verify_all_reports_a_chain_whose_head_was_deleted(tmp_path: object) -> 
     (bad,) = [r for r in found["reports"] if not r["ok"]]
     assert (bad["task_id"], bad["kind"]) == ("t1", "broken")
     assert "no head" in bad["reason"]
+
+
+async def test_a_task_whose_context_holds_a_bad_record_part_still_ends(
+        store: SqlStore, caplog: pytest.LogCaptureFixture) -> None:
+    ctx = fan_out("t1", peers=1)
+    await store.checkpoint_task(ctx, AGENT)
+    # Set on the context directly (not through a hook, which is checked), or written
+    # before the check existed: the task's end is recorded without it.
+    ctx.history["record"] = {"metrics": {"cost": {}}, "extensions": {"note": "kept?"}}
+    await store.cleanup_task("t1", ctx=ctx)
+    assert set((await store.live_row_counts()).values()) == {0}
+    latest = await store.history.get_latest_checkpoint("t1")
+    assert latest is not None and latest.execution_state.phase == "completed"
+    assert latest.extensions == {} and latest.metrics.cost["total"] == "0"
+    assert "its record is written without what ctx.history sets" in caplog.text

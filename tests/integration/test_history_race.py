@@ -2,12 +2,13 @@
 purge of ended chains and the checkpoints that continue them, at once.
 
 The id of a task that ended, and whose end the ledger forgot, may be checkpointed
-again: its chain goes on from where it ended. A purge of that chain (``last:2``)
-moves where it starts and signs its head anew meanwhile. The new record must then be
-planned on the head as it is now; before, it was written with the head's old start
-under a signature for that start, and the head no longer verified (7 of 150 chains
-on SQLite, 8 of 150 on PostgreSQL, in a review's race). Every chain must verify,
-signatures included, and every restart must have succeeded."""
+again: its chain goes on from where it ended. A purge of that chain moves where it
+starts and signs its head anew (``last:2``), or removes it whole (``days:1``, the
+purge's clock two days ahead) meanwhile. The new record must then be planned on the
+head as it is now, or as a first record; before, it was written with the head's old
+start under a signature for that start, and the head no longer verified (7 of 150
+chains on SQLite, 8 of 150 on PostgreSQL, in a review's race). Every chain must
+verify, signatures included, and every restart must have succeeded."""
 
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ pytestmark = [pytest.mark.race, pytest.mark.portable_too]
 ROUNDS, TASKS = 12, 5
 
 
+@pytest.mark.parametrize(("policy", "ahead_s"), [("last:2", 0.0), ("days:1", 2 * 86_400.0)])
 async def test_a_purge_racing_the_restart_of_ended_chains_leaves_every_chain_verifiable(
-        empty_database: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
+        empty_database: tuple[str, dict[str, Any]], tmp_path: Path, policy: str,
+        ahead_s: float) -> None:
     url, options = empty_database
     seed = private_seed(Ed25519PrivateKey.generate())
     async with open_store(url, history=worker.history(seed), **options) as store:
@@ -49,7 +52,8 @@ async def test_a_purge_racing_the_restart_of_ended_chains_leaves_every_chain_ver
     spawn = multiprocessing.get_context("spawn")
     barrier = spawn.Barrier(2)
     plans = [worker.Plan(role=role, url=url, options=options, seed=seed, rounds=ROUNDS,
-                         tasks=TASKS, out_path=str(tmp_path / f"{role}.json"))
+                         tasks=TASKS, out_path=str(tmp_path / f"{role}.json"),
+                         policy=policy, ahead_s=ahead_s if role == "purge" else 0.0)
              for role in ("purge", "restart")]
     processes = [spawn.Process(target=worker.run, args=(plan, barrier)) for plan in plans]
     for process in processes:
@@ -74,6 +78,6 @@ async def test_a_purge_racing_the_restart_of_ended_chains_leaves_every_chain_ver
                 assert (await tenant.restore_task(f"t{n}", lease_owner="w")).context
     bad = [(r.task_id, r.reason) for r in reports if not r.ok]
     assert len(reports) == ROUNDS * TASKS and bad == [], bad
-    print(f"\nhistory race on {url.split(':')[0]}: {ROUNDS * TASKS} ended chains restarted "
-          f"while purged ({seen['purged']} purged, {seen['skipped']} skipped as changed "
-          "meanwhile): every chain verifies, signatures included")
+    print(f"\nhistory race on {url.split(':')[0]} ({policy}): {ROUNDS * TASKS} ended chains "
+          f"restarted while purged ({seen['purged']} purged, {seen['skipped']} skipped as "
+          "changed meanwhile): every chain verifies, signatures included")

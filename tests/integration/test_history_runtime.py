@@ -5,6 +5,7 @@ its caller is told."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -74,6 +75,25 @@ async def test_a_history_hook_that_sets_a_bad_record_is_logged_and_left_out(
     assert all(r.metrics.cost["currency"] and r.metrics.tests_status is None
                for r in records)  # what the hook set is not in them
     assert "its history hook failed" in caplog.text and "cost is filled by" in caplog.text
+
+
+class OverCachedModel(ScriptedModel):
+    """Reports more cached tokens than prompt tokens (an endpoint counting them apart)."""
+
+    def _respond(self, messages: list[dict[str, Any]], text: str | None,
+                 calls: tuple[Any, ...]) -> Any:
+        response = super()._respond(messages, text, calls)
+        usage = replace(response.usage, cached_tokens=response.usage.prompt_tokens + 100)
+        return replace(response, usage=usage)
+
+
+async def test_a_models_token_report_that_cannot_be_counted_does_not_fail_the_task(
+        mesh: Mesh, live_store: SqlStore, caplog: pytest.LogCaptureFixture) -> None:
+    await mesh.run(Agent("coordinator", OverCachedModel()))
+    request_id = await mesh.client.submit("coordinator", "Say hello")
+    answer = await mesh.client.wait(request_id, timeout_s=10)
+    assert answer.status.state is a2a.TaskState.COMPLETED
+    assert "the model's token usage is not counted: cached_tokens" in caplog.text
 
 
 async def test_a_broken_history_blocks_the_task_and_tells_its_caller(

@@ -114,6 +114,23 @@ def test_token_usage_totals_and_breakdowns() -> None:
     assert usage.totals["cached_tokens"] == 4  # nothing of the refused call was added
 
 
+def test_an_endpoint_that_counts_cached_tokens_apart_has_them_in_the_prompt() -> None:
+    from types import SimpleNamespace
+
+    from meshpoint.llm.openai import _usage
+
+    for prompt in (None, 10):
+        reply = SimpleNamespace(usage=SimpleNamespace(
+            prompt_tokens=prompt, completion_tokens=3,
+            prompt_tokens_details=SimpleNamespace(cached_tokens=40)))
+        usage = _usage(reply)
+        assert (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens) == (
+            40, 40, 3)
+        TaskExecutionContext("t").record_token_usage(  # counted, not refused
+            model="m", source="s", prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens)
+
+
 def test_checkpoint_dict_has_persisted_fields_only() -> None:
     ctx = paused_context()
     ctx.streaming_buffer = "partial"

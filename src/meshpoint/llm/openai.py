@@ -402,9 +402,13 @@ def _usage(reply: Any) -> Usage:
     if getattr(reply, "usage", None) is None:
         return Usage()
     details = getattr(reply.usage, "prompt_tokens_details", None)
-    return Usage(prompt_tokens=reply.usage.prompt_tokens or 0,
+    prompt = reply.usage.prompt_tokens or 0
+    # Cached tokens are part of the prompt's; an endpoint that counts them apart (or
+    # reports no prompt) has them counted as prompt tokens at the cached price.
+    cached = getattr(details, "cached_tokens", 0) or 0
+    return Usage(prompt_tokens=max(prompt, cached),
                  completion_tokens=reply.usage.completion_tokens or 0,
-                 cached_tokens=getattr(details, "cached_tokens", 0) or 0)
+                 cached_tokens=cached)
 
 
 def _add(a: Usage, b: Usage) -> Usage:

@@ -25,6 +25,7 @@ from typing import Protocol
 from meshpoint import a2a
 from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import (
+    InvalidArgumentError,
     LeaseNotHeldError,
     MeshpointError,
     StoreError,
@@ -239,10 +240,14 @@ class TurnLoop:
                        state={"duration_ms": ms_since(started), "usage": response.usage})
         ctx.flags["model_calls"] = model_calls(ctx) + 1
         usage = response.usage
-        ctx.record_token_usage(model=response.model or agent.model.name, source=agent.name,
-                               prompt_tokens=usage.prompt_tokens,
-                               completion_tokens=usage.completion_tokens,
-                               cached_tokens=usage.cached_tokens)
+        try:
+            ctx.record_token_usage(model=response.model or agent.model.name,
+                                   source=agent.name, prompt_tokens=usage.prompt_tokens,
+                                   completion_tokens=usage.completion_tokens,
+                                   cached_tokens=usage.cached_tokens)
+        except InvalidArgumentError as error:  # the model's report, not the task, is wrong
+            logger.warning("agent %s: task %s: the model's token usage is not counted: %s",
+                           agent.name, ctx.task_id, error)
         return response
 
     def _begin_round(self, ctx: TaskExecutionContext, response: ModelResponse) -> None:

@@ -195,6 +195,14 @@ def is_retryable(error: BaseException) -> bool:
         type(orig).__name__ == "InvalidCachedStatementError"
 
 
+def is_unique_violation(error: BaseException) -> bool:
+    """A unique key refused a row: PostgreSQL's 23505, SQLite's ``UNIQUE constraint
+    failed`` (not a NOT NULL or CHECK constraint, which are integrity errors too)."""
+    orig = getattr(error, "orig", None)
+    return getattr(orig, "sqlstate", None) == "23505" or \
+        "UNIQUE constraint failed" in str(orig)
+
+
 @contextmanager
 def translate(doing: str) -> Iterator[None]:
     """Turn driver errors raised while ``doing`` into meshpoint errors."""

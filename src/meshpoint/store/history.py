@@ -13,6 +13,8 @@ return it.
 
 from __future__ import annotations
 
+import asyncio
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
@@ -36,11 +38,13 @@ from meshpoint.history import (
     PlannedRecord,
     parse_retention,
     plan_record,
+    sound_annotations,
 )
 from meshpoint.integrity import head_message
 from meshpoint.record import CheckpointRecord
 from meshpoint.store import history_queries as hq
 from meshpoint.store import queries as q
+from meshpoint.store.engine import is_unique_violation
 from meshpoint.store.rows import HeadRow, RecordRow, check_id, check_limit, check_time_range
 from meshpoint.verification import (
     ChainReport,
@@ -56,7 +60,7 @@ R = TypeVar("R")
 #: Heads read per query by a purge.
 _PAGE = 500
 #: Tries of a seed 001 append whose chain another writer moved meanwhile.
-_APPEND_ATTEMPTS = 3
+_APPEND_ATTEMPTS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +188,9 @@ def finalize(conn: Connection, keys: dict[str, Any], *, agent_name: str, outcome
     the stored head, read here. ``final`` is its last checkpoint document, if its
     context was at hand; without it the record keeps the task's retention policy."""
     doc: dict[str, Any] = dict(final) if final is not None else {}
+    if "history" in doc:  # the end is written whatever the context holds
+        doc["history"] = sound_annotations(doc["history"], f"the end of task "
+                                           f"{keys['p_task']!r}")
     if head is None:
         head_row = hq.GET_HEAD.first(conn, keys)
         if head_row is None:
@@ -516,7 +523,7 @@ class HistoryStore:
                     f"task {task_id!r} is live (paused or running in the runtime): its "
                     "records are written by its checkpoints, and the agent adds to them "
                     "through ctx.history (docs/history.md); seed 001's appends are for "
-                    "chains kept without the runtime, or once the task has ended")
+                    "chains kept without the runtime")
             row = hq.GET_HEAD.first(conn, keys)
             if row is not None and row.outcome is not None:
                 raise CheckpointConflictError(
@@ -536,9 +543,10 @@ class HistoryStore:
             try:
                 write_record(conn, {**keys, "p_now": now,
                                     **record_params(planned, outcome=outcome)})
-            except exc.IntegrityError:  # record n taken by a concurrent append
-                raise HeadMovedError(f"another writer appended to the history of task "
-                                     f"{task_id!r} at the same time") from None
+            except exc.IntegrityError as error:
+                if not is_unique_violation(error):
+                    raise
+                raise HeadMovedError("record n was taken by a concurrent append") from None
             return planned.checkpoint_id
 
         doing = f"appending to the history of task {task_id!r}"
@@ -546,9 +554,11 @@ class HistoryStore:
             try:
                 return str(await self._write(doing, body))
             except HeadMovedError:  # planned on a head that moved: plan it again
-                if attempt == _APPEND_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
+                await asyncio.sleep(random.uniform(0, 0.002 * (attempt + 1)))
+        raise CheckpointConflictError(
+            f"the history of task {task_id!r} moved under each of {_APPEND_ATTEMPTS} "
+            "tries to append to it (other writers appending at the same time): append "
+            "again")
 
     # -- helpers ------------------------------------------------------------------------
 

@@ -290,31 +290,35 @@ class SqlStore(Store):
                     return True, None
                 return False, stored_head_of(conn, params)
 
+            def already() -> CheckpointConflictError:
+                return CheckpointConflictError(
+                    f"task {ctx.task_id!r} is already checkpointed; a resumed task is "
+                    "checkpointed again by the holder of its resume lease (lease_owner=)")
+
             exists, head = await self._read("checking a collision", task_exists)
             if lease_owner is None and exists:
-                raise CheckpointConflictError(
-                    f"task {ctx.task_id!r} is already checkpointed; a resumed task is "
-                    "checkpointed again by the holder of its resume lease (lease_owner=)"
-                ) from None
-            for attempt in range(_HEAD_ATTEMPTS):
-                if lease_owner is not None or plan.planned is None or head is None:
-                    break
+                raise already() from None
+            if lease_owner is None and plan.planned is not None:
                 # The id of an ended task whose end was forgotten, started again: its
-                # history goes on from where the earlier task's ended (planned again
-                # if a purge moved where that chain starts meanwhile).
-                plan = plan.with_head(head)
-                params = plan.params
-                try:
-                    return plan.committed(ctx, await self._write(doing, body))
-                except _Collision as again:
-                    problem = str(again)
-                    break
-                except HeadMovedError:
-                    if attempt == _HEAD_ATTEMPTS - 1:
-                        raise
-                    exists, head = await self._read("checking a collision", task_exists)
-                    if exists:
+                # history goes on from where the earlier task's ended; planned again if
+                # a purge moved where that chain starts meanwhile, or as a first record
+                # if the purge removed it whole (then, or before the check above: a
+                # first record colliding again collided with something else).
+                first = plan
+                for attempt in range(_HEAD_ATTEMPTS):
+                    plan = first if head is None else first.with_head(head)
+                    params = plan.params
+                    try:
+                        return plan.committed(ctx, await self._write(doing, body))
+                    except _Collision as again:
+                        problem = str(again)
                         break
+                    except HeadMovedError:
+                        if attempt == _HEAD_ATTEMPTS - 1:
+                            raise
+                        exists, head = await self._read("checking a collision", task_exists)
+                        if exists:
+                            raise already() from None
             raise CheckpointConflictError(
                 f"checkpoint of task {ctx.task_id!r} collides with stored rows (a sub-task "
                 f"id already in use, or conversation events already stored): {problem}"

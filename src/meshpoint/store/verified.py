@@ -45,7 +45,14 @@ from meshpoint.errors import (
     TaskBlockedError,
     UnknownTaskError,
 )
-from meshpoint.history import HistoryHead, HistoryOptions, PlannedRecord, plan_record, seal_context
+from meshpoint.history import (
+    HistoryHead,
+    HistoryOptions,
+    PlannedRecord,
+    plan_record,
+    seal_context,
+    sound_annotations,
+)
 from meshpoint.store import event_queries as eq
 from meshpoint.store import history_queries as hq
 from meshpoint.store import queries as q
@@ -118,7 +125,9 @@ class VerifiedRestore:
             try:
                 return await self._repair(task_id, rows, latest, live_problem, lease_owner)
             except IntegrityError as error:  # its snapshot failed too: walk the chain
-                why = f"{live_problem}; and its last record: {error.reason}"
+                return await self._fall_back(
+                    task_id, rows, f"{live_problem}; and its last record: {error.reason}",
+                    lease_owner, intact_is_news=False)
         return await self._fall_back(task_id, rows, why, lease_owner)
 
     # -- the last record ----------------------------------------------------------------
@@ -194,16 +203,23 @@ class VerifiedRestore:
     # -- the last record fails: rewind or block ---------------------------------------
 
     async def _fall_back(self, task_id: str, rows: RestoreRows, why: str,
-                         lease_owner: str | None) -> RestoredTask:
+                         lease_owner: str | None, *, intact_is_news: bool = True
+                         ) -> RestoredTask:
+        """Walk the chain to rewind or block the task. ``intact_is_news``: the chain
+        failed where the restore looked, so a walk that finds it intact means another
+        writer changed it meanwhile (restore again); else (the live row and its last
+        record's snapshot both failed) an intact chain has nothing to restore from."""
         keys = self._keys(p_task=task_id)
 
         stored, head = await self.read(f"verifying the history of task {task_id!r}",
                                        lambda conn: read_chain(conn, keys))
         report = verify_chain(task_id, stored, None if head is None else stored_head(head),
                               self.options, snapshots=True)
-        if report.ok:  # the last record changed meanwhile (a concurrent writer): retry
+        if report.ok and intact_is_news:  # the last record changed meanwhile: retry
             raise IntegrityError(f"{why} (but the chain now verifies: restore again)",
                                  task_id=task_id)
+        if report.ok:
+            return await self._block(task_id, rows, why, lease_owner)
         if lease_owner is None:
             raise IntegrityError(report.reason or why, task_id=task_id,
                                  checkpoint_id=report.first_bad_id, seq=report.first_bad_seq)
@@ -237,11 +253,13 @@ class VerifiedRestore:
         sha = hashlib.sha256(raw).hexdigest()
         parent = stored_head(rows.head)
         now = self.clock()
+        annotations = sound_annotations(context.get("history") or {},
+                                        f"the rewind of task {task_id!r}")
         planned = plan_record(
             tenant_id=self.tenant_id, task_id=task_id, agent_name=task.agent_name,
             status="resuming", phase="rewound", doc={
-                **doc, "history": {**(context.get("history") or {}), "record": {
-                    **((context.get("history") or {}).get("record") or {}),
+                **doc, "history": {**annotations, "record": {
+                    **(annotations.get("record") or {}),
                     "extensions": {"rewound_to": good.checkpoint_id, "failed": bad_id,
                                    "problem": problem}}}},
             context_sha256=sha, session_event_count=count,
