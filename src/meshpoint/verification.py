@@ -146,22 +146,28 @@ def snapshot_problem(record: StoredRecord) -> str | None:
     """Why the snapshot stored with ``record`` (read with it: ``record.snapshot``)
     is not the one its verified document names by hash, or None. A record that names
     none (an end, an append) has none to check."""
+    return checked_snapshot(record)[1]
+
+
+def checked_snapshot(record: StoredRecord) -> tuple[bytes | None, str | None]:
+    """``(the snapshot's JSON bytes, None)`` if it is the one ``record`` names by
+    hash; ``(None, why not)`` otherwise; ``(None, None)`` if the record names none."""
     expected = ((record.document.get("recovery") or {}).get("snapshot_sha256")
                 if isinstance(record.document, dict) else None)
     if expected is None:
-        return None
+        return None, None
     if record.snapshot is None:
-        return "its snapshot is missing"
+        return None, "its snapshot is missing"
     raw = bytes(record.snapshot)
     if record.snapshot_encoding == "zlib":
         try:
             raw = zlib.decompress(raw)
         except zlib.error:
-            return "its snapshot does not decompress (changed after it was written)"
+            return None, "its snapshot does not decompress (changed after it was written)"
     if not hashes_equal(hashlib.sha256(raw).hexdigest(), str(expected)):
-        return "its snapshot does not hash to what the record says (changed after it was " \
-               "written)"
-    return None
+        return None, ("its snapshot does not hash to what the record says (changed "
+                      "after it was written)")
+    return raw, None
 
 
 def verify_chain(task_id: str, records: Sequence[StoredRecord], head: StoredHead | None,

@@ -239,6 +239,20 @@ async def test_server_errors_are_retried_but_a_timed_out_generation_is_not(
     await patient.close()
 
 
+async def test_json_mode_holds_a_reply_the_token_limit_cut_off_shorter_next_time(
+        chat: ChatServer) -> None:
+    model = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0, tool_mode="json",
+                        max_tokens=300)
+    chat.script = [{"content": '{"ask_x": [{"query": "\\u2019\\u2019', "finish_reason": "length"},
+                   {"content": '{"ask_x": [{"query": "\\u2019', "finish_reason": "length"},
+                   {"content": json.dumps({"ask_x": [{"query": "a"}], "answer": ""})}]
+    response = await model.complete(HI, ASK_X)
+    assert [c.arguments for c in response.tool_calls] == [{"query": "a"}]
+    bounds = [r["response_format"]["json_schema"]["schema"]["properties"]["answer"]["maxLength"]
+              for r in chat.requests]
+    assert bounds == [150, 75, 37]  # 300 characters shared by two strings, halved each time
+
+
 async def test_json_mode_asks_for_a_schema_and_reads_calls_from_it(chat: ChatServer) -> None:
     model = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0, tool_mode="json",
                         max_tool_rounds=1, json_calls_per_tool=2)

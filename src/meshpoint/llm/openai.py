@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from jsonschema import Draft202012Validator
@@ -86,6 +86,8 @@ class _Attempt:
     response: ModelResponse | None
     problems: tuple[str, ...] = ()
     said: str = ""
+    #: The token limit cut it off.
+    cut_off: bool = False
 
 
 class OpenAIModel:
@@ -180,6 +182,10 @@ class OpenAIModel:
             problems = result.problems
             feedback += [{"role": "assistant", "content": result.said or "(nothing)"},
                          {"role": "user", "content": _ask_again(problems)}]
+            if result.cut_off and plan is not None and plan.max_chars:
+                # The strings' bound did not end the JSON in time (escapes and spacing
+                # take tokens it does not count): the grammar holds the next one shorter.
+                plan = replace(plan, max_chars=plan.max_chars // 2)
         raise ModelError(f"model {self.name!r} gave no usable reply in "
                          f"{1 + self.repair_attempts} attempts: {'; '.join(problems)}")
 
@@ -273,7 +279,7 @@ class OpenAIModel:
         if choice.finish_reason == "length":
             return _Attempt(None, (
                 f"the reply was cut off at the token limit (max_tokens={self.max_tokens}); "
-                "reply again, shorter",), said=_shown(message))
+                "reply again, shorter",), said=_shown(message), cut_off=True)
         if plan is not None:
             return self._read_json(text, plan, prefix, model)
         calls: list[ToolCall] = []

@@ -46,6 +46,10 @@ pruned_through = bindparam("p_rec_pruned_through", type_=Integer)
 pruned_hash = bindparam("p_rec_pruned_hash", type_=String)
 
 HEAD_KEY = and_(H.c.tenant_id == tenant, H.c.logical_task_id == task)
+#: A task's head is the new record's parent: it ends at the record before, with the
+#: hash the record names, and its chain starts where it did when the record was planned.
+_PARENT = (H.c.records == seq - 1, H.c.head_hash == parent_hash,
+           H.c.pruned_through == pruned_through, H.c.pruned_hash == pruned_hash)
 OF_TASK = and_(C.c.logical_task_id == task, C.c.tenant_id == tenant)
 RECORD_COLUMNS = (C.c.tenant_id, C.c.checkpoint_id, C.c.logical_task_id, C.c.seq, C.c.data,
                   C.c.hash, C.c.signature, C.c.key_id)
@@ -90,10 +94,7 @@ def insert_head(*where: Any) -> Insert:
 def head_is_parent() -> Any:
     """The stored head is the record's parent: its first record finds none, a later
     one finds the head it chains to (what ADVANCE_HEAD sets, a snapshot's view)."""
-    stored = select(H.c.head_hash).where(HEAD_KEY, H.c.records == seq - 1,
-                                         H.c.head_hash == parent_hash,
-                                         H.c.pruned_through == pruned_through,
-                                         H.c.pruned_hash == pruned_hash)
+    stored = select(H.c.head_hash).where(HEAD_KEY, *_PARENT)
     return ~has_record | and_(seq == 1, ~select(H.c.records).where(HEAD_KEY).exists()) \
         | stored.exists()
 
@@ -101,9 +102,7 @@ def head_is_parent() -> Any:
 def advance_head() -> Any:
     """The head moved to the new record, if it still is the record's parent."""
     return (update(H)
-            .where(HEAD_KEY, has_record, seq > 1, H.c.records == seq - 1,
-                   H.c.head_hash == parent_hash, H.c.pruned_through == pruned_through,
-                   H.c.pruned_hash == pruned_hash)
+            .where(HEAD_KEY, has_record, seq > 1, *_PARENT)
             .values({name: value for name, value in _HEAD.items()
                      if name not in ("tenant_id", "logical_task_id", "agent_name")}))
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -70,7 +69,7 @@ from meshpoint.store.records import RestoredTask
 from meshpoint.store.rows import RestoreRows, TaskRow, join_events, restored
 from meshpoint.verification import (
     StoredRecord,
-    snapshot_problem,
+    checked_snapshot,
     verify_chain,
     verify_head,
     verify_record,
@@ -177,14 +176,9 @@ class VerifiedRestore:
                        else bytes(row.snapshot),
                        snapshot_encoding=None if row is None else row.snapshot_encoding)
         try:
-            if (record.document.get("recovery") or {}).get("snapshot_sha256") is None:
-                raise ValueError("the record has no snapshot")
-            why = snapshot_problem(read)
-            if why is not None:
-                raise ValueError(why)
-            raw = bytes(read.snapshot or b"")
-            if read.snapshot_encoding == "zlib":
-                raw = zlib.decompress(raw)
+            raw, why = checked_snapshot(read)
+            if raw is None:
+                raise ValueError(why or "the record has no snapshot")
             snapshot = orjson.loads(raw)
             if "context" not in snapshot and "snapshot" in self.options.encrypt_fields:
                 from meshpoint.history import encryption_keys
@@ -195,7 +189,7 @@ class VerifiedRestore:
                          "field": "snapshot"})
             if not isinstance(snapshot, dict) or not isinstance(snapshot.get("context"), dict):
                 raise ValueError("the snapshot is not a task's state")
-        except (ValueError, zlib.error) as error:
+        except ValueError as error:
             raise IntegrityError(f"its snapshot: {error}", task_id=record.task_id,
                                  checkpoint_id=record.checkpoint_id, seq=record.seq) from None
         return dict(snapshot)
