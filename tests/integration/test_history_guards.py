@@ -65,6 +65,14 @@ async def test_appends_refuse_a_live_task_and_a_finalized_chain(store: SqlStore)
     assert (head.records, head.outcome) == (2, "completed")  # type: ignore[attr-defined]
     with pytest.raises(InvalidArgumentError, match="linked to itself"):
         await store.history.link_checkpoints(last, last)
+    # An end is written by finalize, which marks the head ended too.
+    for append in (lambda: store.history.create_checkpoint("audit-2", "planner", {},
+                                                           phase="completed"),
+                   lambda: store.history.create_checkpoint("audit-2", "planner", {
+                       "execution_state": {"phase": "failed"}})):
+        with pytest.raises(InvalidArgumentError, match="ends a chain: end it with "
+                                                       "finalize_checkpoint"):
+            await append()
 
 
 async def test_appends_at_once_all_land_one_after_the_other(store: SqlStore) -> None:
@@ -171,7 +179,8 @@ async def test_by_agent_reads_check_their_range_and_the_column_they_search(
     for since, until, problem in (("yesterday", None, "since must be epoch seconds"),
                                   (float("nan"), None, "since must be epoch seconds"),
                                   (10.0, 5.0, r"since \(10.0\) is after until \(5.0\)"),
-                                  (0, float("inf"), "until must be epoch seconds")):
+                                  (0, float("inf"), "until must be epoch seconds"),
+                                  (10**400, None, "since must be epoch seconds")):
         with pytest.raises(InvalidArgumentError, match=problem):
             await store.history.get_checkpoints_by_agent("planner", since=since, until=until)
     with pytest.raises(InvalidArgumentError, match="limit must be an int from 1 to"):

@@ -515,6 +515,11 @@ class HistoryStore:
         if not self.options.enabled:
             raise InvalidArgumentError("this store keeps no history (HistoryOptions("
                                        "enabled=False))")
+        said = phase or (state.get("execution_state") or {}).get("phase")
+        if outcome is None and said in END_PHASES:
+            raise InvalidArgumentError(
+                f"phase {said!r} ends a chain: end it with finalize_checkpoint(id, "
+                f"{said!r}), which also marks its head ended")
         keys = self._keys(p_task=task_id, p_agent=agent_id)
 
         def body(conn: Connection) -> str:

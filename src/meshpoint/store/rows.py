@@ -159,7 +159,11 @@ def check_time_range(since: Any, until: Any) -> tuple[float, float]:
     for name, value in (("since", since), ("until", until)):
         if name == "until" and value is None:
             continue
-        if type(value) not in (int, float) or not math.isfinite(value):
+        try:
+            finite = type(value) in (int, float) and math.isfinite(value)
+        except OverflowError:  # an int too large for a float
+            finite = False
+        if not finite:
             raise InvalidArgumentError(
                 f"{name} must be epoch seconds (a finite int or float), got {value!r:.80}")
     end = math.inf if until is None else float(until)
