@@ -11,6 +11,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from sqlalchemy import delete, select, update
@@ -224,10 +225,8 @@ async def test_a_re_checkpoint_whose_head_a_purge_removed_meanwhile_writes_nothi
     assert live == ctx_version  # the re-checkpoint was rolled back whole
 
 
-def test_verify_all_reports_a_chain_whose_head_was_deleted(tmp_path: object) -> None:
-    from pathlib import Path
-
-    path = Path(str(tmp_path)) / "h.db"
+def test_verify_all_reports_a_chain_whose_head_was_deleted(tmp_path: Path) -> None:
+    path = tmp_path / "h.db"
     url = f"sqlite:///{path}"
 
     async def setup() -> None:

@@ -140,13 +140,10 @@ def stored_record(row: RecordRow) -> StoredRecord:
 def read_chain(conn: Connection, keys: dict[str, Any]
                ) -> tuple[list[StoredRecord], HeadRow | None]:
     """A task's records, oldest first, each with its snapshot, and its head."""
-    snapshots = {row.seq: (row.snapshot, row.snapshot_encoding)
-                 for row in hq.GET_CHAIN_SNAPSHOTS.rows(conn, keys)}
-    records = []
-    for row in hq.GET_CHAIN.rows(conn, keys):
-        snapshot, encoding = snapshots.get(row.seq, (None, None))
-        records.append(replace(stored_record(row), snapshot=None if snapshot is None
-                               else bytes(snapshot), snapshot_encoding=encoding))
+    records = [replace(stored_record(RecordRow(*row[:len(RecordRow._fields)])),
+                       snapshot=None if row.snapshot is None else bytes(row.snapshot),
+                       snapshot_encoding=row.snapshot_encoding)
+               for row in hq.GET_CHAIN.rows(conn, keys)]
     return records, hq.GET_HEAD.first(conn, keys)
 
 
@@ -332,30 +329,27 @@ class HistoryStore:
 
     async def verify_task(self, task_id: str) -> ChainReport:
         """Walk the task's whole chain against its head (see ChainReport)."""
-        check_id("task_id", task_id)
-        keys = self._keys(p_task=task_id)
-
-        records, head = await self._read(f"verifying the history of task {task_id!r}",
-                                         lambda conn: read_chain(conn, keys))
-        if not records and head is None:
-            raise UnknownHistoryError(task_id)
-        return verify_chain(task_id, records, None if head is None else stored_head(head),
-                            self.options, snapshots=True)
+        return (await self._walk(task_id))[1]
 
     async def last_verified(self, task_id: str) -> tuple[ChainReport, CheckpointRecord | None]:
         """The walk of the task's chain, and its newest record that verified with every
         record before it (None if none did): what a task can be rebuilt from."""
+        records, report = await self._walk(task_id)
+        good = next((r for r in records if r.seq == report.last_good_seq), None)
+        return report, None if good is None else record_model(good, self.options)
+
+    async def _walk(self, task_id: str) -> tuple[list[StoredRecord], ChainReport]:
+        """The task's records (with their snapshots) and the walk of its chain;
+        UnknownHistoryError if it has none."""
         check_id("task_id", task_id)
         keys = self._keys(p_task=task_id)
-
         records, head = await self._read(f"verifying the history of task {task_id!r}",
                                          lambda conn: read_chain(conn, keys))
         if not records and head is None:
             raise UnknownHistoryError(task_id)
-        report = verify_chain(task_id, records, None if head is None else stored_head(head),
-                              self.options, snapshots=True)
-        good = next((r for r in records if r.seq == report.last_good_seq), None)
-        return report, None if good is None else record_model(good, self.options)
+        return records, verify_chain(task_id, records,
+                                     None if head is None else stored_head(head),
+                                     self.options, snapshots=True)
 
     async def task_ids(self, *, after: str = "", limit: int = 1000) -> list[str]:
         """The tenant's tasks that have a history, by id, after ``after`` (paging)."""

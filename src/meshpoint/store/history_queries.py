@@ -135,11 +135,9 @@ GET_SNAPSHOT = Statement(
     select(C.c.snapshot, C.c.snapshot_encoding).where(
         C.c.tenant_id == tenant, C.c.checkpoint_id == bindparam("p_rec_id", type_=String)))
 GET_CHAIN = Statement(
-    "get_chain", "Reads a task's history records, oldest first.",
-    select(*RECORD_COLUMNS).where(OF_TASK).order_by(C.c.seq), row=RecordRow)
-GET_CHAIN_SNAPSHOTS = Statement(
-    "get_chain_snapshots", "Reads the snapshots of a task's history records by position.",
-    select(C.c.seq, C.c.snapshot, C.c.snapshot_encoding).where(OF_TASK).order_by(C.c.seq))
+    "get_chain", "Reads a task's history records, oldest first, with their snapshots.",
+    select(*RECORD_COLUMNS, C.c.snapshot, C.c.snapshot_encoding).where(OF_TASK)
+    .order_by(C.c.seq))
 GET_HISTORY = Statement(
     "get_history", "Reads a task's newest history records, newest first.",
     select(*RECORD_COLUMNS).where(OF_TASK).order_by(C.c.seq.desc()).limit(limit),
