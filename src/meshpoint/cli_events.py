@@ -13,12 +13,18 @@ import json
 import re
 import time
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.table import Table
 
 from meshpoint.cli_common import AsJson, Config, Schema, Tenant, Url, console, run_on_store
+
+#: How far back each poll of ``--follow`` looks again. An event's time is when it was
+#: logged, and a writer buffers it for up to its ``flush_interval_s`` (and a busy
+#: machine longer) before it commits, so an event can appear after later ones did.
+FOLLOW_LOOKBACK_S = 30.0
+_PAGE = 1000
 
 _RELATIVE = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
@@ -76,25 +82,50 @@ def events(task: Annotated[str | None, typer.Option("--task", help="A task (thre
             found = await log.get_events(**filters, since=first, until=last, limit=limit)
         if not follow:
             return found
-        seen = {e.event_id: e.timestamp.timestamp() for e in found}
         show(found, as_json, lines=True)
-        start = found[-1].timestamp.timestamp() if found else (first or time.time())
-        while True:  # until Ctrl-C
-            await asyncio.sleep(1.0)
-            fresh = [e for e in await log.get_events(**filters, since=start, limit=1000)
-                     if e.event_id not in seen]
-            if fresh:
-                start = fresh[-1].timestamp.timestamp()
-                # ``since`` is inclusive: only the events at ``start`` come back again
-                seen.update((e.event_id, e.timestamp.timestamp()) for e in fresh)
-                seen = {i: at for i, at in seen.items() if at >= start}
-                show(fresh, as_json, lines=True)
+        await follow_new(log, filters, found, first, as_json)
 
     try:
         found = run_on_store(url, config, schema, tenant, as_json, body)
     except KeyboardInterrupt:
         return
     show(found, as_json, lines=False)
+
+
+async def follow_new(log: Any, filters: dict[str, Any], found: list[Any],
+                     first: float | None, as_json: bool, *, poll_s: float = 1.0) -> NoReturn:
+    """Print, until Ctrl-C, the events that appear after ``found``, each once.
+
+    Each poll reads again from ``FOLLOW_LOOKBACK_S`` before the newest time printed (or
+    before the follow began) and prints what it has not printed yet, so an event that
+    commits late, behind ones timed after it, is still printed. What was already there
+    before ``found`` ended (left out by ``--limit``) is not printed later."""
+    newest = found[-1].timestamp.timestamp() if found else (first or time.time())
+    printed = {e.event_id: e.timestamp.timestamp()
+               for e in await _read_from(log, filters, newest - FOLLOW_LOOKBACK_S)
+               if e.timestamp.timestamp() < newest}
+    printed.update((e.event_id, e.timestamp.timestamp()) for e in found)
+    while True:
+        await asyncio.sleep(poll_s)
+        page = await _read_from(log, filters, newest - FOLLOW_LOOKBACK_S)
+        fresh = [e for e in page if e.event_id not in printed]
+        if fresh:
+            printed.update((e.event_id, e.timestamp.timestamp()) for e in fresh)
+            newest = max(newest, max(e.timestamp.timestamp() for e in fresh))
+            printed = {i: at for i, at in printed.items()
+                       if at >= newest - FOLLOW_LOOKBACK_S}
+            show(fresh, as_json, lines=True)
+
+
+async def _read_from(log: Any, filters: dict[str, Any], since: float) -> list[Any]:
+    """Every event from ``since`` on, oldest first, read a page at a time."""
+    found: dict[str, Any] = {}
+    while True:
+        page = await log.get_events(**filters, since=since, limit=_PAGE)
+        found.update((e.event_id, e) for e in page)
+        if len(page) < _PAGE or page[-1].timestamp.timestamp() == since:
+            return list(found.values())  # a full page of one time cannot move on
+        since = page[-1].timestamp.timestamp()  # inclusive: its events come again
 
 
 def show(found: list[Any], as_json: bool, *, lines: bool) -> None:

@@ -273,6 +273,43 @@ def test_events_follow_prints_new_events_as_they_are_written(demo_db: Path) -> N
     assert follower.returncode == 0, errors
 
 
+def test_events_follow_prints_an_event_that_commits_behind_a_newer_one(
+        demo_db: Path) -> None:
+    """An event's time is when it was logged; a writer may commit it after another
+    writer's newer event, and after the follower printed that one. It is printed then."""
+    url, here = f"sqlite:///{demo_db}", demo_db.parent
+    writer = subprocess.Popen(
+        [sys.executable, "-c", "import asyncio, sys\nfrom meshpoint import open_store\n"
+         "from meshpoint.events import EventStore\n"
+         "async def main():\n"
+         f"    async with open_store({url!r}, migrate=False) as store:\n"
+         "        slow = EventStore(store, flush_interval_s=3600)\n"
+         "        slow.log_event('slow', 'behind', 'step_complete', step_name='older')\n"
+         "        async with EventStore(store) as quick:\n"
+         "            quick.log_event('quick', 'behind', 'step_complete', step_name='newer')\n"
+         "        print('committed the newer', flush=True)\n"
+         "        sys.stdin.readline()\n"
+         "        await slow.close()\n"
+         "asyncio.run(main())\n"],
+        cwd=here, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert writer.stdin is not None and writer.stdout is not None
+    follower = None
+    try:
+        assert writer.stdout.readline().strip() == "committed the newer"
+        follower = _follow("--task", "behind", "--limit", "1", "--url", url, cwd=here)
+        assert follower.stdout is not None
+        assert json.loads(follower.stdout.readline())["step_name"] == "newer"
+        writer.stdin.write("go\n")
+        writer.stdin.flush()
+        assert writer.wait(timeout=60) == 0
+        assert json.loads(follower.stdout.readline())["step_name"] == "older"
+    finally:
+        writer.kill()
+        writer.communicate()  # closes its pipes
+        errors = _interrupt(follower) if follower is not None else ""
+    assert follower.returncode == 0, errors
+
+
 def test_events_follow_starts_from_the_newest_as_tail_does(demo_db: Path) -> None:
     url, here = f"sqlite:///{demo_db}", demo_db.parent
     every = json.loads(meshpoint("events", "--url", url, "--limit", "100000", "--json",
