@@ -13,7 +13,10 @@ For SQLite (a file, WAL, synchronous=NORMAL on both sides) and PostgreSQL:
    with ``put`` (channels ``messages`` and ``sub_tasks``) and ``get_tuple``. Each
    run is a new task / thread. On PostgreSQL meshpoint connects as a runtime role
    held by row-level security, as ``serve`` does. Reported: p50/p99/max and the
-   ratio meshpoint / LangGraph.
+   ratio meshpoint / LangGraph. Also timed in the same turns: the Python part of
+   a write with the history on alone (``plan_checkpoint``: the context copied and
+   checked, the join, the record's document, its RFC 8785 form, hash and
+   snapshot; no I/O), against the whole of LangGraph's ``put``.
 2. **Storage of a growing conversation.** One task, 500 turns; each turn adds one
    message (~500 B) and pauses. meshpoint appends the new event; LangGraph stores a
    new version of the ``messages`` channel. Reported: the tables' size after the
@@ -58,6 +61,7 @@ from meshpoint import TaskExecutionContext, open_store
 from meshpoint.history import DISABLED, HistoryOptions
 from meshpoint.integrity import SigningKeys
 from meshpoint.store import SqlStore
+from meshpoint.store.checkpoints import plan_checkpoint
 from meshpoint.store.postgres_tenancy import grant_runtime_role
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -111,6 +115,16 @@ def meshpoint_context(task_id: str, messages: int = 20) -> TaskExecutionContext:
         ctx.register_peer_sub_task(sub["sub_task_id"], {
             k: v for k, v in sub.items() if k != "sub_task_id"})
     return ctx
+
+
+def plan(history: HistoryOptions, ctx: TaskExecutionContext | None = None) -> Any:
+    """Plan a first checkpoint of the benchmark's pause (of ``ctx``, or of a new task),
+    as ``checkpoint_task`` does."""
+    return plan_checkpoint(
+        ctx or meshpoint_context(uuid.uuid4().hex), "bench", keys={"p_tenant": "default"},
+        status="waiting_peers", default_timeout_s=600.0, expires_at=None, lease_owner=None,
+        holder=None, hold_lease_s=30.0, now=time.time(), history=history,
+        compress_threshold=16_384)
 
 
 # -- LangGraph -------------------------------------------------------------------------
@@ -172,19 +186,23 @@ async def write_read(store: SqlStore, lg: LangGraphSide, runs: int,
             signing=SigningKeys.generate("bench")))}
     job = progress.add_task(f"{label}: write and read, every side", total=6 * runs)
     samples: dict[str, list[float]] = {name: [] for name in (
-        *sides, "langgraph_put", "meshpoint_restore", "meshpoint_restore_unverified",
-        "langgraph_get_tuple")}
+        *sides, "langgraph_put", "meshpoint_plan", "meshpoint_restore",
+        "meshpoint_restore_unverified", "langgraph_get_tuple")}
     warm = meshpoint_context(f"{prefix}-warm")
     for name, side in sides.items():
         await side.checkpoint_task(meshpoint_context(f"{prefix}-warm-{name}"), "bench")
     lg.put(f"{prefix}-warm", [message(n) for n in range(20)], sub_tasks("w"), 0)
     # Interleaved, so that every side sees the same machine weather, and in turns
     # going first, so that none always runs right after another's write.
-    order = [*sides, "langgraph_put"]
+    order = [*sides, "langgraph_put", "meshpoint_plan"]
     for n in range(runs):
         msgs, subs = [message(i) for i in range(20)], sub_tasks(f"{prefix}-{n}")
         shift = n % len(order)
         for name in order[shift:] + order[:shift]:
+            if name == "meshpoint_plan":
+                ctx = meshpoint_context(f"{prefix}-{n}-plan")
+                timed(samples[name], lambda ctx=ctx: plan(HistoryOptions(), ctx))
+                continue
             if name == "langgraph_put":
                 timed(samples[name], lambda n=n, msgs=msgs, subs=subs: lg.put(
                     f"{prefix}-{n}", msgs, subs, 0))
@@ -217,6 +235,7 @@ async def write_read(store: SqlStore, lg: LangGraphSide, runs: int,
             ("write", "meshpoint_write", "langgraph_put"),
             ("write_no_history", "meshpoint_write_no_history", "langgraph_put"),
             ("write_signed", "meshpoint_write_signed", "langgraph_put"),
+            ("plan", "meshpoint_plan", "langgraph_put"),
             ("read", "meshpoint_restore", "langgraph_get_tuple"),
             ("read_unverified", "meshpoint_restore_unverified", "langgraph_get_tuple")):
         out[f"{what}_ratio_p50"] = round(out[ours]["p50"] / out[theirs]["p50"], 3)
@@ -484,7 +503,9 @@ def table(results: dict[str, Any], turns: int) -> str:
                 ("pause write, history on (default)", "meshpoint_write", "write"),
                 ("pause write, history off", "meshpoint_write_no_history",
                  "write_no_history"),
-                ("pause write, history signed", "meshpoint_write_signed", "write_signed")):
+                ("pause write, history signed", "meshpoint_write_signed", "write_signed"),
+                ("of a write (history on), planning alone: Python, no I/O",
+                 "meshpoint_plan", "plan")):
             lines.append(f"| {backend} | {what} p50 / p99 ms | {pair(w[key])} | "
                          f"{pair(w['langgraph_put'])} | {w[f'{ratio}_ratio_p50']:.2f}, "
                          f"{w[f'{ratio}_ratio_p99']:.2f} |")

@@ -45,15 +45,14 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress
 
-from meshpoint import TaskExecutionContext, open_store
+from meshpoint import open_store
 from meshpoint.history import DISABLED, HistoryOptions
 from meshpoint.store import SqlStore, open_database
-from meshpoint.store.checkpoints import plan_checkpoint
 from meshpoint.store.engine import migrate
 from meshpoint.store.postgres import FIRST_CHECKPOINT, _children_as_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_compare import PG_DSN, POSTGRES_URL, meshpoint_context, postgres_up
+from bench_compare import PG_DSN, POSTGRES_URL, meshpoint_context, plan, postgres_up
 from bench_store import percentiles
 
 RESULTS = Path(__file__).parent / "results"
@@ -61,16 +60,6 @@ MODES = {"quick": {"plans": 3000, "writes": 300, "explains": 300},
          "full": {"plans": 20_000, "writes": 1000, "explains": 1000}}
 SIDES = {"on": HistoryOptions(), "off": DISABLED}
 console = Console(width=150)
-
-
-def plan(history: HistoryOptions, ctx: TaskExecutionContext | None = None) -> Any:
-    """Plan a first checkpoint of the benchmark's pause (of ``ctx``, or of a new task),
-    as ``checkpoint_task`` does."""
-    return plan_checkpoint(
-        ctx or meshpoint_context(uuid.uuid4().hex), "bench", keys={"p_tenant": "default"},
-        status="waiting_peers", default_timeout_s=600.0, expires_at=None, lease_owner=None,
-        holder=None, hold_lease_s=30.0, now=time.time(), history=history,
-        compress_threshold=16_384)
 
 
 # -- 1. Python ------------------------------------------------------------------------------
