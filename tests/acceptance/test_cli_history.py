@@ -10,6 +10,8 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 import pytest
@@ -240,6 +242,19 @@ def _follow(*args: str, cwd: Path) -> subprocess.Popen[str]:
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
+def _line(process: subprocess.Popen[str], timeout: float = 60.0) -> str:
+    """The next line ``process`` prints, failing the test (not hanging it until the
+    suite's timeout) if none comes within ``timeout`` seconds."""
+    assert process.stdout is not None
+    reader = ThreadPoolExecutor(1)
+    try:
+        return reader.submit(process.stdout.readline).result(timeout)
+    except FutureTimeout:
+        pytest.fail(f"process {process.pid} printed no line within {timeout:.0f} s")
+    finally:
+        reader.shutdown(wait=False)  # a blocked read ends when the process is stopped
+
+
 def _interrupt(follower: subprocess.Popen[str]) -> str:
     """Ctrl-C, then what the follower wrote to stderr; killed if it does not stop."""
     follower.send_signal(signal.SIGINT)
@@ -265,7 +280,7 @@ def test_events_follow_prints_new_events_as_they_are_written(demo_db: Path) -> N
                   "asyncio.run(main())\n")
         subprocess.run([sys.executable, "-c", writer], cwd=here, check=True, timeout=60)
         assert follower.stdout is not None
-        line = follower.stdout.readline()  # waits for the follower to see it
+        line = _line(follower)  # waits for the follower to see it
         event = json.loads(line)
         assert (event["thread_id"], event["step_name"]) == ("followed", "late")
     finally:
@@ -295,14 +310,14 @@ def test_events_follow_prints_an_event_that_commits_behind_a_newer_one(
     assert writer.stdin is not None and writer.stdout is not None
     follower = None
     try:
-        assert writer.stdout.readline().strip() == "committed the newer"
+        assert _line(writer).strip() == "committed the newer"
         follower = _follow("--task", "behind", "--limit", "1", "--url", url, cwd=here)
         assert follower.stdout is not None
-        assert json.loads(follower.stdout.readline())["step_name"] == "newer"
+        assert json.loads(_line(follower))["step_name"] == "newer"
         writer.stdin.write("go\n")
         writer.stdin.flush()
         assert writer.wait(timeout=60) == 0
-        assert json.loads(follower.stdout.readline())["step_name"] == "older"
+        assert json.loads(_line(follower))["step_name"] == "older"
     finally:
         writer.kill()
         writer.communicate()  # closes its pipes
@@ -318,7 +333,7 @@ def test_events_follow_starts_from_the_newest_as_tail_does(demo_db: Path) -> Non
     follower = _follow("--limit", "2", "--url", url, cwd=here)
     try:
         assert follower.stdout is not None
-        first = [json.loads(follower.stdout.readline())["event_id"] for _ in range(2)]
+        first = [json.loads(_line(follower))["event_id"] for _ in range(2)]
     finally:
         errors = _interrupt(follower)
     assert follower.returncode == 0, errors
