@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 from datetime import UTC, datetime
@@ -39,9 +40,12 @@ def parse_time(text: str | None, option: str) -> float | None:
     if match:
         return time.time() - float(match.group(1)) * _UNITS[match.group(2)]
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        if math.isfinite(seconds):
+            return seconds
     try:
         when = datetime.fromisoformat(text)
     except ValueError:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -40,9 +41,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, date, datetime
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, exc
 
-from meshpoint.errors import InvalidArgumentError
+from meshpoint.errors import InvalidArgumentError, StoreError
 from meshpoint.history import new_checkpoint_id
 from meshpoint.store import event_queries as eq
 from meshpoint.store.rows import check_id, check_limit
@@ -76,16 +77,23 @@ _MAX_DEPTH = 64
 def to_json(value: Any, _depth: int = 0) -> Any:
     """``value`` as plain JSON (see the module docstring): never pickled, never
     refused. Strings longer than 100,000 characters are cut, marked with ``…``."""
-    if value is None or isinstance(value, bool | int):
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, int):
+        return value if _INT_MIN <= value <= _INT_MAX else {"$int": str(value)}
     if isinstance(value, float):
         return value if value == value and abs(value) != float("inf") else repr(value)
     if isinstance(value, str):
-        return value if len(value) <= 100_000 else value[:100_000] + "…"
+        return _text(value)
     if _depth > _MAX_DEPTH:
         return {"$type": type(value).__name__, "$repr": "(nested too deeply)"}
     if isinstance(value, Mapping):
-        return {str(k): to_json(v, _depth + 1) for k, v in value.items()}
+        out = {_text(str(k)): to_json(v, _depth + 1) for k, v in value.items()}
+        if len(out) == len(value):
+            return out
+        # keys that are one string apart ({1: ..., "1": ...}): every pair is kept
+        return {"$items": [[to_json(k, _depth + 1), to_json(v, _depth + 1)]
+                           for k, v in value.items()]}
     if isinstance(value, list | tuple):
         return [to_json(v, _depth + 1) for v in value]
     if isinstance(value, set | frozenset):
@@ -113,8 +121,42 @@ def to_json(value: Any, _depth: int = 0) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return to_json({f.name: getattr(value, f.name) for f in dataclasses.fields(value)},
                        _depth + 1)
-    return {"$type": f"{type(value).__module__}.{type(value).__qualname__}",
-            "$repr": repr(value)[:1000]}
+    try:
+        shown = _text(repr(value)[:1000])
+    except Exception as error:  # a __repr__ that raises: the event is still logged
+        shown = f"(repr failed: {type(error).__name__})"
+    return {"$type": f"{type(value).__module__}.{type(value).__qualname__}", "$repr": shown}
+
+
+#: The integers kept as JSON numbers: what JSON readers (orjson among them) read back
+#: as integers. Larger ones are kept as ``{"$int": "digits"}``.
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+
+
+def _text(value: str) -> str:
+    """A string every database's JSON can hold: cut past 100,000 characters (marked
+    with ``…``); NUL, which PostgreSQL's JSON cannot hold, and lone surrogates (half
+    of a UTF-16 pair), which are not UTF-8, as U+FFFD."""
+    if len(value) > 100_000:
+        value = value[:100_000] + "…"
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            value = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
+    return value
+
+
+def _converted(value: Any) -> Any:
+    """:func:`to_json`, or, for a value whose own methods raise while it is converted,
+    what it was and why not: logging never fails for what it is given."""
+    try:
+        return to_json(value)
+    except Exception as error:
+        return {"$type": f"{type(value).__module__}.{type(value).__qualname__}",
+                "$repr": f"(could not be converted: {type(error).__name__})"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -143,7 +185,7 @@ def _epoch(value: datetime | float | None, name: str) -> float | None:
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)  # seed 003 used naive UTC datetimes
         return value.timestamp()
-    if type(value) in (int, float):
+    if type(value) in (int, float) and value == value:  # not NaN
         return float(value)
     raise InvalidArgumentError(f"{name} must be a datetime or epoch seconds, got {value!r}")
 
@@ -166,9 +208,15 @@ class EventStore:
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._closing = False
+        # The loop the writer runs on: the one this store is built on, or the first
+        # that logs an event (events logged from other threads wake it there).
         self._loop: asyncio.AbstractEventLoop | None = None
+        with contextlib.suppress(RuntimeError):
+            self._loop = asyncio.get_running_loop()
         #: Events dropped because the buffer was full (the database was away too long).
         self.dropped = 0
+        #: Events dropped because the database refused them (logged with the reason).
+        self.refused = 0
         #: Events written so far.
         self.written = 0
 
@@ -188,16 +236,16 @@ class EventStore:
             check_id("thread_id", thread_id)
         if step_name is not None:
             check_id("step_name", step_name)
-        data = to_json(input_data)
+        data = _converted(input_data)
         if protocol_message is not None:
             data = {**(data if isinstance(data, dict) else
                        {} if data is None else {"value": data}),
-                    "_protocol_message": to_json(protocol_message)}
+                    "_protocol_message": _converted(protocol_message)}
         event_id = new_checkpoint_id()  # a UUIDv7: events sort by time
         row = {"p_tenant": self.store.tenant_id, "p_event_id": event_id, "p_agent": agent_id,
                "p_task": thread_id, "p_event_type": event_type, "p_step": step_name,
-               "p_input": data, "p_output": to_json(output_data),
-               "p_state": to_json(state_snapshot), "p_now": time.time()}
+               "p_input": data, "p_output": _converted(output_data),
+               "p_state": _converted(state_snapshot), "p_now": time.time()}
         with self._lock:
             if len(self._buffer) == self._buffer.maxlen:
                 self.dropped += 1
@@ -207,20 +255,28 @@ class EventStore:
         return event_id
 
     def _notify(self, size: int) -> None:
-        """Start the flusher with the first event logged in a running loop, and wake
-        it early when a batch is waiting."""
+        """Start the writer with the first event (on the store's loop, from whichever
+        thread logs it), and wake it early when a batch is waiting."""
         try:
-            loop = asyncio.get_running_loop()
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        if loop is not None and self._flusher is None:
+        if self._loop is None or self._loop.is_closed():
             self._loop = loop
-            self._flusher = loop.create_task(self._flush_forever())
-        if size >= self.batch and self._loop is not None:
-            if loop is self._loop:
-                self._wake.set()
-            else:
-                self._loop.call_soon_threadsafe(self._wake.set)
+        if self._loop is None or (self._flusher is not None and size < self.batch):
+            return  # no loop yet: flush() or the next event from a loop writes it
+        if loop is self._loop:
+            self._wake_writer()
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._wake_writer)
+
+    def _wake_writer(self) -> None:
+        """On the writer's loop: start the writer, or wake it."""
+        if self._flusher is None and not self._closing:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())
+        else:
+            self._wake.set()
 
     async def _flush_forever(self) -> None:
         while not self._closing:
@@ -245,17 +301,39 @@ class EventStore:
             if not rows:
                 return total
 
-            def write(conn: Connection, rows: list[dict[str, Any]] = rows) -> None:
-                eq.INSERT_EVENT.execute_many(conn, rows)
-
             try:
-                await self.store.transaction(write, write=True, doing="writing events")
+                written = await self._write(rows)
             except BaseException:
                 with self._lock:  # put them back, in order, for the next attempt
                     self._buffer.extendleft(reversed(rows))
                 raise
-            total += len(rows)
-            self.written += len(rows)
+            total += written
+            self.written += written
+
+    async def _write(self, rows: list[dict[str, Any]]) -> int:
+        """Write ``rows`` in one transaction; how many were written. Rows the database
+        refuses for what they hold (:func:`_refused`; anything else, the database
+        being away among them, is raised) are written in halves, so that an event it
+        cannot store is dropped (logged and counted in ``refused``) and never holds
+        back the others. A row written before a retry is not written twice: the
+        insert skips an event id already stored."""
+        def write(conn: Connection) -> None:
+            eq.INSERT_EVENT.execute_many(conn, rows)
+
+        try:
+            await self.store.transaction(write, write=True, doing="writing events")
+        except Exception as error:
+            if not _refused(error):
+                raise
+            if len(rows) > 1:
+                half = len(rows) // 2
+                return await self._write(rows[:half]) + await self._write(rows[half:])
+            self.refused += 1
+            logger.error("event %s (%s of agent %r) was refused by the database and is "
+                         "dropped: %s", rows[0]["p_event_id"], rows[0]["p_event_type"],
+                         rows[0]["p_agent"], error)
+            return 0
+        return len(rows)
 
     async def close(self) -> None:
         """Stop the background writer and write what is left. A write in flight is
@@ -296,12 +374,13 @@ class EventStore:
         """Events matching every filter given, oldest first (``newest_first``: the
         other way), at most ``limit``; ``since`` inclusive, ``until`` exclusive."""
         check_limit(limit)
+        first, last = _epoch(since, "since"), _epoch(until, "until")
         params = {"p_tenant": self.store.tenant_id, "p_task": thread_id,
                   "p_any_task": thread_id is None, "p_agent": agent_id,
                   "p_any_agent": agent_id is None, "p_event_type": event_type,
                   "p_any_type": event_type is None,
-                  "p_since": _epoch(since, "since") or 0.0,
-                  "p_until": _epoch(until, "until") or float("inf"), "p_limit": limit}
+                  "p_since": 0.0 if first is None else first,
+                  "p_until": float("inf") if last is None else last, "p_limit": limit}
         statement = eq.GET_LOG_EVENTS_DESC if newest_first else eq.GET_LOG_EVENTS
         rows = await self.store.transaction(lambda conn: statement.rows(conn, params),
                                             doing="reading events")
@@ -315,6 +394,20 @@ class EventStore:
         """The newest event matching the filters of :meth:`get_events`, or None."""
         events = await self.get_events(**filters, limit=1, newest_first=True)
         return events[0] if events else None
+
+
+def _refused(error: Exception) -> bool:
+    """Whether a write failed for what its rows hold: a value the store's JSON cannot
+    encode, or the database's verdict on the data (a data exception or a constraint),
+    as opposed to the database being away, the schema missing, or a bug."""
+    if isinstance(error, InvalidArgumentError):
+        return True
+    if type(error) is not StoreError:
+        return False  # StoreUnavailableError, SchemaError, ..., or not the store's
+    cause = error.__cause__
+    if isinstance(cause, exc.DataError | exc.IntegrityError):
+        return True
+    return str(getattr(getattr(cause, "orig", None), "sqlstate", "") or "")[:2] in ("22", "23")
 
 
 def with_logging(events: EventStore, *, agent_id: str, step_name: str | None = None,
@@ -343,22 +436,29 @@ def with_logging(events: EventStore, *, agent_id: str, step_name: str | None = N
     def decorate(step: F) -> F:
         name = step_name or step.__name__
 
+        def log(thread: str | None, event_type: str, **data: Any) -> None:
+            # The step runs, and its error goes on, whatever logging it makes of them.
+            try:
+                events.log_event(agent_id, thread, event_type, step_name=name, **data)
+            except Exception as error:
+                logger.warning("could not log %s of step %r: %s", event_type, name, error)
+
         def start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, float]:
-            thread = find_thread(args, kwargs)
-            events.log_event(agent_id, thread, STEP_START, step_name=name,
-                             input_data={"args": args, "kwargs": kwargs})
+            try:
+                thread = find_thread(args, kwargs)
+            except Exception as error:
+                logger.warning("could not find the thread of step %r: %s", name, error)
+                thread = None
+            log(thread, STEP_START, input_data={"args": args, "kwargs": kwargs})
             return thread, time.perf_counter()
 
         def done(thread: str | None, started: float, result: Any) -> None:
-            events.log_event(agent_id, thread, STEP_COMPLETE, step_name=name,
-                             output_data=result, state_snapshot={
-                                 "duration_ms": round((time.perf_counter() - started) * 1000,
-                                                      3)})
+            log(thread, STEP_COMPLETE, output_data=result, state_snapshot={
+                "duration_ms": round((time.perf_counter() - started) * 1000, 3)})
 
         def failed(thread: str | None, started: float, error: BaseException) -> None:
-            events.log_event(agent_id, thread, ERROR, step_name=name, output_data=error,
-                             state_snapshot={"duration_ms": round(
-                                 (time.perf_counter() - started) * 1000, 3)})
+            log(thread, ERROR, output_data=error, state_snapshot={
+                "duration_ms": round((time.perf_counter() - started) * 1000, 3)})
 
         if inspect.iscoroutinefunction(step):
             @functools.wraps(step)

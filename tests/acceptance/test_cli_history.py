@@ -213,6 +213,8 @@ def test_events_and_reconstruct_work_on_the_demos_database(demo_db: Path) -> Non
     done = meshpoint("events", "--task", task_id, "--url", url, cwd=here)
     assert done.returncode == 0 and "protocol_handoff" in done.stdout
     for bad, reason in ((("--since", "yesterday"), "is not a time"),
+                        (("--since", "nan"), "is not a time"),
+                        (("--until", "inf"), "is not a time"),
                         (("--limit", "0"), "--limit")):
         done = meshpoint("events", *bad, "--url", url, cwd=here)
         assert done.returncode == 2 and reason in " ".join(done.stderr.split()), done.stderr

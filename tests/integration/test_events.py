@@ -179,6 +179,104 @@ def test_values_become_plain_json_and_nothing_is_pickled() -> None:
     assert "nested too deeply" in str(to_json(deep))
 
 
+class Unprintable:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+def test_values_no_database_json_can_hold_are_made_storable() -> None:
+    assert to_json({"a\x00b": ["x\x00y", "lone \ud800 half"], "big": 2**70,
+                    "small": -(2**63), "fine": "naïve ✓"}) == {
+        "a\ufffdb": ["x\ufffdy", "lone \ufffd half"], "big": {"$int": str(2**70)},
+        "small": -(2**63), "fine": "naïve ✓"}
+    assert to_json({1: "a", "1": "b"}) == {"$items": [[1, "a"], ["1", "b"]]}  # none lost
+    assert to_json({1: "a"}) == {"1": "a"}
+    assert to_json(Unprintable()) == {"$type": f"{__name__}.Unprintable",
+                                      "$repr": "(repr failed: RuntimeError)"}
+
+
+async def test_the_values_a_user_may_log_are_all_stored_and_read_back(
+        events: EventStore) -> None:
+    """NUL (which PostgreSQL's JSON refuses), a lone surrogate (not UTF-8), an integer
+    past 64 bits and colliding keys, through the real database."""
+    events.log_event("a", "t", "step_start", input_data={"q": "a\x00b", "s": "x\ud800y",
+                                                          "n": 2**70, "k": {1: 1, "1": 2}})
+    await events.flush()
+    assert events.written == 1 and events.refused == 0
+    (event,) = await events.get_events(thread_id="t")
+    assert event.input_data == {"q": "a\ufffdb", "s": "x\ufffdy", "n": {"$int": str(2**70)},
+                                "k": {"$items": [[1, 1], ["1", 2]]}}
+
+
+async def test_an_event_the_database_refuses_is_dropped_alone(
+        backend: str, live_store: SqlStore, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Values that reach the database unconverted (as if to_json missed a case): the
+    one it refuses is dropped, logged and counted; the others, before and after it in
+    the same batch, are written, and close() does not fail."""
+    monkeypatch.setattr("meshpoint.events._converted", lambda value: value)
+    # A lone surrogate is not UTF-8: the store's JSON encoder refuses it on both
+    # databases. NUL is refused by PostgreSQL itself (a data exception); SQLite keeps it.
+    values = {3: "x\ud800y", 5: "a\x00b"}
+    refused = {3, 5} if backend == "postgres" else {3}
+    log = EventStore(live_store, flush_interval_s=60, batch=1000)
+    for n in range(8):
+        log.log_event("a", "t", "step_start", step_name=f"s{n}",
+                      input_data=values.get(n, {"n": n}))
+    await log.close()
+    assert log.refused == len(refused) and log.written == 8 - len(refused)
+    assert log.dropped == 0
+    assert [e.step_name for e in await log.get_events()] == [
+        f"s{n}" for n in range(8) if n not in refused]
+    assert "refused by the database and is dropped" in caplog.text
+
+
+async def test_events_logged_only_from_worker_threads_are_written_in_the_background(
+        live_store: SqlStore) -> None:
+    """A sync step run by ``asyncio.to_thread`` (a LangGraph sync node under
+    ``ainvoke``): nothing is logged on the loop, and the writer still writes."""
+    log = EventStore(live_store, flush_interval_s=0.05)
+
+    @with_logging(log, agent_id="wl")
+    def step(state: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+        return {"seen": state["n"]}
+
+    await asyncio.to_thread(step, {"n": 1}, {"configurable": {"thread_id": "x"}})
+    await eventually(lambda: log.written == 2, what="the worker thread's two events")
+    assert [e.event_type for e in await log.get_events(thread_id="x")] == [
+        "step_start", "step_complete"]
+    await log.close()
+
+
+async def test_with_logging_runs_the_step_whatever_its_logging_makes_of_it(
+        events: EventStore, caplog: pytest.LogCaptureFixture) -> None:
+    @with_logging(events, agent_id="x", thread_id=lambda *a, **k: "t" * 1000)  # too long
+    def bad_thread(value: Any) -> str:
+        return "ran"
+
+    @with_logging(events, agent_id="x")
+    def odd_argument(value: Any) -> str:
+        return "ran too"
+
+    assert bad_thread(1) == "ran"
+    assert "could not log step_start of step 'bad_thread'" in caplog.text
+    assert odd_argument(Unprintable()) == "ran too"
+    await events.flush()
+    (start, _done) = await events.get_events(agent_id="x")
+    assert start.input_data["args"] == [{"$type": f"{__name__}.Unprintable",
+                                         "$repr": "(repr failed: RuntimeError)"}]
+
+
+async def test_an_until_of_epoch_zero_is_a_bound(events: EventStore) -> None:
+    events.log_event("a", "t", "step_start")
+    await events.flush()
+    assert await events.get_events(until=0) == []
+    assert await events.get_events(until=datetime(1970, 1, 1, tzinfo=UTC)) == []
+    assert len(await events.get_events(since=0)) == 1
+    with pytest.raises(InvalidArgumentError, match="until"):
+        await events.get_events(until=float("nan"))
+
+
 async def test_with_logging_records_start_completion_and_errors(events: EventStore) -> None:
     @with_logging(events, agent_id="worker")
     def add(a: int, b: int, *, config: dict[str, Any]) -> int:
