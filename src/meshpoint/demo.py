@@ -154,7 +154,9 @@ class Approver:
 
 
 def _check_replaceable(path: Path) -> None:
-    """Refuse to delete a file that is not a meshpoint database (a typo in --db)."""
+    """Refuse to delete a file that is not a previous demo's database (a typo in
+    --db): one with tables meshpoint does not have, or with rows of agents other
+    than the demo's, or of LangGraph's saver."""
     if not path.exists():
         return
     from meshpoint.store.schema import metadata
@@ -163,13 +165,39 @@ def _check_replaceable(path: Path) -> None:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
             tables = {row[0] for row in conn.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            foreign = tables - set(metadata.tables) - {"alembic_version"}
+            others = set() if foreign else _other_agents(conn, tables)
     except sqlite3.DatabaseError:
-        tables = {"(not a SQLite database)"}
-    foreign = tables - set(metadata.tables) - {"alembic_version"}
+        foreign, others = {"(not a SQLite database)"}, set()
     if foreign:
         raise ConfigurationError(
             f"{path} exists and is not a meshpoint database (it has {sorted(foreign)}); "
             "the demo recreates its file, so name a new one with --db")
+    if others:
+        raise ConfigurationError(
+            f"{path} is a meshpoint database with data the demo did not write (of "
+            f"{', '.join(sorted(others))}); the demo recreates its file, so name a new "
+            "one with --db, or delete this one yourself")
+
+
+def _other_agents(conn: sqlite3.Connection, tables: set[str]) -> set[str]:
+    """The agents (and LangGraph's saver) a meshpoint database has rows of, other
+    than the demo's."""
+    from meshpoint.store.schema import metadata
+
+    demo = ("coordinator", *PEERS)
+    marks = ", ".join("?" * len(demo))
+    found: set[str] = set()
+    for name in sorted(tables & set(metadata.tables)):
+        table = metadata.tables[name]
+        if name.startswith("agent_langgraph_"):
+            if conn.execute(f"SELECT 1 FROM {name} LIMIT 1").fetchone():
+                found.add("LangGraph's saver")
+        elif "agent_name" in table.c:
+            found.update(row[0] for row in conn.execute(
+                f"SELECT DISTINCT agent_name FROM {name} WHERE agent_name NOT IN ({marks}) "
+                "LIMIT 5", demo))
+    return found
 
 
 def _ms(samples: list[float]) -> dict[str, float | None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -83,3 +84,26 @@ def test_demo_refuses_to_replace_a_file_that_is_not_its_own(tmp_path: Path) -> N
     done = meshpoint("demo", "--db", str(precious), "--tasks", "5", cwd=tmp_path)
     assert done.returncode == 1 and "is not a meshpoint database" in done.stderr
     assert precious.read_text() == "my notes"
+
+
+def test_demo_replaces_its_own_database_and_no_other_meshpoint_database(
+        tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    for _ in range(2):  # a second run replaces the first's database
+        done = meshpoint("demo", "--db", str(db), "--tasks", "5", "--kill-rate", "0",
+                         "--json", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    writer = ("import asyncio\nfrom meshpoint import open_store\n"
+              "from meshpoint.events import EventStore\n"
+              "async def main():\n"
+              f"    async with open_store({f'sqlite:///{db}'!r}) as store:\n"
+              "        async with EventStore(store) as log:\n"
+              "            log.log_event('billing', 't', 'step_start')\n"
+              "asyncio.run(main())\n")
+    subprocess.run([sys.executable, "-c", writer], cwd=tmp_path, check=True, timeout=60)
+    done = meshpoint("demo", "--db", str(db), "--tasks", "5", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert "data the demo did not write (of billing)" in " ".join(done.stderr.split())
+    with sqlite3.connect(db) as conn:  # left as it was
+        assert conn.execute("SELECT count(*) FROM agent_events WHERE agent_name = "
+                            "'billing'").fetchone() == (1,)
