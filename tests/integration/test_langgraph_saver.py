@@ -29,7 +29,13 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from sqlalchemy import Connection, text
 
-from meshpoint.errors import ConfigurationError, CorruptCheckpointError, ThreadSupersededError
+from meshpoint.errors import (
+    ConfigurationError,
+    ContextSerializationError,
+    CorruptCheckpointError,
+    StoreError,
+    ThreadSupersededError,
+)
 from meshpoint.integrations.langgraph import MeshpointSaver, get_checkpointer
 from meshpoint.store import SqlStore, open_store
 from meshpoint.store.schema import graph_blobs
@@ -381,6 +387,26 @@ def test_get_checkpointer_from_synchronous_code(tmp_path: Path) -> None:
 
         asyncio.run(on_its_own_loop())  # async from another loop is handed over
         assert len(graph.get_state(config("m")).values["messages"]) == 4
+
+
+def test_a_closed_saver_says_so_and_closes_once(tmp_path: Path) -> None:
+    checkpointer = get_checkpointer(f"sqlite:///{tmp_path}/graphs.db")
+    graph = chat_graph().compile(checkpointer=checkpointer)
+    graph.invoke({"messages": [HumanMessage(content="hi")]}, config("c"))
+    checkpointer.close()
+    checkpointer.close()  # a second close does nothing
+    for call in (lambda: checkpointer.get_tuple(config("c")),
+                 lambda: list(checkpointer.list(None))):
+        with pytest.raises(StoreError, match="MeshpointSaver is closed"):
+            call()
+
+
+def test_a_string_that_is_not_unicode_text_is_refused_naming_where(tmp_path: Path) -> None:
+    with get_checkpointer(f"sqlite:///{tmp_path}/graphs.db") as checkpointer:
+        graph = chat_graph().compile(checkpointer=checkpointer)
+        with pytest.raises(ContextSerializationError, match="lone surrogate"):
+            graph.invoke({"messages": [HumanMessage(content="x\ud800y")]}, config("u"))
+        graph.invoke({"messages": [HumanMessage(content="fine")]}, config("u"))
 
 
 async def test_a_synchronous_call_on_the_stores_loop_is_refused(

@@ -16,7 +16,7 @@ import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
-from meshpoint.errors import ConfigurationError
+from meshpoint.errors import ConfigurationError, StoreError
 
 R = TypeVar("R")
 
@@ -28,6 +28,7 @@ class OwnerLoop:
                  thread: threading.Thread | None = None) -> None:
         self._loop = loop
         self._thread = thread
+        self.stopped = False  # stop() ran: the saver was closed
 
     @classmethod
     def current(cls) -> OwnerLoop:
@@ -55,6 +56,8 @@ class OwnerLoop:
 
     async def run(self, coro: Coroutine[Any, Any, R]) -> R:
         """Await ``coro`` on the owner loop, from whichever loop awaits this."""
+        if self.stopped:
+            self._check(coro)  # raises
         running = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = running
@@ -95,6 +98,10 @@ class OwnerLoop:
             yield item  # type: ignore[misc]
 
     def _check(self, coro: Coroutine[Any, Any, Any]) -> None:
+        if self.stopped:
+            coro.close()
+            raise StoreError("the MeshpointSaver is closed: open a new one "
+                             "(get_checkpointer() or MeshpointSaver.open())")
         if self._loop is None or self._loop.is_closed() or not self._loop.is_running():
             coro.close()
             raise ConfigurationError(
@@ -104,6 +111,7 @@ class OwnerLoop:
 
     def stop(self) -> None:
         """Stop the private loop and its thread (nothing for a borrowed loop)."""
+        self.stopped = True
         thread, self._thread = self._thread, None
         if thread is None or self._loop is None:
             return

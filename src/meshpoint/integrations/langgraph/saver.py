@@ -385,13 +385,18 @@ class MeshpointSaver(BaseCheckpointSaver[str]):
     # -- closing ----------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Close the store if the saver opened it (and its private loop, if any)."""
+        """Close the store if the saver opened it (and its private loop, if any); a
+        second close does nothing, and a call after it raises StoreError."""
+        if self._loop.stopped:
+            return
         if self._owns_store:
             await self._loop.run(self.store.close())
         self._loop.stop()
 
     def close(self) -> None:
         """:meth:`aclose` from synchronous code."""
+        if self._loop.stopped:
+            return
         if self._owns_store:
             self._loop.call(self.store.close())
         self._loop.stop()

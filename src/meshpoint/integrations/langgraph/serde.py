@@ -50,6 +50,7 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.types import Command, Interrupt, Overwrite, Send
 from pydantic import BaseModel, TypeAdapter
 
+from meshpoint._json import dump_bytes
 from meshpoint.errors import CorruptCheckpointError, UnserializableValueError
 
 TAG = "__mp__"
@@ -142,8 +143,9 @@ class SafeSerializer:
     # -- bytes -------------------------------------------------------------------------
 
     def dumps(self, value: Any) -> bytes:
-        """``value`` as tagged JSON bytes."""
-        return orjson.dumps(self.to_json(value))
+        """``value`` as tagged JSON bytes (ContextSerializationError naming where, for
+        a string that is not valid Unicode text: a lone surrogate)."""
+        return dump_bytes(self.to_json(value))
 
     def loads(self, data: bytes) -> Any:
         """The value of tagged JSON bytes (a tag it does not know is refused)."""
