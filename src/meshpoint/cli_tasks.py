@@ -247,6 +247,10 @@ def cancel(task_id: Annotated[str, typer.Argument(help="The task.")],
                 "the config's broker is memory://, which reaches only its own process: "
                 "cancel from that process (Client.cancel)")
         name = agent or wire.agent_of_task(task_id)
+        ended = await _ended(mesh, task_id)
+        if ended is not None:
+            raise InvalidArgumentError(
+                f"task {task_id!r} has already ended ({ended}); there is nothing to cancel")
         broker = await mesh.open_broker()
         try:
             async with Client(broker, namespace=mesh.namespace) as client:
@@ -259,8 +263,25 @@ def cancel(task_id: Annotated[str, typer.Argument(help="The task.")],
     if as_json:
         print(json.dumps({"task_id": task_id, "agent": name, "cancel": "sent"}))
     else:
-        console.print(f"cancel of task {task_id} sent to agent {name}; its caller is "
-                      "answered canceled")
+        console.print(f"cancel of task {task_id} sent to agent {name}: the instance that "
+                      "takes it answers the task's caller canceled")
+
+
+async def _ended(mesh: Any, task_id: str) -> str | None:
+    """How the task ended, by its history's last record, or None: not ended, or not
+    known to have (no history kept, or one that cannot be read: the cancel is sent)."""
+    from meshpoint.errors import MeshpointError
+    from meshpoint.history import END_PHASES
+
+    store = await mesh.open_store()
+    try:
+        record = await store.history.get_latest_checkpoint(task_id)
+    except MeshpointError:
+        return None
+    finally:
+        await store.close()
+    phase = record.execution_state.phase if record is not None else None
+    return phase if phase in END_PHASES else None
 
 
 def recover(dry_run: Annotated[bool, typer.Option(

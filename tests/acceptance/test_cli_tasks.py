@@ -222,14 +222,17 @@ async def test_cancel_from_another_process_over_nats(
             config = tmp_path / "mesh.yaml"
             config.write_text(f"namespace: {ns}\n{store_section(where)}broker: {nats_url}\n"
                               "agents: {coordinator: {}}\n")
-            code, out, err = await tasks(where, "cancel",
-                                         client.task_id("coordinator", request_id),
-                                         "--config", str(config), "--json")
+            task_id = client.task_id("coordinator", request_id)
+            code, out, err = await tasks(where, "cancel", task_id, "--config", str(config),
+                                         "--json")
             assert code == 0, err
             assert json.loads(out)["cancel"] == "sent"
             answer = await client.wait(request_id, timeout_s=20)
             assert answer.status.state is a2a.TaskState.CANCELED
         await no_rows_left(live_store)
+        # a task that has ended is not cancelled again, and the CLI says so
+        code, out, err = await tasks(where, "cancel", task_id, "--config", str(config))
+        assert code == 1 and "has already ended (canceled)" in " ".join(err.split()), err
     finally:
         await instance.stop()
         await broker.delete_namespace(ns)
