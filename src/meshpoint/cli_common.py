@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
@@ -28,8 +30,21 @@ if TYPE_CHECKING:
     from meshpoint.store import StoreOpener
 
 R = TypeVar("R")
-console = Console()
-err = Console(stderr=True)
+
+
+def _width(stream: Any) -> int | None:
+    """Rich lays out for 80 columns when its output is not a terminal, so a table
+    piped to a file, ``grep`` or ``less`` folded its ids over lines: piped, it lays
+    out for up to 200 (``COLUMNS`` still wins; a terminal keeps its own width)."""
+    try:
+        piped = not stream.isatty()
+    except (AttributeError, ValueError):  # replaced by a test harness, or closed
+        piped = True
+    return 200 if piped and not os.environ.get("COLUMNS") else None
+
+
+console = Console(width=_width(sys.stdout))
+err = Console(stderr=True, width=_width(sys.stderr))
 
 Url = Annotated[str | None, typer.Option(
     "--url", envvar="MESHPOINT_STORE_URL",
