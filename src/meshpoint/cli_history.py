@@ -198,18 +198,24 @@ def purge(dry_run: Annotated[bool, typer.Option(
     ``last:N`` keeps a chain's newest N records, ``days:N`` its last N days, ``hold``
     everything (per task or agent, else the config's ``history.retention``). What
     stays still verifies. ``serve`` does the same every ``history.purge_interval_s``."""
+    examined = [0]
+
     async def body(store: Any) -> list[Any]:
+        def advance(n: int) -> None:
+            examined[0] += n
+            progress.advance(job, n)
+
         with Progress(TextColumn("purging" if not dry_run else "planning a purge"),
                       BarColumn(), MofNCompleteColumn(), console=err,
                       disable=as_json) as progress:
             job = progress.add_task("chains", total=None)
-            return list(await store.history.purge(
-                dry_run=dry_run, progress=lambda n: progress.advance(job, n)))
+            return list(await store.history.purge(dry_run=dry_run, progress=advance))
 
     purged = run_on_store(url, config, schema, tenant, as_json, body)
     done = [p for p in purged if p.skipped is None]
     if as_json:
-        print(json.dumps({"dry_run": dry_run, "chains": len(done),
+        # "chains": those the purge cuts (or would); "examined": every chain it read
+        print(json.dumps({"dry_run": dry_run, "examined": examined[0], "chains": len(done),
                           "records_removed": sum(p.removed for p in done),
                           "purges": [{"task_id": p.task_id, "policy": p.policy,
                                       "records": p.records, "removed": p.removed,
@@ -225,11 +231,12 @@ def purge(dry_run: Annotated[bool, typer.Option(
                    f"records 1-{p.through}; the rest verifies"))
         table.add_row(p.task_id, p.policy, str(p.records), str(p.removed), result)
     if not purged:
-        console.print("nothing to purge")
+        console.print(f"nothing to purge in {examined[0]} chain(s)")
         return
     console.print(table)
     verb = "would remove" if dry_run else "removed"
-    console.print(f"{verb} {sum(p.removed for p in done)} record(s) of {len(done)} chain(s)")
+    console.print(f"{verb} {sum(p.removed for p in done)} record(s) of {len(done)} chain(s) "
+                  f"({examined[0]} examined)")
 
 
 keys_app = typer.Typer(help="The encryption key ring of the checkpoint history.",

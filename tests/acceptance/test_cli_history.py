@@ -52,7 +52,9 @@ def test_verify_and_cost_work_on_the_demos_database(demo_db: Path) -> None:
     done = meshpoint("tasks", "cost", "nope", "--url", url, cwd=demo_db.parent)
     assert done.returncode == 1 and "no checkpoint history" in " ".join(done.stderr.split())
     done = meshpoint("purge", "--dry-run", "--url", url, "--json", cwd=demo_db.parent)
-    assert done.returncode == 0 and json.loads(done.stdout)["records_removed"] == 0
+    assert done.returncode == 0
+    assert (json.loads(done.stdout)["records_removed"], json.loads(done.stdout)["examined"],
+            json.loads(done.stdout)["chains"]) == (0, 12, 0)  # all read, none to cut
     done = meshpoint("verify", "--url", url, cwd=demo_db.parent)
     assert done.returncode == 2 and "--task ID or --all" in " ".join(done.stderr.split())
 
@@ -70,7 +72,7 @@ def test_purge_follows_an_agents_retention_from_the_config(demo_db: Path,
     assert plan["chains"] == 12 and plan["records_removed"] >= 12
     assert {p["policy"] for p in plan["purges"]} == {"last:1"}
     done = meshpoint("purge", "--dry-run", "--url", f"sqlite:///{demo_db}", cwd=tmp_path)
-    assert done.returncode == 0 and done.stdout.strip() == "nothing to purge"
+    assert done.returncode == 0 and done.stdout.strip() == "nothing to purge in 12 chain(s)"
 
 
 def test_verify_names_the_record_someone_changed(demo_db: Path, tmp_path: Path) -> None:
