@@ -67,7 +67,9 @@ def store_opener(url: str | None, config: Path | None, *, schema: str | None = N
     from meshpoint.store import open_store
 
     if url is not None:
-        return open_store(url, tenant_id=tenant or "default", schema=schema, migrate=migrate)
+        _check_schema(url, schema)
+        return open_store(url, tenant_id="default" if tenant is None else tenant,
+                          schema=schema, migrate=migrate)
     if config is None:
         raise InvalidArgumentError("give --url (or MESHPOINT_STORE_URL) or --config "
                                    "(or MESHPOINT_CONFIG)")
@@ -75,8 +77,16 @@ def store_opener(url: str | None, config: Path | None, *, schema: str | None = N
 
     mesh = load_config(config)
     s = mesh.store
-    return open_store(s.url, tenant_id=tenant or s.tenant, schema=schema or s.schema_name,
-                      migrate=migrate, history=mesh.history_options())
+    _check_schema(s.url, schema)
+    return open_store(s.url, tenant_id=s.tenant if tenant is None else tenant,
+                      schema=schema or s.schema_name, migrate=migrate,
+                      history=mesh.history_options())
+
+
+def _check_schema(url: str, schema: str | None) -> None:
+    if schema is not None and url.startswith("sqlite"):
+        raise typer.BadParameter("a PostgreSQL schema; this store is SQLite, which has none",
+                                 param_hint="--schema")
 
 
 def run_on_store(url: str | None, config: Path | None, schema: str | None,
@@ -104,8 +114,10 @@ def fail(error: MeshpointError, as_json: bool = False) -> NoReturn:
     """Print ``error`` (one JSON object with ``--json``: error, kind and, for a refused
     answer, the decision that stands) and exit 1."""
     if as_json:
-        print(json.dumps({"error": str(error), "kind": type(error).__name__,
-                          "decision": getattr(error, "decision", None)}))
+        shown = {"error": str(error), "kind": type(error).__name__}
+        if getattr(error, "decision", None) is not None:  # a refused answer's
+            shown["decision"] = error.decision  # type: ignore[attr-defined]
+        print(json.dumps(shown))
     else:
         err.print(f"[red]error:[/red] {error}")
     raise typer.Exit(code=1) from None

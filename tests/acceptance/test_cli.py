@@ -76,6 +76,14 @@ def test_bad_urls_fail_with_a_message_not_a_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
     done = meshpoint("stats", "--url", f"sqlite:///{tmp_path / 'empty.db'}", cwd=tmp_path)
     assert "meshpoint migrate" in done.stderr and "Traceback" not in done.stderr
+    done = meshpoint("stats", "--url", f"sqlite:///{tmp_path / 'x.db'}", "--schema", "s",
+                     cwd=tmp_path)
+    assert done.returncode == 2 and "--schema" in done.stderr, done.stderr
+    done = meshpoint("stats", "--url", f"sqlite:///{tmp_path / 'x.db'}", "--tenant", "",
+                     "--json", cwd=tmp_path)  # not taken for the default tenant
+    assert done.returncode == 1
+    assert json.loads(done.stdout) == {"error": "tenant_id must be a str of 1 to 64 "
+                                       "characters, got ''", "kind": "InvalidArgumentError"}
 
 
 def test_demo_refuses_to_replace_a_file_that_is_not_its_own(tmp_path: Path) -> None:
