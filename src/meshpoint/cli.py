@@ -232,11 +232,10 @@ def submit(
         task = asyncio.run(run_submit(load_config(config), agent, text, timeout_s=timeout))
     except MeshpointError as error:
         fail(error, as_json)
-    except TimeoutError:
-        problem = (f"no answer from {agent} within {timeout:g}s; is a "
-                   f"`meshpoint serve --agent {agent}` running on this config?")
+    except TimeoutError as error:  # serve.NoAnswerError: where the task stands
+        problem = str(error)
         if as_json:
-            print(json.dumps({"error": problem, "kind": "TimeoutError", "decision": None}))
+            print(json.dumps({"error": problem, "kind": "TimeoutError"}))
         else:
             err.print(f"[red]error:[/red] {problem}")
         raise typer.Exit(code=1) from None

@@ -149,9 +149,41 @@ async def submit(config: MeshConfig, agent_name: str, text: str, *,
     broker = await config.open_broker()
     try:
         async with Client(broker, namespace=config.namespace) as client:
-            return await client.ask(agent_name, text, timeout_s=timeout_s)
+            request_id = await client.submit(agent_name, text)
+            try:
+                return await client.wait(request_id, timeout_s=timeout_s)
+            except TimeoutError:
+                task_id = client.task_id(agent_name, request_id)
+                raise NoAnswerError(await _why_no_answer(
+                    config, agent_name, task_id, timeout_s)) from None
     finally:
         await broker.close()
+
+
+class NoAnswerError(TimeoutError):
+    """``submit`` had no answer in time; the message says where the task stands."""
+
+
+async def _why_no_answer(config: MeshConfig, agent_name: str, task_id: str,
+                         timeout_s: float) -> str:
+    """What the store knows of a task that gave no answer in time: paused waiting on
+    peers (which then may not be served), or not checkpointed at all (no instance of
+    the agent took it, or it has been running since)."""
+    waited = f"no answer from {agent_name} within {timeout_s:g}s"
+    try:
+        store = await config.open_store()
+        try:
+            subs = await store.get_peer_sub_tasks_for_task(task_id)
+        finally:
+            await store.close()
+    except MeshpointError:  # not paused (or the store is unreachable): no more to say
+        return (f"{waited}; is a `meshpoint serve --agent {agent_name}` running on this "
+                f"config? (task {task_id})")
+    peers = sorted({s.peer_agent_name or "?" for s in subs if s.status == "pending"})
+    if not peers:
+        return f"{waited}: task {task_id} is paused, waiting for a human or to resume"
+    return (f"{waited}: task {task_id} is paused, waiting on {', '.join(peers)}; is a "
+            f"`meshpoint serve --agent` running for each? It goes on when they answer")
 
 
 def print_ready(instance: AgentInstance) -> None:

@@ -122,6 +122,17 @@ async def test_submit_and_serve_explain_what_is_wrong(
         assert done.returncode == 1, done.stderr
         problem = json.loads(done.stdout)
         assert problem["kind"] == kind and words in problem["error"], problem
+    # the coordinator runs, its peers do not: the task waits on them, and is named
+    cluster = Cluster.write(tmp_path, config)
+    cluster.migrate()
+    cluster.start({"coordinator": 1})
+    try:
+        waiting = meshpoint("submit", "--config", str(path), "coordinator", "hi: flights",
+                            "--timeout", "3")
+    finally:
+        cluster.stop()
+    assert waiting.returncode == 1
+    assert "is paused, waiting on flights" in " ".join(waiting.stderr.split()), waiting.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text(path.read_text().replace("lease_ttl_s", "lease_ttl"))
     refused = meshpoint("serve", "--config", str(bad), "--agent", "coordinator")
