@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from meshpoint.cli_common import (
@@ -222,7 +223,18 @@ def show(task_id: Annotated[str, typer.Argument(help="The task.")],
                                                          time.localtime(a.get("at") or 0)))
         console.print(done)
     for event in shown["conversation"]:
-        console.print(f"[dim]{event.get('role')}:[/dim] {str(event.get('content') or '')[:200]}")
+        console.print(f"[dim]{event.get('role')}:[/dim] {_said(event)}", markup=True,
+                      highlight=False)
+
+
+def _said(event: dict[str, Any]) -> str:
+    """A conversation event in one line: its text, else the tools it called."""
+    content = str(event.get("content") or "")
+    if content:
+        return escape(content[:200])
+    calls = [str((call.get("function") or {}).get("name") or call.get("name") or "?")
+             for call in event.get("tool_calls") or [] if isinstance(call, dict)]
+    return f"(calls {', '.join(calls)})" if calls else "(no text)"
 
 
 @tasks_app.command()

@@ -72,6 +72,12 @@ async def test_an_operator_lists_shows_and_approves_from_another_process(
     assert [(w["kind"], w["call_id"], w["tool"]) for w in shown["waiting_on"]] == [
         ("approval", call_id, "send")]
     assert shown["conversation"][0] == {"role": "user", "content": "Send the report"}
+    code, out, err = await tasks(where, "show", task_id)  # the table, for an operator
+    assert code == 0, err
+    said = [line.strip() for line in out.splitlines() if line.startswith(("user:",
+                                                                          "assistant:"))]
+    assert said[0] == "user: Send the report"
+    assert "assistant: (calls send)" in said and "assistant:" not in said, out
 
     for args, reason in (
             (("approve", task_id, call_id, "--arguments", '{"query": 5}'),
