@@ -26,6 +26,7 @@ from meshpoint.cli_common import AsJson, Config, Schema, Tenant, Url, console, r
 #: machine longer) before it commits, so an event can appear after later ones did.
 FOLLOW_LOOKBACK_S = 30.0
 _PAGE = 1000
+_POLL_PAGES = 10
 
 _RELATIVE = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
@@ -104,30 +105,37 @@ async def follow_new(log: Any, filters: dict[str, Any], found: list[Any],
     before the follow began) and prints what it has not printed yet, so an event that
     commits late, behind ones timed after it, is still printed. What was already there
     before ``found`` ended (left out by ``--limit``) is not printed later."""
-    newest = found[-1].timestamp.timestamp() if found else (first or time.time())
-    printed = {e.event_id: e.timestamp.timestamp()
-               for e in await _read_from(log, filters, newest - FOLLOW_LOOKBACK_S)
-               if e.timestamp.timestamp() < newest}
+    newest = found[-1].timestamp.timestamp() if found else (
+        time.time() if first is None else first)
+    printed = {e.event_id: e.timestamp.timestamp() for e in await _read_from(
+        log, filters, newest - FOLLOW_LOOKBACK_S, until=newest)}
     printed.update((e.event_id, e.timestamp.timestamp()) for e in found)
     while True:
         await asyncio.sleep(poll_s)
-        page = await _read_from(log, filters, newest - FOLLOW_LOOKBACK_S)
-        fresh = [e for e in page if e.event_id not in printed]
-        if fresh:
-            printed.update((e.event_id, e.timestamp.timestamp()) for e in fresh)
-            newest = max(newest, max(e.timestamp.timestamp() for e in fresh))
-            printed = {i: at for i, at in printed.items()
-                       if at >= newest - FOLLOW_LOOKBACK_S}
-            show(fresh, as_json, lines=True)
+        since, fresh_pages = newest - FOLLOW_LOOKBACK_S, 0
+        while True:  # page by page; at most _POLL_PAGES with new events a poll
+            page = await log.get_events(**filters, since=since, limit=_PAGE)
+            fresh = [e for e in page if e.event_id not in printed]
+            if fresh:
+                printed.update((e.event_id, e.timestamp.timestamp()) for e in fresh)
+                newest = max(newest, max(e.timestamp.timestamp() for e in fresh))
+                show(fresh, as_json, lines=True)
+                fresh_pages += 1
+            if len(page) < _PAGE or page[-1].timestamp.timestamp() <= since \
+                    or fresh_pages >= _POLL_PAGES:
+                break  # (a full page of one time cannot move on)
+            since = page[-1].timestamp.timestamp()  # inclusive: its events come again
+        printed = {i: at for i, at in printed.items() if at >= newest - FOLLOW_LOOKBACK_S}
 
 
-async def _read_from(log: Any, filters: dict[str, Any], since: float) -> list[Any]:
-    """Every event from ``since`` on, oldest first, read a page at a time."""
+async def _read_from(log: Any, filters: dict[str, Any], since: float,
+                     until: float) -> list[Any]:
+    """The events from ``since`` to before ``until``, oldest first, a page at a time."""
     found: dict[str, Any] = {}
     while True:
-        page = await log.get_events(**filters, since=since, limit=_PAGE)
+        page = await log.get_events(**filters, since=since, until=until, limit=_PAGE)
         found.update((e.event_id, e) for e in page)
-        if len(page) < _PAGE or page[-1].timestamp.timestamp() == since:
+        if len(page) < _PAGE or page[-1].timestamp.timestamp() <= since:
             return list(found.values())  # a full page of one time cannot move on
         since = page[-1].timestamp.timestamp()  # inclusive: its events come again
 

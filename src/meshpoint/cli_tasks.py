@@ -223,15 +223,16 @@ def show(task_id: Annotated[str, typer.Argument(help="The task.")],
                                                          time.localtime(a.get("at") or 0)))
         console.print(done)
     for event in shown["conversation"]:
-        console.print(f"[dim]{event.get('role')}:[/dim] {_said(event)}", markup=True,
+        console.print(f"[dim]{escape(str(event.get('role')))}:[/dim] {escape(_said(event))}",
                       highlight=False)
 
 
 def _said(event: dict[str, Any]) -> str:
-    """A conversation event in one line: its text, else the tools it called."""
+    """A conversation event in one line (plain text): its text, else the tools it
+    called."""
     content = str(event.get("content") or "")
     if content:
-        return escape(content[:200])
+        return content[:200]
     calls = [str((call.get("function") or {}).get("name") or call.get("name") or "?")
              for call in event.get("tool_calls") or [] if isinstance(call, dict)]
     return f"(calls {', '.join(calls)})" if calls else "(no text)"
@@ -285,13 +286,14 @@ async def _ended(mesh: Any, task_id: str) -> str | None:
     from meshpoint.errors import MeshpointError
     from meshpoint.history import END_PHASES
 
-    store = await mesh.open_store()
     try:
-        record = await store.history.get_latest_checkpoint(task_id)
-    except MeshpointError:
+        store = await mesh.open_store()
+        try:
+            record = await store.history.get_latest_checkpoint(task_id)
+        finally:
+            await store.close()
+    except MeshpointError:  # the store away, say: the instances may still know it
         return None
-    finally:
-        await store.close()
     phase = record.execution_state.phase if record is not None else None
     return phase if phase in END_PHASES else None
 

@@ -181,8 +181,8 @@ def _check_replaceable(path: Path) -> None:
 
 
 def _other_agents(conn: sqlite3.Connection, tables: set[str]) -> set[str]:
-    """The agents (and LangGraph's saver) a meshpoint database has rows of, other
-    than the demo's."""
+    """The agents and tenants (and LangGraph's saver) a meshpoint database has rows
+    of, other than the demo's (its agents, as the default tenant)."""
     from meshpoint.store.schema import metadata
 
     demo = ("coordinator", *PEERS)
@@ -193,10 +193,15 @@ def _other_agents(conn: sqlite3.Connection, tables: set[str]) -> set[str]:
         if name.startswith("agent_langgraph_"):
             if conn.execute(f"SELECT 1 FROM {name} LIMIT 1").fetchone():
                 found.add("LangGraph's saver")
-        elif "agent_name" in table.c:
+            continue
+        if "agent_name" in table.c:
             found.update(row[0] for row in conn.execute(
                 f"SELECT DISTINCT agent_name FROM {name} WHERE agent_name NOT IN ({marks}) "
                 "LIMIT 5", demo))
+        if "tenant_id" in table.c:  # the demo writes as the default tenant only
+            found.update(f"tenant {row[0]}" for row in conn.execute(
+                f"SELECT DISTINCT tenant_id FROM {name} WHERE tenant_id != 'default' "
+                "LIMIT 5"))
     return found
 
 

@@ -208,11 +208,15 @@ class EventStore:
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._closing = False
-        # The loop the writer runs on: the one this store is built on, or the first
-        # that logs an event (events logged from other threads wake it there).
+        # The loop the writer runs on: the one this store is built on, or, when that
+        # one is not running, the one an event is logged from (events logged from
+        # other threads wake it there).
         self._loop: asyncio.AbstractEventLoop | None = None
         with contextlib.suppress(RuntimeError):
             self._loop = asyncio.get_running_loop()
+        # A writer start asked for from another thread before close() or abandon()
+        # is void: each of them moves on to the next generation.
+        self._generation = 0
         #: Events dropped because the buffer was full (the database was away too long).
         self.dropped = 0
         #: Events dropped because the database refused them (logged with the reason).
@@ -261,20 +265,29 @@ class EventStore:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        if self._loop is None or self._loop.is_closed():
+        if loop is not None and (self._loop is None or not self._loop.is_running()):
             self._loop = loop
-        if self._loop is None or (self._flusher is not None and size < self.batch):
-            return  # no loop yet: flush() or the next event from a loop writes it
-        if loop is self._loop:
-            self._wake_writer()
+        target, writer = self._loop, self._flusher
+        if target is None or (writer is not None and not writer.done()
+                              and size < self.batch):
+            return  # no loop yet (flush() or the next event from a loop writes it)
+        if loop is target:
+            self._wake_writer(self._generation)
         else:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                self._loop.call_soon_threadsafe(self._wake_writer)
+                target.call_soon_threadsafe(self._wake_writer, self._generation)
 
-    def _wake_writer(self) -> None:
-        """On the writer's loop: start the writer, or wake it."""
-        if self._flusher is None and not self._closing:
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())
+    def _wake_writer(self, generation: int) -> None:
+        """On the writer's loop: start the writer (again, if the one there is gone or
+        of another loop), or wake it; nothing once closing, or if close() or abandon()
+        came after the event that asked."""
+        if self._closing or generation != self._generation:
+            return
+        loop = asyncio.get_running_loop()
+        writer = self._flusher
+        if writer is None or writer.done() or writer.get_loop() is not loop:
+            self._wake = asyncio.Event()  # an Event belongs to the loop that waits on it
+            self._flusher = loop.create_task(self._flush_forever())
         else:
             self._wake.set()
 
@@ -339,18 +352,21 @@ class EventStore:
         """Stop the background writer and write what is left. A write in flight is
         let finish, not canceled (canceled, its commit could land unseen and its
         events be written twice; the insert ignores an event id already written)."""
-        if self._flusher is not None:
-            self._closing = True
-            self._wake.set()
-            try:
-                await self._flusher
-            finally:
-                self._flusher = None
-                self._closing = False
-        await self.flush()
+        self._generation += 1
+        self._closing = True
+        try:
+            writer, self._flusher = self._flusher, None
+            if writer is not None and writer.get_loop() is asyncio.get_running_loop():
+                self._wake.set()
+                await writer
+            # a writer of another loop ended with it (or waits there, never woken)
+            await self.flush()
+        finally:
+            self._closing = False
 
     def abandon(self) -> None:
         """Stop the background writer and drop what is buffered (a crash's loss)."""
+        self._generation += 1
         if self._flusher is not None:
             self._flusher.cancel()
             self._flusher = None
@@ -398,7 +414,8 @@ class EventStore:
 
 def _refused(error: Exception) -> bool:
     """Whether a write failed for what its rows hold: a value the store's JSON cannot
-    encode, or the database's verdict on the data (a data exception or a constraint),
+    encode, or the database's verdict on the data (a data exception, a constraint, a
+    size limit),
     as opposed to the database being away, the schema missing, or a bug."""
     if isinstance(error, InvalidArgumentError):
         return True
@@ -407,7 +424,9 @@ def _refused(error: Exception) -> bool:
     cause = error.__cause__
     if isinstance(cause, exc.DataError | exc.IntegrityError):
         return True
-    return str(getattr(getattr(cause, "orig", None), "sqlstate", "") or "")[:2] in ("22", "23")
+    # 22 data exception, 23 a constraint, 54 a program limit (a JSON value too large)
+    return str(getattr(getattr(cause, "orig", None), "sqlstate", "") or "")[:2] in (
+        "22", "23", "54")
 
 
 def with_logging(events: EventStore, *, agent_id: str, step_name: str | None = None,

@@ -115,3 +115,9 @@ def test_demo_replaces_its_own_database_and_no_other_meshpoint_database(
     with sqlite3.connect(db) as conn:  # left as it was
         assert conn.execute("SELECT count(*) FROM agent_events WHERE agent_name = "
                             "'billing'").fetchone() == (1,)
+        # the demo's own agents, as another tenant, are not the demo's either
+        conn.execute("UPDATE agent_events SET agent_name = 'coordinator', "
+                     "tenant_id = 'acme' WHERE agent_name = 'billing'")
+    done = meshpoint("demo", "--db", str(db), "--tasks", "5", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "(of tenant acme)" in " ".join(done.stderr.split()), done.stderr

@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -246,6 +247,21 @@ async def test_events_logged_only_from_worker_threads_are_written_in_the_backgro
     assert [e.event_type for e in await log.get_events(thread_id="x")] == [
         "step_start", "step_complete"]
     await log.close()
+
+
+async def test_close_leaves_no_writer_behind_that_a_thread_asked_for(
+        live_store: SqlStore) -> None:
+    """A worker thread's event asks the loop to start the writer; close() runs before
+    the loop gets to it. The event is written by close(), and no writer starts after."""
+    log = EventStore(live_store, flush_interval_s=0.05)
+    thread = threading.Thread(target=log.log_event, args=("a", "t", "step_start"))
+    thread.start()
+    thread.join()  # its request to start the writer waits on the loop
+    await log.close()
+    assert log.written == 1
+    await asyncio.sleep(0.2)  # the loop runs that request now
+    assert not [task for task in asyncio.all_tasks()
+                if "_flush_forever" in repr(task.get_coro())]
 
 
 async def test_with_logging_runs_the_step_whatever_its_logging_makes_of_it(
