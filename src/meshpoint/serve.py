@@ -154,8 +154,15 @@ async def submit(config: MeshConfig, agent_name: str, text: str, *,
                 return await client.wait(request_id, timeout_s=timeout_s)
             except TimeoutError:
                 task_id = client.task_id(agent_name, request_id)
-                raise NoAnswerError(await _why_no_answer(
-                    config, agent_name, task_id, timeout_s)) from None
+                waited = f"no answer from {agent_name} within {timeout_s:g}s"
+                try:  # what the store knows, if it says so at once
+                    why = await asyncio.wait_for(_why_no_answer(config, task_id), 10.0)
+                except TimeoutError:
+                    why = None
+                raise NoAnswerError(
+                    f"{waited}: {why}" if why else
+                    f"{waited}; is a `meshpoint serve --agent {agent_name}` running on "
+                    f"this config? (task {task_id})") from None
     finally:
         await broker.close()
 
@@ -164,26 +171,24 @@ class NoAnswerError(TimeoutError):
     """``submit`` had no answer in time; the message says where the task stands."""
 
 
-async def _why_no_answer(config: MeshConfig, agent_name: str, task_id: str,
-                         timeout_s: float) -> str:
-    """What the store knows of a task that gave no answer in time: paused waiting on
-    peers (which then may not be served), or not checkpointed at all (no instance of
-    the agent took it, or it has been running since)."""
-    waited = f"no answer from {agent_name} within {timeout_s:g}s"
+async def _why_no_answer(config: MeshConfig, task_id: str) -> str | None:
+    """Where the store says a task that gave no answer in time stands, or None: not
+    checkpointed (no instance of the agent took it, or it has run since), or the
+    store cannot say."""
     try:
         store = await config.open_store()
         try:
             subs = await store.get_peer_sub_tasks_for_task(task_id)
         finally:
             await store.close()
-    except MeshpointError:  # not paused (or the store is unreachable): no more to say
-        return (f"{waited}; is a `meshpoint serve --agent {agent_name}` running on this "
-                f"config? (task {task_id})")
+    except MeshpointError:
+        return None
     peers = sorted({s.peer_agent_name or "?" for s in subs if s.status == "pending"})
     if not peers:
-        return f"{waited}: task {task_id} is paused, waiting for a human or to resume"
-    return (f"{waited}: task {task_id} is paused, waiting on {', '.join(peers)}; is a "
-            f"`meshpoint serve --agent` running for each? It goes on when they answer")
+        return (f"task {task_id} is checkpointed with no peer call pending: it waits "
+                "for a human, or is being resumed")
+    return (f"task {task_id} is paused, waiting on {', '.join(peers)}; is a "
+            "`meshpoint serve --agent` running for each? It goes on when they answer")
 
 
 def print_ready(instance: AgentInstance) -> None:
