@@ -122,7 +122,8 @@ def reply(task_id: Annotated[str, typer.Argument(help="The task.")],
 @tasks_app.command("list")
 def list_tasks(agent: Annotated[str | None, typer.Option("--agent")] = None,
                status: Annotated[str | None, typer.Option(
-                   "--status", help="waiting_peers, input_required, resuming, ...")] = None,
+                   "--status", help="waiting_peers, input_required, handoff, resuming, working "
+                   "or blocked.")] = None,
                older_than: Annotated[float | None, typer.Option(
                    "--older-than", min=0, help="Only tasks paused longer, in seconds.")] = None,
                limit: Annotated[int, typer.Option(min=1)] = 100,
@@ -130,6 +131,14 @@ def list_tasks(agent: Annotated[str | None, typer.Option("--agent")] = None,
                tenant: Tenant = None,
                as_json: AsJson = False) -> None:
     """Paused tasks, oldest first."""
+    from meshpoint.store.schema import TASK_STATUSES
+
+    if status is not None and status not in TASK_STATUSES:
+        raise typer.BadParameter(
+            f"{status!r} is not a status of a live task; one of {', '.join(TASK_STATUSES)} "
+            "(an ended task has no live rows: `meshpoint tasks cost` or `verify` read its "
+            "history)", param_hint="--status")
+
     async def body(store: Any) -> list[Any]:
         return list(await store.list_paused_tasks(agent_name=agent, status=status,
                                                   limit=limit))

@@ -298,6 +298,13 @@ class EventStore:
             except TimeoutError:
                 pass
             self._wake.clear()
+            if getattr(self.store, "closed", False):  # nothing will be written any more
+                if self._buffer:
+                    logger.error("the store is closed: %d event(s) are not written "
+                                 "(logged after this event log was closed?)",
+                                 len(self._buffer))
+                self._flusher = None
+                return
             try:
                 await self.flush()
             except Exception as error:
@@ -390,6 +397,10 @@ class EventStore:
         """Events matching every filter given, oldest first (``newest_first``: the
         other way), at most ``limit``; ``since`` inclusive, ``until`` exclusive."""
         check_limit(limit)
+        for name, value in (("thread_id", thread_id), ("agent_id", agent_id),
+                            ("event_type", event_type)):
+            if value is not None:
+                check_id(name, value)
         first, last = _epoch(since, "since"), _epoch(until, "until")
         params = {"p_tenant": self.store.tenant_id, "p_task": thread_id,
                   "p_any_task": thread_id is None, "p_agent": agent_id,

@@ -67,6 +67,8 @@ async def test_an_operator_lists_shows_and_approves_from_another_process(
     listed = await ok_json(where, "list", "--status", "input_required")
     assert [t["task_id"] for t in listed["tasks"]] == [task_id]
     assert (await ok_json(where, "list", "--status", "waiting_peers"))["tasks"] == []
+    code, _, err = await tasks(where, "list", "--status", "completed")  # not a typo's []
+    assert code == 2 and "not a status of a live task" in " ".join(err.split()), err
     shown = await ok_json(where, "show", task_id)
     assert shown["status"] == "input_required"
     assert [(w["kind"], w["call_id"], w["tool"]) for w in shown["waiting_on"]] == [

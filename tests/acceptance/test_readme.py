@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -30,6 +31,10 @@ def test_the_readme_examples_run(index: int, expected: str, tmp_path: Path,
     finally:
         os.chdir(cwd)
     assert expected in capsys.readouterr().out
+    live = {1: "mesh.db", 2: "approvals.db"}.get(index)
+    if live is not None:  # the runtime's examples leave no live row behind
+        with sqlite3.connect(tmp_path / live) as conn:
+            assert conn.execute("SELECT count(*) FROM agent_paused_tasks").fetchone() == (0,)
 
 
 def test_the_benchmark_results_kept_are_those_the_readme_cites() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from meshpoint import a2a
+from meshpoint import a2a, open_store
 from meshpoint.errors import InvalidArgumentError
 from meshpoint.events import EventStore, to_json, with_logging
 from meshpoint.llm import ScriptedModel
@@ -76,6 +76,16 @@ async def test_bad_arguments_are_named_and_nothing_is_buffered(events: EventStor
             call()
     with pytest.raises(InvalidArgumentError, match="since"):
         await events.get_events(since="yesterday")  # type: ignore[arg-type]
+    # ids are text every database stores: no NUL, no lone surrogate (on SQLite one
+    # stalled the writer; on PostgreSQL it was refused at the write, far from the call)
+    for call, match in ((lambda: events.log_event("a", "user-\ud800", "x"), "thread_id"),
+                        (lambda: events.log_event("a", "t", "x", step_name="s\x00"),
+                         "step_name"),
+                        (lambda: events.log_event("a\x00", "t", "x"), "agent_id")):
+        with pytest.raises(InvalidArgumentError, match=f"{match}.*lone surrogate"):
+            call()
+    with pytest.raises(InvalidArgumentError, match="agent_id"):
+        await events.get_events(agent_id="a\ud800")
     assert await events.flush() == 0
 
 
@@ -260,6 +270,19 @@ async def test_close_leaves_no_writer_behind_that_a_thread_asked_for(
     await log.close()
     assert log.written == 1
     await asyncio.sleep(0.2)  # the loop runs that request now
+    assert not [task for task in asyncio.all_tasks()
+                if "_flush_forever" in repr(task.get_coro())]
+
+
+async def test_a_writer_stops_when_its_store_is_closed(
+        store_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """An event logged after the log was closed starts a writer again; once the store
+    itself is closed, that writer stops and says what it could not write."""
+    async with open_store(store_url) as store:
+        log = EventStore(store, flush_interval_s=0.05)
+        await log.close()
+        await asyncio.to_thread(log.log_event, "w", "t", "late")
+    await asyncio.sleep(0.3)
     assert not [task for task in asyncio.all_tasks()
                 if "_flush_forever" in repr(task.get_coro())]
 

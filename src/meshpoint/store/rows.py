@@ -121,7 +121,22 @@ MAX_ID = 255
 
 
 def _is_id(value: Any, max_len: int = MAX_ID) -> bool:
-    return type(value) is str and 0 < len(value) <= max_len
+    return type(value) is str and 0 < len(value) <= max_len and _is_text(value)
+
+
+def _is_text(value: str) -> bool:
+    """Whether every database can store ``value`` as text: no NUL (PostgreSQL's text
+    cannot hold it) and no lone surrogate (half of a UTF-16 pair, which is not UTF-8:
+    SQLite's driver fails on it)."""
+    if "\x00" in value:
+        return False
+    if value.isascii():
+        return True
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_timeout(value: Any) -> bool:
@@ -130,8 +145,11 @@ def _is_timeout(value: Any) -> bool:
 
 def check_id(name: str, value: Any, *, max_len: int = MAX_ID) -> None:
     if not _is_id(value, max_len):
+        text = type(value) is str and 0 < len(value) <= max_len
         raise InvalidArgumentError(
-            f"{name} must be a str of 1 to {max_len} characters, got {value!r:.80}")
+            f"{name} must be a str of 1 to {max_len} characters"
+            + (" without NUL or a lone surrogate (text no database can store)"
+               if text else "") + f", got {value!r:.80}")
 
 
 #: Keys of a sub-task's correlation data that must hold an id (the others may be None).

@@ -161,6 +161,12 @@ class SqlStore(Store):
                         compress_threshold_bytes=self._compress_threshold,
                         fast_paths=self.fast_paths, owns_db=False, history=history)
 
+    @property
+    def closed(self) -> bool:
+        """Whether the database's pool was closed (by this store or the one it is a
+        :meth:`for_tenant` view of): no operation succeeds any more."""
+        return self._db.closed
+
     async def close(self) -> None:
         """Close the connection pool (a no-op on a :meth:`for_tenant` view)."""
         if self._owns_db:
