@@ -143,6 +143,10 @@ def _with_sub(correlation_data: dict[str, object]) -> TaskExecutionContext:
     (lambda s: s.checkpoint_task(fan_out("t", timeout_s=float("inf")), AGENT), "timeout_s"),
     (lambda s: s.resolve_peer_sub_task("", "x"), "sub_task_id"),
     (lambda s: s.resolve_peer_sub_task("x" * 300, "x"), "sub_task_id"),
+    # text no database can store: NUL (PostgreSQL), a lone surrogate (not UTF-8)
+    (lambda s: s.resolve_peer_sub_task("t1/sub-0\x00", "x"), "sub_task_id .*NUL"),
+    (lambda s: s.checkpoint_task(fan_out("t\ud800"), AGENT), "task_id .*lone surrogate"),
+    (lambda s: s.checkpoint_task(fan_out("t2"), "agent\x00"), "agent_name .*NUL"),
     (lambda s: s.resolve_peer_sub_task("t1/sub-0", "x", lease_owner="o", lease_ttl_s=0),
      "ttl_s"),
     (lambda s: s.sweep_expired_timeouts(AGENT, limit=0), "limit"),
