@@ -42,7 +42,7 @@ def json_copy(value: Any, path: str = "$") -> Any:
 
 
 #: The integers JSON values may hold: signed 64 bits, and unsigned 64 bits.
-_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 
 
 class _NotPlain(Exception):
@@ -69,7 +69,7 @@ def _plain_copy(value: Any) -> Any:
                 else _plain_copy(item) for item in value]
     if kind is str or kind is bool or value is None:
         return value
-    if kind is int and _INT_MIN <= value <= _INT_MAX:
+    if kind is int and INT_MIN <= value <= INT_MAX:
         return value
     if kind is float and math.isfinite(value):
         return value
@@ -81,7 +81,7 @@ def _copy(value: Any, path: str) -> Any:
     if kind is str or kind is bool or value is None:
         return value
     if kind is int:
-        if not _INT_MIN <= value <= _INT_MAX:
+        if not INT_MIN <= value <= INT_MAX:
             raise ContextSerializationError(
                 f"{path} is {value}, an integer past 64 bits, which JSON readers turn into "
                 "a float; store it as a string", path=path)

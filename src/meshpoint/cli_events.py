@@ -13,6 +13,7 @@ import json
 import math
 import re
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Annotated, Any, NoReturn
 
@@ -107,37 +108,36 @@ async def follow_new(log: Any, filters: dict[str, Any], found: list[Any],
     before ``found`` ended (left out by ``--limit``) is not printed later."""
     newest = found[-1].timestamp.timestamp() if found else (
         time.time() if first is None else first)
-    printed = {e.event_id: e.timestamp.timestamp() for e in await _read_from(
-        log, filters, newest - FOLLOW_LOOKBACK_S, until=newest)}
+    printed = {e.event_id: e.timestamp.timestamp()
+               async for page in _pages(log, filters, newest - FOLLOW_LOOKBACK_S,
+                                        until=newest) for e in page}
     printed.update((e.event_id, e.timestamp.timestamp()) for e in found)
     while True:
         await asyncio.sleep(poll_s)
-        since, fresh_pages = newest - FOLLOW_LOOKBACK_S, 0
-        while True:  # page by page; at most _POLL_PAGES with new events a poll
-            page = await log.get_events(**filters, since=since, limit=_PAGE)
+        fresh_pages = 0  # at most _POLL_PAGES pages with new events a poll
+        async for page in _pages(log, filters, newest - FOLLOW_LOOKBACK_S):
             fresh = [e for e in page if e.event_id not in printed]
             if fresh:
                 printed.update((e.event_id, e.timestamp.timestamp()) for e in fresh)
                 newest = max(newest, max(e.timestamp.timestamp() for e in fresh))
                 show(fresh, as_json, lines=True)
                 fresh_pages += 1
-            if len(page) < _PAGE or page[-1].timestamp.timestamp() <= since \
-                    or fresh_pages >= _POLL_PAGES:
-                break  # (a full page of one time cannot move on)
-            since = page[-1].timestamp.timestamp()  # inclusive: its events come again
+                if fresh_pages >= _POLL_PAGES:
+                    break
         printed = {i: at for i, at in printed.items() if at >= newest - FOLLOW_LOOKBACK_S}
 
 
-async def _read_from(log: Any, filters: dict[str, Any], since: float,
-                     until: float) -> list[Any]:
-    """The events from ``since`` to before ``until``, oldest first, a page at a time."""
-    found: dict[str, Any] = {}
+async def _pages(log: Any, filters: dict[str, Any], since: float,
+                 until: float | None = None) -> AsyncIterator[list[Any]]:
+    """The events from ``since`` (to before ``until``), oldest first, a page at a
+    time; a page's last events come again at the head of the next (``since`` is
+    inclusive)."""
     while True:
         page = await log.get_events(**filters, since=since, until=until, limit=_PAGE)
-        found.update((e.event_id, e) for e in page)
+        yield page
         if len(page) < _PAGE or page[-1].timestamp.timestamp() <= since:
-            return list(found.values())  # a full page of one time cannot move on
-        since = page[-1].timestamp.timestamp()  # inclusive: its events come again
+            return  # the last page, or a full page of one time, which cannot move on
+        since = page[-1].timestamp.timestamp()
 
 
 def show(found: list[Any], as_json: bool, *, lines: bool) -> None:

@@ -43,10 +43,11 @@ from typing import Any, TypeVar, cast
 
 from sqlalchemy import Connection, exc
 
+from meshpoint._json import INT_MAX, INT_MIN
 from meshpoint.errors import InvalidArgumentError, StoreError
 from meshpoint.history import new_checkpoint_id
 from meshpoint.store import event_queries as eq
-from meshpoint.store.rows import check_id, check_limit
+from meshpoint.store.rows import check_id, check_limit, is_text
 
 logger = logging.getLogger("meshpoint.events")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -79,8 +80,8 @@ def to_json(value: Any, _depth: int = 0) -> Any:
     refused. Strings longer than 100,000 characters are cut, marked with ``…``."""
     if value is None or isinstance(value, bool):
         return value
-    if isinstance(value, int):
-        return value if _INT_MIN <= value <= _INT_MAX else {"$int": str(value)}
+    if isinstance(value, int):  # past 64 bits JSON readers make it a float
+        return value if INT_MIN <= value <= INT_MAX else {"$int": str(value)}
     if isinstance(value, float):
         return value if value == value and abs(value) != float("inf") else repr(value)
     if isinstance(value, str):
@@ -125,12 +126,11 @@ def to_json(value: Any, _depth: int = 0) -> Any:
         shown = _text(repr(value)[:1000])
     except Exception as error:  # a __repr__ that raises: the event is still logged
         shown = f"(repr failed: {type(error).__name__})"
+    return _opaque(value, shown)
+
+
+def _opaque(value: Any, shown: str) -> dict[str, str]:
     return {"$type": f"{type(value).__module__}.{type(value).__qualname__}", "$repr": shown}
-
-
-#: The integers kept as JSON numbers: what JSON readers (orjson among them) read back
-#: as integers. Larger ones are kept as ``{"$int": "digits"}``.
-_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 
 
 def _text(value: str) -> str:
@@ -139,14 +139,10 @@ def _text(value: str) -> str:
     of a UTF-16 pair), which are not UTF-8, as U+FFFD."""
     if len(value) > 100_000:
         value = value[:100_000] + "…"
-    if "\x00" in value:
-        value = value.replace("\x00", "\ufffd")
-    if not value.isascii():
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            value = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
-    return value
+    if is_text(value):
+        return value
+    return "".join("\ufffd" if c == "\x00" or "\ud800" <= c <= "\udfff" else c
+                   for c in value)
 
 
 def _converted(value: Any) -> Any:
@@ -155,8 +151,7 @@ def _converted(value: Any) -> Any:
     try:
         return to_json(value)
     except Exception as error:
-        return {"$type": f"{type(value).__module__}.{type(value).__qualname__}",
-                "$repr": f"(could not be converted: {type(error).__name__})"}
+        return _opaque(value, f"(could not be converted: {type(error).__name__})")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -121,10 +121,10 @@ MAX_ID = 255
 
 
 def _is_id(value: Any, max_len: int = MAX_ID) -> bool:
-    return type(value) is str and 0 < len(value) <= max_len and _is_text(value)
+    return type(value) is str and 0 < len(value) <= max_len and is_text(value)
 
 
-def _is_text(value: str) -> bool:
+def is_text(value: str) -> bool:
     """Whether every database can store ``value`` as text: no NUL (PostgreSQL's text
     cannot hold it) and no lone surrogate (half of a UTF-16 pair, which is not UTF-8:
     SQLite's driver fails on it)."""

@@ -50,11 +50,10 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.types import Command, Interrupt, Overwrite, Send
 from pydantic import BaseModel, TypeAdapter
 
-from meshpoint._json import dump_bytes
+from meshpoint._json import INT_MAX, INT_MIN, dump_bytes
 from meshpoint.errors import CorruptCheckpointError, UnserializableValueError
 
 TAG = "__mp__"
-_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what orjson writes as a JSON number
 
 
 def _message_classes() -> dict[str, type[BaseMessage]]:
@@ -165,7 +164,7 @@ class SafeSerializer:
         if kind is str or kind is bool or value is None:
             return value
         if kind is int:
-            return value if _INT_MIN <= value <= _INT_MAX else {TAG: "int", "v": str(value)}
+            return value if INT_MIN <= value <= INT_MAX else {TAG: "int", "v": str(value)}
         if kind is float:
             return value if value - value == 0 else {TAG: "float", "v": repr(value)}
         if kind is list:
