@@ -66,12 +66,11 @@ MODEL_NAME = "SmolLM2-135M-Instruct"
 #: (LLAMA_USE_PREBUILT_UI would). Shared libraries with $ORIGIN run paths: the binary
 #: and its libraries are copied into one directory and find each other there, and
 #: llama-cpp-python can load the same libllama.so (LLAMA_CPP_LIB_PATH), so one build
-#: serves both servers.
-CMAKE_FLAGS = (
+#: serves both servers. The instruction sets are added by :func:`cmake_flags`.
+BASE_CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=ON",
     "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
-    "-DGGML_NATIVE=ON",
     "-DLLAMA_BUILD_SERVER=ON",
     "-DLLAMA_BUILD_TOOLS=ON",
     "-DLLAMA_BUILD_TESTS=OFF",
@@ -82,6 +81,43 @@ CMAKE_FLAGS = (
     "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_CURL=OFF",
 )
+
+#: x86-64 CPU flags (/proc/cpuinfo) and the ggml option that uses each; GGML_AVX512
+#: needs all five of its flags. AMX is left out on purpose: virtual machines list the
+#: amx_* flags without letting a process run tile instructions (ggml's AMX kernels
+#: then die of SIGILL on the first matrix product, seen on Firecracker guests), and a
+#: 135M model gains nothing from it.
+_X86_OPTIONS = (
+    (("sse4_2",), "GGML_SSE42"), (("f16c",), "GGML_F16C"), (("fma",), "GGML_FMA"),
+    (("bmi2",), "GGML_BMI2"), (("avx",), "GGML_AVX"), (("avx2",), "GGML_AVX2"),
+    (("avx_vnni",), "GGML_AVX_VNNI"),
+    (("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"), "GGML_AVX512"),
+    (("avx512vbmi",), "GGML_AVX512_VBMI"), (("avx512_vnni",), "GGML_AVX512_VNNI"),
+    (("avx512_bf16",), "GGML_AVX512_BF16"),
+)
+
+
+def cpu_flags() -> list[str]:
+    """This CPU's feature flags, as /proc/cpuinfo lists them (sorted; empty if unknown)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return sorted(line.split(":", 1)[1].split())
+    return []
+
+
+def cmake_flags(machine: str | None = None, flags: list[str] | None = None) -> tuple[str, ...]:
+    """The configure flags for this CPU: on x86-64, each instruction set it has, named
+    one by one (GGML_NATIVE's -march=native would turn AMX on too); elsewhere
+    GGML_NATIVE."""
+    machine = platform.machine() if machine is None else machine
+    have = set(cpu_flags() if flags is None else flags)
+    if machine not in ("x86_64", "AMD64"):
+        return (*BASE_CMAKE_FLAGS, "-DGGML_NATIVE=ON")
+    isa = [f"-D{option}={'ON' if all(f in have for f in needs) else 'OFF'}"
+           for needs, option in _X86_OPTIONS]
+    return (*BASE_CMAKE_FLAGS, "-DGGML_NATIVE=OFF", *isa,
+            "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF")
 
 
 class ProvisionError(RuntimeError):
@@ -112,15 +148,11 @@ def cache_root() -> Path:
 
 
 def cpu_key() -> str:
-    """A short digest of the machine type and CPU feature flags: a GGML_NATIVE build
-    uses every instruction this CPU has and may crash on another."""
-    flags = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                flags = " ".join(sorted(line.split(":", 1)[1].split()))
-                break
-    return hashlib.sha256(f"{platform.machine()} {flags}".encode()).hexdigest()[:12]
+    """A short digest of the machine type, the CPU's feature flags and the configure
+    flags: a build uses the instructions this CPU has and may crash on another, and a
+    change of recipe must not reuse an old build."""
+    recipe = f"{platform.machine()} {' '.join(cpu_flags())} {' '.join(cmake_flags())}"
+    return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 
 def server_dir() -> Path:
@@ -217,7 +249,7 @@ _MAKE_STEP = re.compile(r"^\[\s*(\d+)%\]")
 def _build(source: Path, build: Path, log: Path, *, quiet: bool) -> None:
     """Configure and build the ``llama-server`` target, with a progress bar."""
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-    configure = ["cmake", "-S", str(source), "-B", str(build), *generator, *CMAKE_FLAGS]
+    configure = ["cmake", "-S", str(source), "-B", str(build), *generator, *cmake_flags()]
     jobs = str(os.cpu_count() or 2)
     compile_ = ["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs]
 
@@ -315,7 +347,7 @@ def ensure_server(*, quiet: bool = False) -> tuple[Path, float]:
             shutil.copy2(library, staged / library.name, follow_symlinks=True)
         elapsed = time.monotonic() - started
         (staged / "manifest.json").write_text(json.dumps({
-            "llama_cpp_python": LLAMA_CPP_PYTHON, "cmake_flags": list(CMAKE_FLAGS),
+            "llama_cpp_python": LLAMA_CPP_PYTHON, "cmake_flags": list(cmake_flags()),
             "cpu_key": cpu_key(), "build_s": round(elapsed, 1),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=2))
         # The directory appears whole or not at all: a killed build leaves no binary

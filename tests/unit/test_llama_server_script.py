@@ -81,3 +81,20 @@ def test_a_server_that_exits_while_starting_says_why(script: Any, tmp_path: Path
                                                     r"starting.*model is not a GGUF"):
         server.start(timeout_s=30)
     assert "--host" in server.command() and "127.0.0.1" in server.command()
+
+
+def test_an_x86_build_names_its_instruction_sets_and_never_turns_amx_on(script: Any) -> None:
+    # A Firecracker guest lists amx_tile/amx_int8/amx_bf16 in /proc/cpuinfo, but its
+    # processes die of SIGILL on the first tile instruction: -march=native (GGML_NATIVE)
+    # compiled ggml's AMX kernels in and the server crashed at its first matrix product.
+    flags = ["sse4_2", "f16c", "fma", "bmi2", "avx", "avx2", "avx512f", "avx512cd",
+             "avx512vl", "avx512dq", "avx512bw", "amx_tile", "amx_int8", "amx_bf16"]
+    chosen = script.cmake_flags("x86_64", flags)
+    assert "-DGGML_NATIVE=OFF" in chosen and "-DGGML_NATIVE=ON" not in chosen
+    assert {"-DGGML_AVX2=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=OFF",
+            "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"} <= set(chosen)
+    # AVX-512 is only on when all five of its parts are there
+    assert "-DGGML_AVX512=OFF" in script.cmake_flags("x86_64", flags[:8])
+    assert "-DGGML_NATIVE=ON" in script.cmake_flags("aarch64", ["asimd"])
+    # a change of recipe is a new cache entry, not a reuse of a build made the old way
+    assert script.cpu_key() in script.server_dir().name
