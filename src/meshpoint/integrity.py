@@ -159,6 +159,13 @@ class SigningKeys:
         """Whether new records are signed."""
         return self.active is not None
 
+    @property
+    def verifies(self) -> bool:
+        """Whether the ring holds any key to check a signature with (a private key or
+        only its public half): a verifier holding one cannot take an unsigned record
+        or head for a signed one."""
+        return bool(self.private or self.public)
+
     @classmethod
     def generate(cls, key_id: str = "k1") -> SigningKeys:
         """A ring of one new key (for tests and first setups)."""
