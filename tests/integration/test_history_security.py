@@ -251,6 +251,14 @@ async def test_a_restore_without_the_signing_key_is_a_configuration_error_that_w
     with pytest.raises(KeyMissingError, match="signed") as caught:
         await keyless.restore_task("t1", lease_owner="i-2")
     assert "t1" in str(caught.value)
+    # What an instance asks before it takes a task's lease to end it.
+    with pytest.raises(KeyMissingError, match="signed"):
+        await keyless.check_signing_key("t1")
+    await signed.check_signing_key("t1")
+    if ring == "none":  # an unsigned task is one a keyless store continues
+        await store.checkpoint_task(fan_out("t3", peers=1), AGENT)
+        await store.check_signing_key("t3")
+        before = await snapshot(store)
     assert await snapshot(store) == before  # not blocked, no event, no record
     # The instance that can sign takes it from there.
     restored = await signed.restore_task("t1", lease_owner="i-2")

@@ -26,6 +26,7 @@ from meshpoint import a2a
 from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import (
     InvalidArgumentError,
+    KeyMissingError,
     LeaseNotHeldError,
     MeshpointError,
     StoreError,
@@ -39,7 +40,7 @@ from meshpoint.runtime.agent import Agent
 from meshpoint.runtime.calls import CallKinds, turn_calls
 from meshpoint.runtime.midturn import MidTurn
 from meshpoint.runtime.stats import InstanceStats, ms_since
-from meshpoint.runtime.tasks import Background, InHand, LeaseOwners, TaskRun
+from meshpoint.runtime.tasks import Background, InHand, KeyMissing, LeaseOwners, TaskRun
 from meshpoint.store.base import Store
 
 logger = logging.getLogger("meshpoint.runtime")
@@ -108,6 +109,8 @@ class TurnLoop:
     mid_turn: MidTurn
     owners: LeaseOwners
     lease_ttl_s: float
+    #: The stored tasks this instance cannot continue without a key it lacks.
+    key_missing: KeyMissing
     #: The agent's event log, if it keeps one: flushed before a reconstruction reads it.
     events: EventStore | None = None
 
@@ -130,6 +133,9 @@ class TurnLoop:
             if not (self.agent.recovery.reconstruct and await self._restart(error)):
                 await self.ends.tell_blocked(error)
             return
+        except KeyMissingError as error:
+            await self.leave(task_id, owner, error)
+            return
         except StoreError as error:
             logger.error("%s: cannot restore task %s: %s", self.instance_id, task_id, error)
             return
@@ -137,6 +143,20 @@ class TurnLoop:
         self.in_hand.add(run)
         self._note_resumed(run.ctx)
         await self.drive(run, in_round=True)
+
+    async def leave(self, task_id: str, owner: str, error: KeyMissingError) -> None:
+        """This instance lacks a key the task's history needs (a configuration error,
+        not the task's): the restore wrote nothing, so give the lease up at once for
+        an instance that holds the key, and pass the task by from now on."""
+        logger.error("%s: leaving task %s to an instance with the key: %s",
+                     self.instance_id, task_id, error)
+        self.key_missing.add(task_id)
+        self.stats.note("key_missing", task_id, reason=str(error))
+        try:
+            await self.store.release_resume_lease(task_id, owner)
+        except (StoreError, UnknownTaskError) as failed:  # then the lease expires
+            logger.warning("%s: could not give up the lease of %s: %s", self.instance_id,
+                           task_id, failed)
 
     async def _restart(self, blocked: TaskBlockedError) -> bool:
         """Restart a blocked task in a fresh context from its reconstruction (seed

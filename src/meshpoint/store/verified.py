@@ -74,7 +74,14 @@ from meshpoint.store.history import (
     write_record,
 )
 from meshpoint.store.records import RestoredTask
-from meshpoint.store.rows import RestoreRows, TaskRow, join_events, restored
+from meshpoint.store.rows import (
+    HeadRow,
+    RecordRow,
+    RestoreRows,
+    TaskRow,
+    join_events,
+    restored,
+)
 from meshpoint.verification import (
     StoredRecord,
     checked_snapshot,
@@ -140,21 +147,9 @@ class VerifiedRestore:
         return await self._fall_back(task_id, rows, why, lease_owner)
 
     def _check_can_sign(self, task_id: str, rows: RestoreRows) -> None:
-        """KeyMissingError if this store must sign what the lease holder writes next
-        and cannot (see the module docstring). Read from the head's and the last
-        record's signature columns: one a forger set to NULL makes the chain fail
-        verification wherever the key is held."""
-        if self.options.signing.signs:
-            return
-        signed = any(row is not None and row.signature is not None
-                     for row in (rows.head, rows.latest))
-        if signed or self.options.signatures_required:
-            raise KeyMissingError(
-                f"task {task_id!r}: its history is "
-                + ("signed" if signed else "required to be signed")
-                + ", and this store has no active signing key (history.signing.active) "
-                "to sign what resuming it writes: nothing was written, and the task is "
-                "left for an instance configured with the signing key")
+        why = missing_signing_key(self.options, task_id, rows.head, rows.latest)
+        if why is not None:
+            raise why
 
     # -- the last record ----------------------------------------------------------------
 
@@ -395,6 +390,25 @@ class VerifiedRestore:
         params = self._keys(p_task=task_id)
         await self.write(f"logging {kind} of task {task_id!r}", lambda conn: (
             eq.INSERT_EVENT.rows(conn, _event(params, task_id, agent, kind, detail, now))))
+
+
+def missing_signing_key(options: HistoryOptions, task_id: str, head: HeadRow | None,
+                        latest: RecordRow | None) -> KeyMissingError | None:
+    """The KeyMissingError of a lease holder that must sign what it writes next and
+    cannot (see the module docstring), or None. Read from the head's and the last
+    record's signature columns: one a forger set to NULL makes the chain fail
+    verification wherever the key is held."""
+    if not options.enabled or options.signing.signs or (head is None and latest is None):
+        return None
+    signed = any(row is not None and row.signature is not None for row in (head, latest))
+    if not (signed or options.signatures_required):
+        return None
+    return KeyMissingError(
+        f"task {task_id!r}: its history is " + ("signed" if signed else "required to be "
+                                                "signed")
+        + ", and this store has no active signing key (history.signing.active) to sign "
+        "what resuming or ending it writes: nothing was written, and the task is left "
+        "for an instance configured with the signing key")
 
 
 def _parent_head(head: Any, good: StoredRecord) -> Any:
