@@ -74,7 +74,7 @@ MESHPOINT_FIELDS: dict[str, frozenset[str]] = {
     "metrics": frozenset({"tokens_consumed", "tools_invoked", "model_calls", "tokens",
                           "cost"}),
     "recovery": frozenset({"last_successful_state", "status", "context_sha256",
-                           "snapshot_sha256", "session_event_count"}),
+                           "snapshot_sha256", "session_event_count", "request_sha256"}),
     "extensions": frozenset(),
 }
 _TOKEN_KINDS = ("prompt_tokens", "completion_tokens", "cached_tokens")
@@ -356,7 +356,8 @@ def plan_record(*, tenant_id: str, task_id: str, agent_name: str, status: str,
             "last_successful_state": None if head is None else head.checkpoint_id,
             "rollback_instructions": "", "continuation_prompt": "", "status": status,
             "context_sha256": context_sha256, "snapshot_sha256": snapshot_sha,
-            "session_event_count": session_event_count},
+            "session_event_count": session_event_count,
+            "request_sha256": request_sha256(doc)},
         "compliance": {"parent_hash": parent_hash, "event_log_ref": f"agent_events:{task_id}",
                        "retention_policy": retention},
         "extensions": {},
@@ -522,6 +523,19 @@ def _field_check(section: str, name: str) -> TypeAdapter[Any] | None:
     found = None if model is None else model.model_fields.get(name)
     return None if found is None or found.annotation is None \
         else TypeAdapter(found.annotation)
+
+
+def request_digest(text: str) -> str:
+    """The SHA-256 (hex) of a task's request text, as records carry it
+    (``recovery.request_sha256``)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def request_sha256(doc: Mapping[str, Any]) -> str | None:
+    """The request hash a checkpoint document's context carries
+    (``a2a_context["request_sha256"]``, set by the runtime), if it is one."""
+    value = (doc.get("a2a_context") or {}).get("request_sha256")
+    return value if isinstance(value, str) and len(value) == 64 else None
 
 
 def _pending_item(sub_task_id: str, corr: Mapping[str, Any]) -> dict[str, Any]:

@@ -199,8 +199,11 @@ async def test_an_instance_without_the_signing_key_leaves_a_signed_task_to_one_w
         await wrong.start()
         mesh.instances.append(wrong)
         await peer.answer(next(iter(peer.requests)), "found it")
-        await eventually(lambda: task_id in wrong.stats.tasks("key_missing"),
-                         what="the keyless instance meeting the signed task")
+        await eventually(lambda: any(wrong.stats.tasks(what) for what in (
+            "key_missing", "blocked", "resumed")), what="the keyless instance meeting it")
+        assert wrong.stats.tasks("blocked") == [], "blocked a healthy task"
+        assert wrong.stats.tasks("resumed") == [], "went on without signing"
+        assert wrong.stats.tasks("key_missing") == [task_id]
         task = await live_store.run(lambda conn: conn.execute(
             select(paused_tasks.c.status, paused_tasks.c.owner)).one())
         assert (task.status, task.owner) == ("resuming", None)  # left, lease given up
@@ -241,8 +244,11 @@ async def test_a_cancel_taken_by_an_instance_without_the_key_is_left_to_one_with
         await wrong.start()
         mesh.instances.append(wrong)
         await mesh.client.cancel("coordinator", task_id)
-        await eventually(lambda: task_id in wrong.stats.tasks("key_missing"),
-                         what="the keyless instance leaving the cancel")
+        await eventually(lambda: bool(wrong.stats.tasks("key_missing")
+                                      or wrong.stats.tasks("canceled")),
+                         what="the keyless instance taking the cancel")
+        assert wrong.stats.tasks("canceled") == [], "ended without the key"
+        assert set(wrong.stats.tasks("key_missing")) == {task_id}  # each time it came
         assert len(await live_store.run(lambda conn: conn.execute(
             select(checkpoints.c.seq)).all())) == 1  # no end written
         await mesh.run(agent)

@@ -35,6 +35,7 @@ from meshpoint.broker.base import Broker, ConsumerOptions, Delivery, Subscriptio
 from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import BadMessageError, StoreError
 from meshpoint.events import EventJournal, EventStore
+from meshpoint.history import request_digest
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent, RuntimeOptions, check_name
 from meshpoint.runtime.answers import Answers
@@ -304,10 +305,14 @@ class AgentInstance:
             run.delivery = delivery
             return
         message = request.params.message
+        # The request's hash rides in the context into every history record, signed
+        # with it: a reconstruction checks the request it reads from the (unsigned)
+        # event log against it.
         ctx = TaskExecutionContext(task_id, {
             "agent": self.agent.name, "request_id": request.id, "reply_to": reply_to,
             "status_to": status_to, "context_id": message.context_id or task_id,
-            "caller": (message.metadata or {}).get("meshpoint_caller")})
+            "caller": (message.metadata or {}).get("meshpoint_caller"),
+            "request_sha256": request_digest(message.text)})
         ctx.append_session_event({"role": "user", "content": message.text})
         ctx.history = self.agent.history_annotations()
         self.stats.log("protocol_receive", task_id, step="request", message=request)

@@ -37,7 +37,7 @@ _EVENT_OF = {"started": "step_start", "paused": "pause", "paused_in_memory": "pa
              "denied": "approval", "replied": "approval", "answer_refused": "approval",
              "completed": "answer", "failed": "answer", "canceled": "cancel",
              "rejected": "answer", "blocked": "error", "reconstructed": "recovery",
-             "dead_lettered": "error", "key_missing": "error",
+             "dead_lettered": "error", "key_missing": "error", "restart_refused": "error",
              "dropped": "recovery", "ignored_answer": "protocol_receive"}
 
 

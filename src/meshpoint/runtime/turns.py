@@ -34,6 +34,7 @@ from meshpoint.errors import (
     UnknownTaskError,
 )
 from meshpoint.events import EventStore
+from meshpoint.history import request_digest
 from meshpoint.llm.base import ModelResponse
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent
@@ -130,8 +131,9 @@ class TurnLoop:
         except TaskBlockedError as error:
             logger.error("%s: %s", self.instance_id, error)
             self.stats.note("blocked", task_id, reason=error.reason)
-            if not (self.agent.recovery.reconstruct and await self._restart(error)):
-                await self.ends.tell_blocked(error)
+            untold = await self._restart(error) if self.agent.recovery.reconstruct else error
+            if untold is not None:
+                await self.ends.tell_blocked(untold)
             return
         except KeyMissingError as error:
             await self.leave(task_id, owner, error)
@@ -158,21 +160,41 @@ class TurnLoop:
             logger.warning("%s: could not give up the lease of %s: %s", self.instance_id,
                            task_id, failed)
 
-    async def _restart(self, blocked: TaskBlockedError) -> bool:
+    async def _restart(self, blocked: TaskBlockedError) -> TaskBlockedError | None:
         """Restart a blocked task in a fresh context from its reconstruction (seed
-        003); False if that could not be done (it stays blocked)."""
+        003). None if it was restarted (here, or by another instance first); else the
+        block to tell its caller about, saying why it was not restarted."""
         from meshpoint.reconstruction import reconstruct
 
         task_id = blocked.task_id
+        try:
+            if self.events is not None:
+                await self.events.flush()  # this instance's latest steps count too
+            rebuilt = await reconstruct(self.store, task_id, events=self.events)
+        except MeshpointError as error:
+            logger.error("%s: cannot reconstruct blocked task %s: %s", self.instance_id,
+                         task_id, error)
+            return blocked
+        if rebuilt.restart_refusal is not None:
+            # The request it would restart with is not the one the signed history
+            # names: the task waits for an operator (`meshpoint tasks reconstruct`).
+            logger.error("%s: not restarting blocked task %s: %s", self.instance_id,
+                         task_id, rebuilt.restart_refusal)
+            self.stats.note("restart_refused", task_id, reason=rebuilt.restart_refusal)
+            return TaskBlockedError(task_id, f"{blocked.reason}; not restarted from its "
+                                    f"reconstruction: {rebuilt.restart_refusal}",
+                                    a2a_context=blocked.a2a_context)
         owner = self.owners.next()
         try:
             if await self.store.take_resume_lease(task_id, owner, self.lease_ttl_s,
                                                   statuses=("blocked",)) is None:
-                return True  # another instance took it first
-            if self.events is not None:
-                await self.events.flush()  # this instance's latest steps count too
-            rebuilt = await reconstruct(self.store, task_id, events=self.events)
+                return None  # another instance took it first
             ctx = TaskExecutionContext(task_id, blocked.a2a_context)
+            # The request's hash goes on only as the reconstruction checked it (the
+            # live row it was read from is not verified).
+            ctx.a2a_context.pop("request_sha256", None)
+            if rebuilt.request_verified and rebuilt.request is not None:
+                ctx.a2a_context["request_sha256"] = request_digest(rebuilt.request)
             ctx.history = self.agent.history_annotations()
             ctx.append_session_event({"role": "user", "content": rebuilt.prompt})
             await self.store.restart_task(ctx, self.agent.name, lease_owner=owner,
@@ -180,13 +202,13 @@ class TurnLoop:
         except MeshpointError as error:
             logger.error("%s: cannot restart blocked task %s: %s", self.instance_id,
                          task_id, error)
-            return False
+            return blocked
         self.stats.note("reconstructed", task_id)
         await self.ends.tell_restarted(ctx, blocked.reason)
         run = TaskRun(ctx, lease_owner=owner)
         self.in_hand.add(run)
         await self.drive(run)
-        return True
+        return None
 
     def go_on(self, run: TaskRun) -> None:
         """Continue a task whose join completed in this instance's memory."""
