@@ -264,13 +264,11 @@ class PlannedRecord:
 
 
 def check_can_sign(options: HistoryOptions, task_id: str, head: HistoryHead | None) -> None:
-    """KeyMissingError unless a record the options would write after ``head`` can
-    have the signature it needs: a signed chain's next record must be signed, and so
-    must every record of a store that requires signatures. An unsigned one would
-    fail every verifier holding the key (and, appended to a signed chain, make a
-    healthy task look forged), so none is written; an instance that holds the active
-    signing key continues the task."""
-    if options.signing.signs or not options.enabled:
+    """KeyMissingError unless the record written after ``head`` can be signed where
+    it must be (a signed chain's next record; any record of a store that requires
+    signatures): an unsigned one would fail every verifier holding the key, so none
+    is written, and an instance with the active signing key continues the task."""
+    if options.signing.signs:
         return
     if head is not None and head.signed:
         raise KeyMissingError(

@@ -10,8 +10,9 @@ the hex text), ``canonical(n)`` is the RFC 8785 canonical JSON of record *n* wit
 its hash and signature (the ``rfc8785`` package, the maintained implementation of the
 JSON Canonicalization Scheme: one byte string for one JSON value, whatever the key
 order or number formatting it was stored with), and the first record's parent hash is
-empty (no bytes). A record's signature signs its hash's 32 raw bytes. A record names its parent's hash, so changing, removing or reordering a
-record breaks the chain at that point.
+empty (no bytes). A record's signature signs its hash's 32 raw bytes. A record
+names its parent's hash, so changing, removing or reordering a record breaks the
+chain at that point.
 
 A hash chain alone cannot tell a chain whose tail was cut off from a shorter one,
 and anyone who can write the table can recompute it. So each task also has a

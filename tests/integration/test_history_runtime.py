@@ -216,6 +216,7 @@ async def test_an_instance_without_the_signing_key_leaves_a_signed_task_to_one_w
         answer = await mesh.client.wait(request_id, timeout_s=10)
         assert answer.status.state is a2a.TaskState.COMPLETED
         assert wrong.stats.tasks("key_missing") == [task_id]  # it did not try again
+        await no_rows_left(live_store)  # its end, and its last record, written
         report = await signed.history.verify_task(task_id)
         assert report.ok and report.signatures_checked and report.records == 2, report
     finally:

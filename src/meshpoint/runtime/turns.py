@@ -153,12 +153,12 @@ class TurnLoop:
         logger.error("%s: leaving task %s to an instance with the key: %s",
                      self.instance_id, task_id, error)
         self.key_missing.add(task_id)
-        self.stats.note("key_missing", task_id, reason=str(error))
         try:
             await self.store.release_resume_lease(task_id, owner)
         except (StoreError, UnknownTaskError) as failed:  # then the lease expires
             logger.warning("%s: could not give up the lease of %s: %s", self.instance_id,
                            task_id, failed)
+        self.stats.note("key_missing", task_id, reason=str(error))
 
     async def _restart(self, blocked: TaskBlockedError) -> TaskBlockedError | None:
         """Restart a blocked task in a fresh context from its reconstruction (seed
