@@ -49,7 +49,9 @@ class InstanceStats:
     instance did what: ``started``, ``paused``, ``paused_in_memory``, ``resumed``,
     ``recovered``, ``completed``, ``failed``, ``canceled``, ``timeout``,
     ``ignored_answer``, ``dropped`` (another instance owns the task), ``key_missing``
-    (a stored task left to an instance holding the key its history needs). Only the
+    (a stored task left to an instance holding the key its history needs),
+    ``blocked``, ``reconstructed`` and ``restart_refused`` (a blocked task not
+    restarted: its request is not the one its history names). Only the
     latest ``KEEP`` events and samples are kept; ``counts`` are totals, and also
     count ``checkpoints`` (writes that committed, even if the instance was killed
     while waiting for the commit).
