@@ -186,6 +186,23 @@ async def test_a_column_nothing_hashes_does_not_steer_a_purge_and_verify_names_i
     assert len(await rows(store, task_id)) == records
 
 
+async def test_a_forged_column_is_not_signed_into_a_tasks_last_record(
+        store: SqlStore, clock: FakeClock) -> None:
+    """A task ended without its context at hand (a cancel, an expiry) carries its
+    policy into its last record, which is signed: taken from the column, a forged
+    policy would be laundered into signed content, and verify would see nothing."""
+    keys = SigningKeys.generate("k1")
+    signed = store.with_history(HistoryOptions(signing=keys))
+    await _ended_with(signed, "held", "hold", end=False)
+    await sql(store, _heads("held", retention_policy="last:1"))
+    await signed.cleanup_task("held", outcome="canceled")  # no ctx: from the store
+    last = (await rows(store, "held"))[-1]
+    assert last.data["compliance"]["retention_policy"] == "hold"
+    clock.advance(3600)
+    assert [p for p in await signed.history.purge() if p.skipped is None] == []
+    assert len(await rows(store, "held")) == 4
+
+
 async def test_a_purge_never_cuts_a_chain_that_does_not_verify(
         store: SqlStore, clock: FakeClock) -> None:
     keys = SigningKeys.generate("k1")
