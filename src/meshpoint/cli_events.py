@@ -167,7 +167,9 @@ def reconstruct(task_id: Annotated[str, typer.Argument(help="The task.")],
                 tenant: Tenant = None, as_json: AsJson = False) -> None:
     """A task's recovery prompt, rebuilt from its newest verified checkpoint and the
     events after it: what it was asked, what is done, what remains, the last error
-    (seed 003; what ``recovery: {reconstruct: true}`` restarts a blocked task from)."""
+    (seed 003; what ``recovery: {reconstruct: true}`` restarts a blocked task from),
+    and what each part rests on: the event log is not signed, and the request is
+    checked against the hash the newest verified record holds."""
     from meshpoint.reconstruction import reconstruct as rebuild
 
     async def body(store: Any) -> Any:
@@ -184,7 +186,13 @@ def reconstruct(task_id: Annotated[str, typer.Argument(help="The task.")],
                      "no verified checkpoint")
                   + f", {rebuilt.events_after} event(s) after it")
     if rebuilt.history_problem:
-        console.print(f"[yellow]history: {rebuilt.history_problem}[/yellow]")
+        console.print(f"history: {rebuilt.history_problem}", style="yellow", markup=False)
+    for line in rebuilt.trusts:
+        console.print(f"trusting {line}", markup=False,
+                      style=None if rebuilt.request_verified else "yellow")
+    if rebuilt.restart_refusal:
+        console.print(f"an automatic restart refuses this: {rebuilt.restart_refusal}",
+                      style="red", markup=False)
     console.print(rebuilt.prompt, markup=False)
 
 

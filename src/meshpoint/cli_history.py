@@ -51,8 +51,11 @@ def verify(task: Annotated[str | None, typer.Option(
            url: Url = None, config: Config = None, schema: Schema = None,
            tenant: Tenant = None, as_json: AsJson = False) -> None:
     """Walk checkpoint history chains: each record's hash and signature, each link to
-    its parent, and the signed head (a cut-off tail). Names the first bad record of
-    each chain and why; exits 1 if any chain fails."""
+    its parent, the signed head (a cut-off tail) and the columns stored beside the
+    hash. Names the first bad record of each chain and why; exits 1 if any chain
+    fails. With any key in the config's history.signing (a public key is enough), an
+    unsigned record or head fails; signatures_checked says whether every signature
+    was checked."""
     if (task is None) == (not every):
         err.print("[red]error:[/red] give --task ID or --all"
                   + (", not both" if every else ""))
@@ -62,10 +65,10 @@ def verify(task: Annotated[str | None, typer.Option(
         options = store.history.options
         # Without a signing key there is nothing to check a signature against: the
         # hashes, links and heads are checked, and the report says signatures were not.
-        checked = bool(options.signing.private or options.signing.public)
-        if not checked:
+        keys = options.signing.verifies
+        if not keys:
             store = store.with_history(replace(options, check_signatures=False))
-        return await walk(store), checked
+        return await walk(store), keys
 
     async def walk(store: Any) -> list[ChainReport]:
         if task is not None:
@@ -87,8 +90,10 @@ def verify(task: Annotated[str | None, typer.Option(
                     after = ids[-1]
             return reports
 
-    reports, checked = run_on_store(url, config, schema, tenant, as_json, body)
+    reports, keys = run_on_store(url, config, schema, tenant, as_json, body)
     failed = [r for r in reports if not r.ok]
+    # True only if every record's and every head's signature was checked and held.
+    checked = keys and all(r.signatures_checked for r in reports)
     if as_json:
         print(json.dumps({"chains": len(reports), "ok": len(reports) - len(failed),
                           "failed": len(failed), "signatures_checked": checked,
@@ -96,7 +101,9 @@ def verify(task: Annotated[str | None, typer.Option(
                               {"task_id": r.task_id, "records": r.records, "ok": r.ok,
                                "kind": r.kind, "first_bad_seq": r.first_bad_seq,
                                "first_bad_id": r.first_bad_id, "reason": r.reason,
-                               "last_good_seq": r.last_good_seq} for r in reports]}))
+                               "last_good_seq": r.last_good_seq,
+                               "signatures_checked": r.signatures_checked}
+                              for r in reports]}))
     else:
         table = Table(title=f"checkpoint history: {len(reports)} chain(s), "
                             f"{len(failed)} failed")
@@ -113,9 +120,13 @@ def verify(task: Annotated[str | None, typer.Option(
         console.print(f"{len(reports) - len(failed)} of {len(reports)} chain(s) verify")
         if not reports:
             console.print("this tenant has no checkpoint history (is --tenant right?)")
-        if not checked:
+        if not keys:
             console.print("no signing keys were given: signatures, if any, were not "
                           "checked (--config with history.signing checks them)")
+        elif not checked and not failed:
+            unsigned = sum(not r.signatures_checked for r in reports)
+            console.print(f"{unsigned} chain(s) hold unsigned records or heads, accepted "
+                          "because history.signing.require_signatures is false")
     if failed:
         raise typer.Exit(code=1)
 
@@ -196,8 +207,10 @@ def purge(dry_run: Annotated[bool, typer.Option(
           tenant: Tenant = None, as_json: AsJson = False) -> None:
     """Remove what retention lets go from the checkpoint history of tasks that ended:
     ``last:N`` keeps a chain's newest N records, ``days:N`` its last N days, ``hold``
-    everything (per task or agent, else the config's ``history.retention``). What
-    stays still verifies. ``serve`` does the same every ``history.purge_interval_s``."""
+    everything (per task or agent, else the config's ``history.retention``), as the
+    records themselves say. What stays still verifies. A chain that does not verify,
+    or a signed one when the config holds no active signing key, is left alone and
+    listed with why. ``serve`` does the same every ``history.purge_interval_s``."""
     examined = [0]
 
     async def body(store: Any) -> list[Any]:
@@ -213,10 +226,12 @@ def purge(dry_run: Annotated[bool, typer.Option(
 
     purged = run_on_store(url, config, schema, tenant, as_json, body)
     done = [p for p in purged if p.skipped is None]
+    left = len(purged) - len(done)
     if as_json:
-        # "chains": those the purge cuts (or would); "examined": every chain it read
+        # "chains": those the purge cuts (or would); "examined": every chain it read;
+        # "skipped": those it would cut but leaves alone (each purge says why)
         print(json.dumps({"dry_run": dry_run, "examined": examined[0], "chains": len(done),
-                          "records_removed": sum(p.removed for p in done),
+                          "skipped": left, "records_removed": sum(p.removed for p in done),
                           "purges": [{"task_id": p.task_id, "policy": p.policy,
                                       "records": p.records, "removed": p.removed,
                                       "through": p.through, "whole": p.whole,
@@ -236,7 +251,8 @@ def purge(dry_run: Annotated[bool, typer.Option(
     console.print(table)
     verb = "would remove" if dry_run else "removed"
     console.print(f"{verb} {sum(p.removed for p in done)} record(s) of {len(done)} chain(s) "
-                  f"({examined[0]} examined)")
+                  f"({examined[0]} examined)"
+                  + (f"; {left} chain(s) left alone (see why above)" if left else ""))
 
 
 keys_app = typer.Typer(help="The encryption key ring of the checkpoint history.",

@@ -326,13 +326,17 @@ class AgentConfig(_Strict):
 
 
 class MeshConfig(_Strict):
-    """A whole deployment; see the module docstring and ``examples/mesh.yaml``."""
+    """A whole deployment; see the module docstring and ``examples/mesh.yaml``.
+
+    Only ``store`` is required: a verifier's config (the store and
+    ``history.signing`` with public keys) serves no agent, and is enough for
+    ``meshpoint verify``, ``purge`` and the other commands that read the store."""
 
     namespace: str = Field(default="meshpoint", pattern=_NAME)
     store: StoreConfig
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
-    agents: dict[str, AgentConfig] = Field(min_length=1)
+    agents: dict[str, AgentConfig] = Field(default_factory=dict)
     history: HistoryConfig = Field(default_factory=HistoryConfig)
 
     @field_validator("store", "broker", mode="before")
@@ -361,8 +365,10 @@ class MeshConfig(_Strict):
         try:
             return self.agents[name]
         except KeyError:
-            raise ConfigurationError(f"no agent {name!r} in the config (it defines: "
-                                     f"{', '.join(sorted(self.agents))})") from None
+            defined = ", ".join(sorted(self.agents))
+            raise ConfigurationError(
+                f"no agent {name!r} in the config (it defines"
+                + (f": {defined})" if defined else " none: add it under agents:)")) from None
 
     def build_agent(self, name: str) -> Agent:
         """The :class:`Agent` called ``name``, with its model and tools built."""

@@ -74,7 +74,7 @@ MESHPOINT_FIELDS: dict[str, frozenset[str]] = {
     "metrics": frozenset({"tokens_consumed", "tools_invoked", "model_calls", "tokens",
                           "cost"}),
     "recovery": frozenset({"last_successful_state", "status", "context_sha256",
-                           "snapshot_sha256", "session_event_count"}),
+                           "snapshot_sha256", "session_event_count", "request_sha256"}),
     "extensions": frozenset(),
 }
 _TOKEN_KINDS = ("prompt_tokens", "completion_tokens", "cached_tokens")
@@ -120,8 +120,11 @@ class HistoryOptions:
 
     ``enabled``: write a record at every checkpoint and end (the default; off, the
     store writes and verifies nothing of it). ``signing``: the Ed25519 key ring that
-    signs records and heads; with a key configured, unsigned records fail
-    verification unless ``require_signatures=False``. ``encryption``: the AES-GCM
+    signs records and heads; with any key in it (a signer's private key, or only a
+    verifier's public key), an unsigned record or head fails verification unless
+    ``require_signatures=False`` opts out, and a store that requires signatures but
+    holds no active private key writes no record (KeyMissingError): every verifier
+    would reject it. ``encryption``: the AES-GCM
     key ring; with one, the security context is always encrypted, and so are the
     record fields ``encrypt_fields`` names (dotted paths, e.g.
     ``recovery.continuation_prompt``; ``snapshot`` encrypts the whole snapshot).
@@ -184,7 +187,11 @@ class HistoryOptions:
 
     @property
     def signatures_required(self) -> bool:
-        return self.signing.signs if self.require_signatures is None \
+        """Whether an unsigned record or head fails verification: whenever the ring
+        holds a key to verify with, unless ``require_signatures`` says otherwise. (A
+        forger who can write the tables can recompute the hash chain, which is public,
+        but cannot sign it: with a key at hand, "unsigned" must mean "refused".)"""
+        return self.signing.verifies if self.require_signatures is None \
             else self.require_signatures
 
 
@@ -219,6 +226,8 @@ class HistoryHead:
     #: Where a purge left the chain starting (signed with the head).
     pruned_through: int = 0
     pruned_hash: str = GENESIS
+    #: Whether the chain is signed (its head or that record): its next record must be.
+    signed: bool = False
 
 
 # -- writing a record -------------------------------------------------------------------
@@ -250,7 +259,28 @@ class PlannedRecord:
 
     def head(self, tokens: Mapping[str, Any]) -> HistoryHead:
         return HistoryHead(self.checkpoint_id, self.hash, self.seq, tokens,
-                           self.pruned_through, self.pruned_hash)
+                           self.pruned_through, self.pruned_hash,
+                           signed=self.head_signature is not None)
+
+
+def check_can_sign(options: HistoryOptions, task_id: str, head: HistoryHead | None) -> None:
+    """KeyMissingError unless the record written after ``head`` can be signed where
+    it must be (a signed chain's next record; any record of a store that requires
+    signatures): an unsigned one would fail every verifier holding the key, so none
+    is written, and an instance with the active signing key continues the task."""
+    if options.signing.signs:
+        return
+    if head is not None and head.signed:
+        raise KeyMissingError(
+            f"task {task_id!r}: its history is signed, and this store has no active "
+            "signing key to sign its next record (history.signing.active): nothing was "
+            "written; leave the task to an instance configured with the signing key")
+    if options.signatures_required:
+        raise KeyMissingError(
+            f"task {task_id!r}: this store requires signed records (it holds keys to "
+            "verify with) but has no active signing key to sign them "
+            "(history.signing.active; require_signatures: false keeps an unsigned "
+            "history): nothing was written")
 
 
 def new_checkpoint_id() -> str:
@@ -269,8 +299,10 @@ def plan_record(*, tenant_id: str, task_id: str, agent_name: str, status: str,
     ``snapshot_context`` the context as the live row stores it (its security context
     already encrypted), or None for an end, which stores no snapshot. Raises
     InvalidArgumentError for agent fields that are not canonical JSON, KeyMissingError
-    for a key the options need and do not have. No I/O.
+    for a key the options need and do not have (a record that must be signed and no
+    active signing key: :func:`check_can_sign`). No I/O.
     """
+    check_can_sign(options, task_id, head)
     annotations = doc.get("history") or {}
     agent_record = check_annotations(annotations)
     checkpoint_id = new_checkpoint_id()
@@ -322,7 +354,8 @@ def plan_record(*, tenant_id: str, task_id: str, agent_name: str, status: str,
             "last_successful_state": None if head is None else head.checkpoint_id,
             "rollback_instructions": "", "continuation_prompt": "", "status": status,
             "context_sha256": context_sha256, "snapshot_sha256": snapshot_sha,
-            "session_event_count": session_event_count},
+            "session_event_count": session_event_count,
+            "request_sha256": request_sha256(doc)},
         "compliance": {"parent_hash": parent_hash, "event_log_ref": f"agent_events:{task_id}",
                        "retention_policy": retention},
         "extensions": {},
@@ -488,6 +521,19 @@ def _field_check(section: str, name: str) -> TypeAdapter[Any] | None:
     found = None if model is None else model.model_fields.get(name)
     return None if found is None or found.annotation is None \
         else TypeAdapter(found.annotation)
+
+
+def request_digest(text: str) -> str:
+    """The SHA-256 (hex) of a task's request text, as records carry it
+    (``recovery.request_sha256``)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def request_sha256(doc: Mapping[str, Any]) -> str | None:
+    """The request hash a checkpoint document's context carries
+    (``a2a_context["request_sha256"]``, set by the runtime), if it is one."""
+    value = (doc.get("a2a_context") or {}).get("request_sha256")
+    return value if isinstance(value, str) and len(value) == 64 else None
 
 
 def _pending_item(sub_task_id: str, corr: Mapping[str, Any]) -> dict[str, Any]:

@@ -5,12 +5,14 @@ form a hash chain::
 
     hash(n) = SHA-256(hash(n - 1) ‖ canonical(n))
 
-where ``canonical(n)`` is the RFC 8785 canonical JSON of record *n* without its hash
-and signature (the ``rfc8785`` package, the maintained implementation of the JSON
-Canonicalization Scheme: one byte string for one JSON value, whatever the key order
-or number formatting it was stored with), and the first record's parent hash is
-empty. A record names its parent's hash, so changing, removing or reordering a
-record breaks the chain at that point.
+where ``hash(n - 1)`` enters as raw bytes (the 32 bytes its 64 hex digits encode, not
+the hex text), ``canonical(n)`` is the RFC 8785 canonical JSON of record *n* without
+its hash and signature (the ``rfc8785`` package, the maintained implementation of the
+JSON Canonicalization Scheme: one byte string for one JSON value, whatever the key
+order or number formatting it was stored with), and the first record's parent hash is
+empty (no bytes). A record's signature signs its hash's 32 raw bytes. A record
+names its parent's hash, so changing, removing or reordering a record breaks the
+chain at that point.
 
 A hash chain alone cannot tell a chain whose tail was cut off from a shorter one,
 and anyone who can write the table can recompute it. So each task also has a
@@ -112,7 +114,8 @@ def _plain(document: Any) -> bool:
 
 def chain_hash(parent_hash: str, canonical_record: bytes) -> str:
     """``SHA-256(parent hash ‖ canonical record)`` as hex; ``parent_hash`` is hex
-    (:data:`GENESIS` for a task's first record)."""
+    (:data:`GENESIS` for a task's first record) and is hashed as the raw bytes it
+    encodes."""
     try:
         parent = bytes.fromhex(parent_hash)
     except ValueError:
@@ -158,6 +161,13 @@ class SigningKeys:
     def signs(self) -> bool:
         """Whether new records are signed."""
         return self.active is not None
+
+    @property
+    def verifies(self) -> bool:
+        """Whether the ring holds any key to check a signature with (a private key or
+        only its public half): a verifier holding one cannot take an unsigned record
+        or head for a signed one."""
+        return bool(self.private or self.public)
 
     @classmethod
     def generate(cls, key_id: str = "k1") -> SigningKeys:

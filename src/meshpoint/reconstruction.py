@@ -10,10 +10,22 @@ continuation prompt, if it left one. Either source may be missing (a task that n
 paused has no history; an agent that keeps no event log has no events): the prompt
 says what it could not know.
 
-``meshpoint tasks reconstruct ID`` prints it. With ``RecoveryPolicy(reconstruct=True)``
-an instance that finds a task blocked (its history fails verification and no
-verified record can be resumed) restarts the task from this prompt, in a fresh
-context, and records that it did (:meth:`~meshpoint.store.sql.SqlStore.restart_task`).
+``meshpoint tasks reconstruct ID`` prints it, with what each part of it rests on
+(:attr:`Reconstruction.trusts`). With ``RecoveryPolicy(reconstruct=True)`` an instance
+that finds a task blocked (its history fails verification and no verified record can
+be resumed) restarts the task from this prompt, in a fresh context, and records that
+it did (:meth:`~meshpoint.store.sql.SqlStore.restart_task`).
+
+The event log is not signed: anyone who can write the database can change it. The
+request is the one thing a restart cannot do without, so it is checked against
+signed content: every history record carries the hash of the task's request
+(``recovery.request_sha256``), and the request read from the log must hash to what
+the newest verified record says. An automatic restart is refused
+(:attr:`Reconstruction.restart_refusal`) when the request contradicts that record,
+and, where signatures are required (a store holding a signing or verification key),
+whenever it cannot be checked at all (no verified record is left, or the record
+carries no hash): the task stays blocked for an operator, whose ``meshpoint tasks
+reconstruct`` says what it rests on.
 """
 
 from __future__ import annotations
@@ -22,8 +34,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError
+
+from meshpoint import a2a
 from meshpoint.errors import UnknownHistoryError
 from meshpoint.events import EventStore
+from meshpoint.history import request_digest
+from meshpoint.integrity import hashes_equal
 from meshpoint.record import CheckpointRecord
 
 #: Events read after the checkpoint, at most (the first so many).
@@ -49,6 +66,12 @@ class Reconstruction:
     last_error: str | None = None
     events_after: int = 0
     prompt: str = ""
+    #: Whether ``request`` hashes to what the newest verified record says it was.
+    request_verified: bool = False
+    #: What each part of the reconstruction rests on, one line each.
+    trusts: list[str] = field(default_factory=list)
+    #: Why an automatic restart must not use this reconstruction (None: it may).
+    restart_refusal: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"task_id": self.task_id, "agent_id": self.agent_id,
@@ -60,7 +83,9 @@ class Reconstruction:
                 "history_problem": self.history_problem, "request": self.request,
                 "done": self.done, "remaining": self.remaining,
                 "pending_calls": self.pending_calls, "last_error": self.last_error,
-                "events_after": self.events_after, "prompt": self.prompt}
+                "events_after": self.events_after, "prompt": self.prompt,
+                "request_verified": self.request_verified, "trusts": self.trusts,
+                "restart_refusal": self.restart_refusal}
 
 
 async def reconstruct(store: Any, task_id: str, *, events: EventStore | None = None
@@ -113,20 +138,68 @@ async def reconstruct(store: Any, task_id: str, *, events: EventStore | None = N
             done.append(f"{peer or 'a peer'} answered")
     prompt = _prompt(task_id, agent, request, checkpoint, problem, done, remaining,
                      last_error)
+    options = getattr(getattr(store, "history", None), "options", None)
+    required = bool(getattr(options, "signatures_required", False))
+    signed = required and checkpoint is not None and checkpoint.compliance.signature is not None
+    unchecked, contradicted = _request_check(request, checkpoint)
+    trusts = [_request_trust(checkpoint, unchecked, signed),
+              "history: " + ("no verified record" if checkpoint is None else
+                             f"record {checkpoint.metadata.seq}, verified (its hash chain"
+                             + (" and signatures)" if signed else ")")),
+              f"{len(after)} event(s) after it, and the last error: the event log, which "
+              "is not signed"]
+    refusal = None
+    if contradicted or (required and unchecked is not None):
+        refusal = (f"the request {unchecked}" + ("" if contradicted else
+                   ", and this store requires signatures: an automatic restart needs a "
+                   "request it can check against a signed record"))
     return Reconstruction(task_id=task_id, agent_id=agent, checkpoint=checkpoint,
                           history_problem=problem, request=request, done=done,
                           remaining=remaining, pending_calls=pending, last_error=last_error,
-                          events_after=len(after), prompt=prompt)
+                          events_after=len(after), prompt=prompt,
+                          request_verified=unchecked is None, trusts=trusts,
+                          restart_refusal=refusal)
+
+
+def _request_check(request: str | None, checkpoint: CheckpointRecord | None
+                   ) -> tuple[str | None, bool]:
+    """``(why the request is not checked, whether it contradicts the record)``:
+    ``(None, False)`` if it hashes to what the newest verified record says."""
+    expected = None if checkpoint is None else checkpoint.recovery.request_sha256
+    if request is None:
+        return "was not found in the event log", False
+    if checkpoint is None:
+        return "is read from the event log, and no verified record is left to check it " \
+               "against", False
+    if expected is None:
+        return (f"is read from the event log, and record {checkpoint.metadata.seq} holds "
+                "no hash of it to check it against"), False
+    if not hashes_equal(request_digest(request), expected):
+        return (f"read from the event log does not hash to what record "
+                f"{checkpoint.metadata.seq} says the request was: the log was changed"), True
+    return None, False
+
+
+def _request_trust(checkpoint: CheckpointRecord | None, unchecked: str | None,
+                   signed: bool) -> str:
+    if unchecked is not None:
+        return f"request: NOT checked: the request {unchecked}"
+    assert checkpoint is not None
+    return (f"request: the event log's, checked against the hash in record "
+            f"{checkpoint.metadata.seq}" + (" (signed)" if signed else " (hashed, unsigned)"))
 
 
 def _request(events: list[Any]) -> str | None:
-    """The task's request, from the first ``protocol_receive`` of it."""
+    """The task's request, from the first ``protocol_receive`` of it: its message's
+    text as the agent was given it (:attr:`meshpoint.a2a.Message.text`)."""
     for event in events:
         if event.event_type == "protocol_receive" and event.step_name == "request":
             message = ((event.input_data or {}).get("_protocol_message") or {})
-            params = message.get("params") or {}
-            parts = (params.get("message") or {}).get("parts") or []
-            text = " ".join(p.get("text", "") for p in parts if isinstance(p, dict))
+            params = message.get("params") if isinstance(message, dict) else None
+            try:
+                text = a2a.Message.model_validate((params or {}).get("message")).text
+            except ValidationError:
+                return None
             return text or None
     return None
 

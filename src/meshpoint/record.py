@@ -123,6 +123,11 @@ class Recovery(_Section):
     """SHA-256 of the snapshot stored with the record (the state to restore from)."""
     session_event_count: int
     """How many conversation events the task had."""
+    request_sha256: str | None = None
+    """SHA-256 (hex) of the task's request as its agent received it (the UTF-8 of the
+    request message's text), from ``ctx.a2a_context["request_sha256"]``, which the
+    runtime sets: what a reconstruction checks the request it reads from the event
+    log against (the log is not signed; this record is). None when unknown."""
 
 
 class Compliance(_Section):

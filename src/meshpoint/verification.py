@@ -4,9 +4,12 @@ A record read back is trusted only once :func:`verify_record` found that its con
 hashes to its stored hash (after its parent's), that its signature holds, and that it
 is the record it is stored as (its id, task, tenant and position are part of what is
 hashed). :func:`verify_chain` walks a task's records against its signed head, which is
-what catches a record missing or out of place and a cut-off tail. Only then is a
-record decrypted and decoded (:func:`record_model`). No I/O here: the store reads,
-these functions judge.
+what catches a record missing or out of place and a cut-off tail, and checks every
+column stored beside the hash against what the hashed document says
+(:class:`RecordColumns`, :class:`HeadColumns`): a column is what the store selects and
+sorts by, and one that says something else than the record (a retention policy, the
+time it was written) is named, never believed. Only then is a record decrypted and
+decoded (:func:`record_model`). No I/O here: the store reads, these functions judge.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import hashlib
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import orjson
@@ -23,12 +27,44 @@ from pydantic import BaseModel
 from meshpoint._json import Undecodable
 from meshpoint.encryption import is_envelope
 from meshpoint.errors import InvalidArgumentError, KeyMissingError
-from meshpoint.history import HistoryOptions
+from meshpoint.history import END_PHASES, HistoryOptions
 from meshpoint.integrity import GENESIS, canonical, chain_hash, hashes_equal, head_message
 from meshpoint.record import CheckpointRecord
 
 #: What a record says about itself, in the order a mismatch names it.
 _CLAIMS = ("checkpoint", "task", "tenant", "record")
+
+
+#: How far a record's ``created_at`` column may be from the time its document says
+#: it was written (the document's ISO 8601 time has microseconds; the column, the
+#: same instant as a float).
+_CLOCK_SLACK_S = 0.001
+
+
+@dataclass(frozen=True, slots=True)
+class RecordColumns:
+    """The columns of a record's row that are not hashed: what the store selects by
+    (``agent_name`` and ``created_at`` for a read by agent) and what an operator's SQL
+    reads. Each is a copy of something the hashed document says, and must say the
+    same (:func:`column_problem`)."""
+
+    agent_name: str
+    agent_type: str
+    iteration: int
+    phase: str
+    parent_id: str | None
+    retention_policy: str | None
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class HeadColumns:
+    """The columns of a task's head that its signature does not cover: copies of what
+    the chain's last record says (whose agent, how it ended, its retention policy)."""
+
+    agent_name: str
+    outcome: str | None
+    retention_policy: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +81,8 @@ class StoredRecord:
     key_id: str | None
     snapshot: bytes | None = None
     snapshot_encoding: str | None = None
+    #: Its other columns, when they were read (a chain walk reads them).
+    columns: RecordColumns | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +98,7 @@ class StoredHead:
     key_id: str | None
     pruned_through: int = 0
     pruned_hash: str = GENESIS
+    columns: HeadColumns | None = None
 
 
 def verify_record(record: StoredRecord, options: HistoryOptions, *,
@@ -126,11 +165,14 @@ class ChainReport:
 
     ``ok``: every record verified and links to its parent, and the chain ends where
     its head says. Otherwise ``first_bad_seq``/``first_bad_id`` and ``reason`` name the
-    first problem, and ``kind`` says what it was: ``corrupt`` (a record's content or
-    signature does not verify, the records before it do) or ``broken`` (a record is
-    missing, out of order or another's, or the tail is cut off: the head does not
-    match). ``last_good_seq`` is the last record that verified with everything before
-    it (0 if none)."""
+    first problem, and ``kind`` says what it was: ``corrupt`` (a record's content,
+    signature or one of its columns does not verify, the records before it do) or
+    ``broken`` (a record is missing, out of order or another's, or the tail is cut
+    off: the head does not match, or a column of the head says what the chain does
+    not). ``last_good_seq`` is the last record that verified with everything before
+    it (0 if none). ``signatures_checked``: the chain verified and every record's
+    signature and its head's were checked (False when signatures were not checked,
+    or some were absent and ``require_signatures=False`` let that pass)."""
 
     task_id: str
     records: int
@@ -140,6 +182,7 @@ class ChainReport:
     first_bad_id: str | None = None
     reason: str | None = None
     last_good_seq: int = 0
+    signatures_checked: bool = False
 
 
 def snapshot_problem(record: StoredRecord) -> str | None:
@@ -171,10 +214,13 @@ def checked_snapshot(record: StoredRecord) -> tuple[bytes | None, str | None]:
 
 
 def verify_chain(task_id: str, records: Sequence[StoredRecord], head: StoredHead | None,
-                 options: HistoryOptions, *, snapshots: bool = False) -> ChainReport:
+                 options: HistoryOptions, *, snapshots: bool = False,
+                 columns: bool = True) -> ChainReport:
     """Walk a task's records (in ``seq`` order) against its head (see ChainReport);
     with ``snapshots`` (the records were read with their snapshots), each record's
-    snapshot is checked against the hash its document names too."""
+    snapshot is checked against the hash its document names too. With ``columns``,
+    the columns read with the records and the head are checked against what the
+    documents say (a restore, which uses none of them, walks without)."""
     expected_seq = 1 if head is None else head.pruned_through + 1
     parent = GENESIS if head is None else head.pruned_hash
     last_good = expected_seq - 1
@@ -193,6 +239,8 @@ def verify_chain(task_id: str, records: Sequence[StoredRecord], head: StoredHead
         why = verify_record(record, options)
         if why is None and snapshots:
             why = snapshot_problem(record)
+        if why is None and columns and record.columns is not None:
+            why = column_problem(record.document, record.columns)
         if why is not None:
             kind: Literal["corrupt", "broken"] = (
                 "broken" if why.startswith("the record says it is") else "corrupt")
@@ -215,7 +263,111 @@ def verify_chain(task_id: str, records: Sequence[StoredRecord], head: StoredHead
         return bad("broken", None, f"the head says {head.records} records ending in "
                    f"{head.head_hash[:12]}, the chain has {last_good} ending in "
                    f"{parent[:12] or '(nothing)'}: its tail was cut off or replaced")
-    return ChainReport(task_id, len(records), True, last_good_seq=last_good)
+    if columns and records:
+        why = head_column_problem(head, records[-1])
+        if why is not None:
+            return bad("broken", None, f"its head: {why}")
+    checked = (options.check_signatures and head.signature is not None
+               and all(r.signature is not None for r in records))
+    return ChainReport(task_id, len(records), True, last_good_seq=last_good,
+                       signatures_checked=checked)
+
+
+def said_policy(document: Any) -> str | None:
+    """The retention policy a record's (hashed) document carries, if any."""
+    try:
+        policy = document["compliance"].get("retention_policy")
+    except (KeyError, TypeError, AttributeError):
+        return None
+    return policy if isinstance(policy, str) else None
+
+
+def said_outcome(document: Any) -> str | None:
+    """How the task ended, if a record's (hashed) document says it ended: its
+    ``recovery.status`` is an end (a field only meshpoint fills)."""
+    try:
+        status = document["recovery"]["status"]
+    except (KeyError, TypeError):
+        return None
+    return status if status in END_PHASES else None
+
+
+def said_agent(document: Any) -> str | None:
+    """The agent a record's (hashed) document says wrote it."""
+    try:
+        agent = document["metadata"]["agent_id"]
+    except (KeyError, TypeError):
+        return None
+    return agent if isinstance(agent, str) else None
+
+
+def written_at(document: Any) -> float | None:
+    """When a record says it was written (its ``metadata.timestamp``, hashed), as
+    epoch seconds; None if it does not say so readably."""
+    try:
+        return datetime.fromisoformat(document["metadata"]["timestamp"]).timestamp()
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def column_problem(document: Any, columns: RecordColumns) -> str | None:
+    """Why a record's unhashed columns do not say what its (verified) document says,
+    or None. Each is named with both values: the column was changed after the record
+    was written, and whatever selected or decided by it was misled."""
+    try:
+        meta, recovery = document["metadata"], document["recovery"]
+        state = document.get("execution_state")
+        phase = state.get("phase") if isinstance(state, dict) else None
+        policy = document["compliance"].get("retention_policy")
+        said: dict[str, Any] = {
+            "agent_name": meta["agent_id"], "agent_type": str(meta["agent_type"])[:64],
+            "iteration": meta["iteration"],
+            "parent_id": recovery["last_successful_state"],
+            "retention_policy": None if policy is None else str(policy)[:64]}
+        if phase is None or isinstance(phase, str):  # an encrypted phase is not copied
+            said["phase"] = str(phase or recovery["status"])[:32]
+    except (KeyError, TypeError, AttributeError):
+        return "its metadata, recovery or compliance section cannot be read"
+    for name, value in said.items():
+        stored = getattr(columns, name)
+        if stored != value:
+            return (f"its {name} column says {stored!r} but the record says {value!r} "
+                    "(the column was changed after the record was written)")
+    when = written_at(document)
+    if when is None:
+        return "its metadata.timestamp is not an ISO 8601 time"
+    if abs(columns.created_at - when) > _CLOCK_SLACK_S:
+        return (f"its created_at column says {_iso(columns.created_at)} but the record "
+                f"says it was written at {meta['timestamp']} (the column was changed "
+                "after the record was written)")
+    return None
+
+
+def head_column_problem(head: StoredHead, last: StoredRecord) -> str | None:
+    """Why the head's unsigned columns do not say what the chain's last (verified)
+    record says, or None: the record it names, its agent, how the chain ended (a
+    record whose status is an end) and its retention policy."""
+    if head.head_id != last.checkpoint_id:
+        return (f"its head_id column says {head.head_id!r} but its last record is "
+                f"{last.checkpoint_id!r}")
+    if head.columns is None:
+        return None
+    policy = said_policy(last.document)
+    said = {"agent_name": said_agent(last.document), "outcome": said_outcome(last.document),
+            "retention_policy": None if policy is None else policy[:64]}
+    for name, value in said.items():
+        stored = getattr(head.columns, name)
+        if stored != value:
+            return (f"its {name} column says {stored!r} but the chain's last record "
+                    f"(record {last.seq}) says {value!r} (the column was changed)")
+    return None
+
+
+def _iso(epoch: float) -> str:
+    try:
+        return datetime.fromtimestamp(epoch, UTC).isoformat()
+    except (OverflowError, OSError, ValueError):
+        return repr(epoch)
 
 
 def decrypted(document: Mapping[str, Any], options: HistoryOptions, *, tenant_id: str,

@@ -226,12 +226,16 @@ def test_events_and_reconstruct_work_on_the_demos_database(demo_db: Path) -> Non
     rebuilt = json.loads(done.stdout)
     assert rebuilt["request"].startswith("Plan trip")
     assert rebuilt["checkpoint"]["phase"] == "completed" and rebuilt["history_problem"] is None
+    # the request the log holds is the one the records name by hash
+    assert rebuilt["request_verified"] is True and rebuilt["restart_refusal"] is None
+    assert rebuilt["trusts"][0].startswith("request: the event log's, checked against")
     assert f"The request: {rebuilt['request']}" in rebuilt["prompt"]
     assert "The task has ended: completed." in rebuilt["prompt"]
     # an ended task is summarised, not resumed "after a failure"
     assert "resuming" not in rebuilt["prompt"] and "failure" not in rebuilt["prompt"]
     done = meshpoint("tasks", "reconstruct", task_id, "--url", url, cwd=here)
     assert done.returncode == 0 and f"known of task {task_id}" in done.stdout
+    assert "trusting request: the event log's, checked against" in done.stdout
     done = meshpoint("tasks", "reconstruct", "nope", "--url", url, cwd=here)
     assert done.returncode == 1 and "nope" in done.stderr
 

@@ -12,13 +12,16 @@ import pytest
 from sqlalchemy import delete, select
 
 from meshpoint import a2a
+from meshpoint.history import HistoryOptions
+from meshpoint.integrity import SigningKeys
 from meshpoint.llm import ScriptedModel
-from meshpoint.runtime import Agent, Peer
+from meshpoint.runtime import Agent, AgentInstance, Peer
 from meshpoint.runtime.agent import CheckpointPolicy
 from meshpoint.store import SqlStore
-from meshpoint.store.schema import checkpoints, paused_tasks
+from meshpoint.store.schema import checkpoints, events, paused_tasks
 from tests.integration.mesh import ManualPeer, Mesh, eventually
 from tests.integration.test_approvals import SideEffects, approving, paused
+from tests.integration.test_history_security import public_half
 from tests.integration.test_runtime import no_rows_left
 
 
@@ -168,3 +171,92 @@ async def test_a_rewound_task_goes_on_and_its_model_sees_what_was_lost(
             .order_by(checkpoints.c.seq))])
     assert phases_stored == ["waiting_peers", "tampered", "rewound", "completed"], \
         phases_stored
+
+
+@pytest.mark.parametrize("ring", ["none", "public"])
+async def test_an_instance_without_the_signing_key_leaves_a_signed_task_to_one_with_it(
+        live_store: SqlStore, ring: str) -> None:
+    """The answer that completes a signed task's join reaches an instance whose store
+    has no signing key (none at all, or a verifier's public key): it records the
+    answer, cannot continue the task, writes nothing else and gives the lease up
+    (before: it blocked the task, which no instance could then take). An instance
+    with the key then completes it, its chain signed throughout."""
+    keys = SigningKeys.generate("k1")
+    signed = live_store.with_history(HistoryOptions(signing=keys))
+    keyless = live_store if ring == "none" else live_store.with_history(
+        HistoryOptions(signing=public_half(keys)))
+    mesh = await Mesh(signed).start()
+    try:
+        peer = await ManualPeer(mesh, "researcher").start()
+        agent = Agent("coordinator", ScriptedModel(), peers=[Peer("researcher", timeout_s=30)])
+        (first,) = await mesh.run(agent)
+        request_id = await mesh.client.submit("coordinator", "Look into it")
+        await eventually(lambda: len(peer.requests) == 1, what="the peer's request")
+        task_id = mesh.client.task_id("coordinator", request_id)
+        await first.stop()
+        wrong = AgentInstance(agent, keyless, mesh.broker, options=mesh.options,
+                              instance_id="no-key")
+        await wrong.start()
+        mesh.instances.append(wrong)
+        await peer.answer(next(iter(peer.requests)), "found it")
+        await eventually(lambda: any(wrong.stats.tasks(what) for what in (
+            "key_missing", "blocked", "resumed")), what="the keyless instance meeting it")
+        assert wrong.stats.tasks("blocked") == [], "blocked a healthy task"
+        assert wrong.stats.tasks("resumed") == [], "went on without signing"
+        assert wrong.stats.tasks("key_missing") == [task_id]
+        task = await live_store.run(lambda conn: conn.execute(
+            select(paused_tasks.c.status, paused_tasks.c.owner)).one())
+        assert (task.status, task.owner) == ("resuming", None)  # left, lease given up
+        assert len(await live_store.run(lambda conn: conn.execute(
+            select(checkpoints.c.seq)).all())) == 1  # no record written
+        assert await live_store.run(lambda conn: conn.execute(
+            select(events.c.event_type)).all()) == []  # nor an integrity event
+        assert mesh.events("blocked") == [] and request_id not in mesh.client.updates
+        await mesh.run(agent)  # an instance with the key takes it over
+        answer = await mesh.client.wait(request_id, timeout_s=10)
+        assert answer.status.state is a2a.TaskState.COMPLETED
+        assert wrong.stats.tasks("key_missing") == [task_id]  # it did not try again
+        await no_rows_left(live_store)  # its end, and its last record, written
+        report = await signed.history.verify_task(task_id)
+        assert report.ok and report.signatures_checked and report.records == 2, report
+    finally:
+        await mesh.close()
+
+
+async def test_a_cancel_taken_by_an_instance_without_the_key_is_left_to_one_with_it(
+        live_store: SqlStore) -> None:
+    """Ending a signed task appends its last record, which must be signed: an instance
+    without the key leaves the cancel (its request goes back, and is broadcast to the
+    agent's instances) to one with it, and the chain stays signed to its end (before:
+    the keyless instance ended it with an unsigned record every verifier rejects)."""
+    keys = SigningKeys.generate("k1")
+    signed = live_store.with_history(HistoryOptions(signing=keys))
+    mesh = await Mesh(signed).start()
+    try:
+        peer = await ManualPeer(mesh, "researcher").start()
+        agent = Agent("coordinator", ScriptedModel(), peers=[Peer("researcher", timeout_s=30)])
+        (first,) = await mesh.run(agent)
+        request_id = await mesh.client.submit("coordinator", "Look into it")
+        await eventually(lambda: len(peer.requests) == 1, what="the peer's request")
+        task_id = mesh.client.task_id("coordinator", request_id)
+        await first.stop()
+        wrong = AgentInstance(agent, live_store, mesh.broker, options=mesh.options,
+                              instance_id="no-key")
+        await wrong.start()
+        mesh.instances.append(wrong)
+        await mesh.client.cancel("coordinator", task_id)
+        await eventually(lambda: bool(wrong.stats.tasks("key_missing")
+                                      or wrong.stats.tasks("canceled")),
+                         what="the keyless instance taking the cancel")
+        assert wrong.stats.tasks("canceled") == [], "ended without the key"
+        assert set(wrong.stats.tasks("key_missing")) == {task_id}  # each time it came
+        assert len(await live_store.run(lambda conn: conn.execute(
+            select(checkpoints.c.seq)).all())) == 1  # no end written
+        await mesh.run(agent)
+        answer = await mesh.client.wait(request_id, timeout_s=10)
+        assert answer.status.state is a2a.TaskState.CANCELED
+        await no_rows_left(live_store)
+        report = await signed.history.verify_task(task_id)
+        assert report.ok and report.signatures_checked and report.records == 2, report
+    finally:
+        await mesh.close()

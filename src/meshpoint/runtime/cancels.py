@@ -23,6 +23,7 @@ from meshpoint.errors import (
     BadMessageError,
     CorruptCheckpointError,
     IntegrityError,
+    KeyMissingError,
     StoreError,
     TaskBlockedError,
     UnknownTaskError,
@@ -102,18 +103,28 @@ class Cancels:
         """End a stored task nobody is running, in ``state``: its rows go, its items
         are withdrawn, its caller is answered ``text``; its history records
         ``outcome`` (by default the state's). Returns ``canceled`` (done), ``leased``
-        (another owner runs it) or ``unknown`` (not stored)."""
+        (another owner runs it, or this instance lacks the signing key its signed
+        history needs: an instance that holds it ends it) or ``unknown`` (not
+        stored)."""
         owner = self.owners.next()
         try:
+            # Before the lease, which would make the task `resuming`: ending a signed
+            # task appends its last record, which this instance may be unable to sign.
+            await self.store.check_signing_key(task_id)
             lease = await self.store.take_resume_lease(
                 task_id, owner, self.lease_ttl_s, statuses=TASK_STATUSES)
         except UnknownTaskError:
             return "unknown"
+        except KeyMissingError as error:
+            return self._leave(task_id, error)
         if lease is None:
             return "leased"
         ctx: TaskExecutionContext | None = None
         try:
             ctx = (await self.store.restore_task(task_id, lease_owner=owner)).context
+        except KeyMissingError as error:  # signed since the check: nothing written
+            await self.store.release_resume_lease(task_id, owner)
+            return self._leave(task_id, error)
         except TaskBlockedError:
             # Blocking released the lease; the task still ends when asked to.
             if await self.store.take_resume_lease(task_id, owner, self.lease_ttl_s,
@@ -139,6 +150,16 @@ class Cancels:
             await self.kinds.withdraw(sub_task_id, corr)
         await self.endings.answer(ctx, state, text)
         return "canceled"
+
+    def _leave(self, task_id: str, error: KeyMissingError) -> str:
+        """Ending the task would append an unsigned record to its signed chain, which
+        every verifier rejects: this instance writes nothing, and an instance with the
+        signing key ends it (``leased``: the cancel is broadcast, and its request
+        comes back)."""
+        logger.error("%s: leaving the end of %s to an instance with the signing key: %s",
+                     self.instance_id, task_id, error)
+        self.stats.note("key_missing", task_id, reason=str(error))
+        return "leased"
 
     async def on_control(self, delivery: Delivery) -> None:
         """A cancel broadcast to every instance of the agent."""

@@ -35,6 +35,7 @@ from meshpoint.broker.base import Broker, ConsumerOptions, Delivery, Subscriptio
 from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import BadMessageError, StoreError
 from meshpoint.events import EventJournal, EventStore
+from meshpoint.history import request_digest
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent, RuntimeOptions, check_name
 from meshpoint.runtime.answers import Answers
@@ -53,6 +54,7 @@ from meshpoint.runtime.tasks import (
     Background,
     DeadLetters,
     InHand,
+    KeyMissing,
     LeaseOwners,
     Lifecycle,
     TaskRun,
@@ -101,6 +103,7 @@ class AgentInstance:
         self._in_hand = in_hand = InHand()
         self._background = background = Background(name)
         owners, dead_letters = LeaseOwners(name), DeadLetters(name, stats)
+        key_missing = KeyMissing()
         outages = Outages(instance_id=name, lifecycle=lifecycle)
         kinds = CallKinds(call_kinds(agent, broker, o.namespace, stats))
         endings = Endings(agent_name=agent.name, instance_id=name, store=store, broker=broker,
@@ -127,7 +130,7 @@ class AgentInstance:
             agent=agent, instance_id=name, store=store, kinds=kinds,
             checks=turn_checks(agent), pauses=boundary, ends=endings, in_hand=in_hand,
             stats=stats, background=background, mid_turn=mid_turn, owners=owners,
-            lease_ttl_s=o.lease_ttl_s, events=self.events)
+            lease_ttl_s=o.lease_ttl_s, key_missing=key_missing, events=self.events)
         self._answers = Answers(
             instance_id=name, store=store, outages=outages, memory=memory, in_hand=in_hand,
             owners=owners, dead_letters=dead_letters, stats=stats, lease_ttl_s=o.lease_ttl_s,
@@ -146,7 +149,8 @@ class AgentInstance:
             in_hand=in_hand, owners=owners, stats=stats, background=background,
             lease_ttl_s=o.lease_ttl_s, resume=turns.resume,
             fail=lambda task_id, reason: cancels.end_stored(
-                task_id, a2a.TaskState.FAILED, reason, outcome="expired"))
+                task_id, a2a.TaskState.FAILED, reason, outcome="expired"),
+            key_missing=key_missing)
         self._ledger = EndedTasks(agent_name=agent.name, store=store,
                                   memory_s=o.ended_task_memory_s)
         self._keeper = LeaseKeeper(instance_id=name, store=store, in_hand=in_hand,
@@ -301,10 +305,14 @@ class AgentInstance:
             run.delivery = delivery
             return
         message = request.params.message
+        # The request's hash rides in the context into every history record, signed
+        # with it: a reconstruction checks the request it reads from the (unsigned)
+        # event log against it.
         ctx = TaskExecutionContext(task_id, {
             "agent": self.agent.name, "request_id": request.id, "reply_to": reply_to,
             "status_to": status_to, "context_id": message.context_id or task_id,
-            "caller": (message.metadata or {}).get("meshpoint_caller")})
+            "caller": (message.metadata or {}).get("meshpoint_caller"),
+            "request_sha256": request_digest(message.text)})
         ctx.append_session_event({"role": "user", "content": message.text})
         ctx.history = self.agent.history_annotations()
         self.stats.log("protocol_receive", task_id, step="request", message=request)

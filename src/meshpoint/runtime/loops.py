@@ -26,7 +26,7 @@ from meshpoint.errors import StoreError, UnknownTaskError
 from meshpoint.runtime.agent import RecoveryPolicy
 from meshpoint.runtime.calls import CallKinds
 from meshpoint.runtime.stats import InstanceStats
-from meshpoint.runtime.tasks import Background, InHand, LeaseOwners, Lifecycle
+from meshpoint.runtime.tasks import Background, InHand, KeyMissing, LeaseOwners, Lifecycle
 from meshpoint.store.base import Store
 
 logger = logging.getLogger("meshpoint.runtime")
@@ -109,6 +109,8 @@ class Recovery:
     lease_ttl_s: float
     resume: Resume
     fail: Callable[[str, str], Awaitable[str]]
+    #: Tasks this instance cannot continue without a key it lacks: left to others.
+    key_missing: KeyMissing
 
     async def at_start(self) -> None:
         """The pass an instance makes as it starts."""
@@ -122,7 +124,7 @@ class Recovery:
         if not self.policy.auto_resume:
             return
         for task_id in await self.store.resumable_tasks(self.agent_name):
-            if self.in_hand.get(task_id) is not None:
+            if self.in_hand.get(task_id) is not None or task_id in self.key_missing:
                 continue
             owner = self.owners.next()
             lease = await self.store.take_resume_lease(task_id, owner, self.lease_ttl_s,
@@ -144,7 +146,7 @@ class Recovery:
             return
         for task_id in await self.store.expired_tasks(self.agent_name,
                                                       older_than_s=timeout_s):
-            if self.in_hand.get(task_id) is not None:
+            if self.in_hand.get(task_id) is not None or task_id in self.key_missing:
                 continue
             reason = (f"expired: not checkpointed for more than {timeout_s:g} s "
                       "(the agent's recovery timeout_s)")

@@ -37,7 +37,7 @@ _EVENT_OF = {"started": "step_start", "paused": "pause", "paused_in_memory": "pa
              "denied": "approval", "replied": "approval", "answer_refused": "approval",
              "completed": "answer", "failed": "answer", "canceled": "cancel",
              "rejected": "answer", "blocked": "error", "reconstructed": "recovery",
-             "dead_lettered": "error",
+             "dead_lettered": "error", "key_missing": "error", "restart_refused": "error",
              "dropped": "recovery", "ignored_answer": "protocol_receive"}
 
 
@@ -48,7 +48,10 @@ class InstanceStats:
     ``events`` lists ``(what, task_id)`` in order, so a test can check which
     instance did what: ``started``, ``paused``, ``paused_in_memory``, ``resumed``,
     ``recovered``, ``completed``, ``failed``, ``canceled``, ``timeout``,
-    ``ignored_answer``, ``dropped`` (another instance owns the task). Only the
+    ``ignored_answer``, ``dropped`` (another instance owns the task), ``key_missing``
+    (a stored task left to an instance holding the key its history needs),
+    ``blocked``, ``reconstructed`` and ``restart_refused`` (a blocked task not
+    restarted: its request is not the one its history names). Only the
     latest ``KEEP`` events and samples are kept; ``counts`` are totals, and also
     count ``checkpoints`` (writes that committed, even if the instance was killed
     while waiting for the commit).

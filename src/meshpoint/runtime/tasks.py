@@ -93,6 +93,26 @@ class InHand:
         self.memory_subs.clear()
 
 
+class KeyMissing:
+    """The stored tasks this instance met and cannot continue for want of a key their
+    history needs (a signed task, and no active signing key: KeyMissingError). Each
+    was left as it was, its lease given up, for an instance configured with the key;
+    this instance's recovery passes them by from then on (a key ring changes only
+    with a restart). The oldest are forgotten past ``limit``."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._limit = limit
+        self._ids: dict[str, None] = {}  # insertion-ordered: the oldest first
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._ids
+
+    def add(self, task_id: str) -> None:
+        self._ids[task_id] = None
+        while len(self._ids) > self._limit:
+            del self._ids[next(iter(self._ids))]
+
+
 class Lifecycle:
     """Whether an instance runs, and whether it drains (takes no new work)."""
 

@@ -26,6 +26,7 @@ from meshpoint import a2a
 from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import (
     InvalidArgumentError,
+    KeyMissingError,
     LeaseNotHeldError,
     MeshpointError,
     StoreError,
@@ -33,13 +34,14 @@ from meshpoint.errors import (
     UnknownTaskError,
 )
 from meshpoint.events import EventStore
+from meshpoint.history import request_digest
 from meshpoint.llm.base import ModelResponse
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent
 from meshpoint.runtime.calls import CallKinds, turn_calls
 from meshpoint.runtime.midturn import MidTurn
 from meshpoint.runtime.stats import InstanceStats, ms_since
-from meshpoint.runtime.tasks import Background, InHand, LeaseOwners, TaskRun
+from meshpoint.runtime.tasks import Background, InHand, KeyMissing, LeaseOwners, TaskRun
 from meshpoint.store.base import Store
 
 logger = logging.getLogger("meshpoint.runtime")
@@ -108,6 +110,8 @@ class TurnLoop:
     mid_turn: MidTurn
     owners: LeaseOwners
     lease_ttl_s: float
+    #: The stored tasks this instance cannot continue without a key it lacks.
+    key_missing: KeyMissing
     #: The agent's event log, if it keeps one: flushed before a reconstruction reads it.
     events: EventStore | None = None
 
@@ -127,8 +131,12 @@ class TurnLoop:
         except TaskBlockedError as error:
             logger.error("%s: %s", self.instance_id, error)
             self.stats.note("blocked", task_id, reason=error.reason)
-            if not (self.agent.recovery.reconstruct and await self._restart(error)):
-                await self.ends.tell_blocked(error)
+            untold = await self._restart(error) if self.agent.recovery.reconstruct else error
+            if untold is not None:
+                await self.ends.tell_blocked(untold)
+            return
+        except KeyMissingError as error:
+            await self.leave(task_id, owner, error)
             return
         except StoreError as error:
             logger.error("%s: cannot restore task %s: %s", self.instance_id, task_id, error)
@@ -138,21 +146,55 @@ class TurnLoop:
         self._note_resumed(run.ctx)
         await self.drive(run, in_round=True)
 
-    async def _restart(self, blocked: TaskBlockedError) -> bool:
+    async def leave(self, task_id: str, owner: str, error: KeyMissingError) -> None:
+        """This instance lacks a key the task's history needs (a configuration error,
+        not the task's): the restore wrote nothing, so give the lease up at once for
+        an instance that holds the key, and pass the task by from now on."""
+        logger.error("%s: leaving task %s to an instance with the key: %s",
+                     self.instance_id, task_id, error)
+        self.key_missing.add(task_id)
+        try:
+            await self.store.release_resume_lease(task_id, owner)
+        except (StoreError, UnknownTaskError) as failed:  # then the lease expires
+            logger.warning("%s: could not give up the lease of %s: %s", self.instance_id,
+                           task_id, failed)
+        self.stats.note("key_missing", task_id, reason=str(error))
+
+    async def _restart(self, blocked: TaskBlockedError) -> TaskBlockedError | None:
         """Restart a blocked task in a fresh context from its reconstruction (seed
-        003); False if that could not be done (it stays blocked)."""
+        003). None if it was restarted (here, or by another instance first); else the
+        block to tell its caller about, saying why it was not restarted."""
         from meshpoint.reconstruction import reconstruct
 
         task_id = blocked.task_id
+        try:
+            if self.events is not None:
+                await self.events.flush()  # this instance's latest steps count too
+            rebuilt = await reconstruct(self.store, task_id, events=self.events)
+        except MeshpointError as error:
+            logger.error("%s: cannot reconstruct blocked task %s: %s", self.instance_id,
+                         task_id, error)
+            return blocked
+        if rebuilt.restart_refusal is not None:
+            # The request it would restart with is not the one the signed history
+            # names: the task waits for an operator (`meshpoint tasks reconstruct`).
+            logger.error("%s: not restarting blocked task %s: %s", self.instance_id,
+                         task_id, rebuilt.restart_refusal)
+            self.stats.note("restart_refused", task_id, reason=rebuilt.restart_refusal)
+            return TaskBlockedError(task_id, f"{blocked.reason}; not restarted from its "
+                                    f"reconstruction: {rebuilt.restart_refusal}",
+                                    a2a_context=blocked.a2a_context)
         owner = self.owners.next()
         try:
             if await self.store.take_resume_lease(task_id, owner, self.lease_ttl_s,
                                                   statuses=("blocked",)) is None:
-                return True  # another instance took it first
-            if self.events is not None:
-                await self.events.flush()  # this instance's latest steps count too
-            rebuilt = await reconstruct(self.store, task_id, events=self.events)
+                return None  # another instance took it first
             ctx = TaskExecutionContext(task_id, blocked.a2a_context)
+            # The request's hash goes on only as the reconstruction checked it (the
+            # live row it was read from is not verified).
+            ctx.a2a_context.pop("request_sha256", None)
+            if rebuilt.request_verified and rebuilt.request is not None:
+                ctx.a2a_context["request_sha256"] = request_digest(rebuilt.request)
             ctx.history = self.agent.history_annotations()
             ctx.append_session_event({"role": "user", "content": rebuilt.prompt})
             await self.store.restart_task(ctx, self.agent.name, lease_owner=owner,
@@ -160,13 +202,13 @@ class TurnLoop:
         except MeshpointError as error:
             logger.error("%s: cannot restart blocked task %s: %s", self.instance_id,
                          task_id, error)
-            return False
+            return blocked
         self.stats.note("reconstructed", task_id)
         await self.ends.tell_restarted(ctx, blocked.reason)
         run = TaskRun(ctx, lease_owner=owner)
         self.in_hand.add(run)
         await self.drive(run)
-        return True
+        return None
 
     def go_on(self, run: TaskRun) -> None:
         """Continue a task whose join completed in this instance's memory."""

@@ -182,6 +182,14 @@ class Store(Protocol):
         the live row's own checksum only (to end a task whatever its history)."""
         ...
 
+    async def check_signing_key(self, task_id: str) -> None:
+        """KeyMissingError if a restore of the task under a lease would raise it: its
+        history is signed (or this store requires signatures) and this store has no
+        active signing key. For an instance to leave such a task to one that holds
+        the key before it takes the task's lease (which would make it ``resuming``).
+        UnknownTaskError for an unknown task."""
+        ...
+
     async def restart_task(self, ctx: TaskExecutionContext, agent_name: str, *,
                            lease_owner: str, reason: str) -> None:
         """Make ``ctx`` (a fresh context) the live state of its task, for the holder of

@@ -17,7 +17,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, exc
@@ -36,7 +36,6 @@ from meshpoint.history import (
     HistoryHead,
     HistoryOptions,
     PlannedRecord,
-    parse_retention,
     plan_record,
     sound_annotations,
 )
@@ -45,12 +44,17 @@ from meshpoint.record import CheckpointRecord
 from meshpoint.store import history_queries as hq
 from meshpoint.store import queries as q
 from meshpoint.store.engine import is_unique_violation
+from meshpoint.store.retention import Purge, candidate, plan_purge
 from meshpoint.store.rows import HeadRow, RecordRow, check_id, check_limit, check_time_range
 from meshpoint.verification import (
     ChainReport,
+    HeadColumns,
+    RecordColumns,
     StoredHead,
     StoredRecord,
     record_model,
+    said_outcome,
+    said_policy,
     verify_chain,
     verify_head,
     verify_record,
@@ -62,21 +66,6 @@ _PAGE = 500
 #: Tries of a seed 001 append whose chain another writer moved meanwhile.
 _APPEND_ATTEMPTS = 8
 
-
-@dataclass(frozen=True, slots=True)
-class Purge:
-    """What a purge removed (or would remove) from one task's chain: ``removed`` of its
-    ``records`` records, through record ``through``; ``whole``: all of them, and its
-    head; ``skipped``: why nothing was removed after all."""
-
-    task_id: str
-    policy: str
-    records: int
-    removed: int
-    through: int
-    through_hash: str
-    whole: bool
-    skipped: str | None = None
 
 #: The parameters of a checkpoint that writes no record.
 NO_RECORD: dict[str, Any] = {
@@ -139,10 +128,16 @@ def stored_record(row: RecordRow) -> StoredRecord:
 
 def read_chain(conn: Connection, keys: dict[str, Any]
                ) -> tuple[list[StoredRecord], HeadRow | None]:
-    """A task's records, oldest first, each with its snapshot, and its head."""
+    """A task's records, oldest first, each with its snapshot and the columns that
+    copy its document, and its head."""
     records = [replace(stored_record(RecordRow(*row[:len(RecordRow._fields)])),
                        snapshot=None if row.snapshot is None else bytes(row.snapshot),
-                       snapshot_encoding=row.snapshot_encoding)
+                       snapshot_encoding=row.snapshot_encoding,
+                       columns=RecordColumns(
+                           agent_name=row.agent_name, agent_type=row.agent_type,
+                           iteration=row.iteration, phase=row.phase,
+                           parent_id=row.parent_id, retention_policy=row.retention_policy,
+                           created_at=row.created_at))
                for row in hq.GET_CHAIN.rows(conn, keys)]
     return records, hq.GET_HEAD.first(conn, keys)
 
@@ -151,7 +146,9 @@ def stored_head(row: HeadRow) -> StoredHead:
     return StoredHead(tenant_id=row.tenant_id, task_id=row.logical_task_id,
                       records=row.records, head_id=row.head_id, head_hash=row.head_hash,
                       signature=row.signature, key_id=row.key_id,
-                      pruned_through=row.pruned_through, pruned_hash=row.pruned_hash)
+                      pruned_through=row.pruned_through, pruned_hash=row.pruned_hash,
+                      columns=HeadColumns(agent_name=row.agent_name, outcome=row.outcome,
+                                          retention_policy=row.retention_policy))
 
 
 def head_of(record: StoredRecord, head: HeadRow | None = None) -> HistoryHead:
@@ -164,17 +161,27 @@ def head_of(record: StoredRecord, head: HeadRow | None = None) -> HistoryHead:
     return HistoryHead(record.checkpoint_id, record.hash, record.seq,
                        tokens if isinstance(tokens, dict) else {},
                        0 if head is None else head.pruned_through,
-                       "" if head is None else head.pruned_hash)
+                       "" if head is None else head.pruned_hash,
+                       signed=record.signature is not None
+                       or (head is not None and head.signature is not None))
+
+
+def stored_last(conn: Connection, keys: dict[str, Any]
+                ) -> tuple[HeadRow | None, StoredRecord | None]:
+    """A task's head row and the record it names (None for either that is not
+    stored), read in the caller's transaction; neither is verified."""
+    head = hq.GET_HEAD.first(conn, keys)
+    last = None if head is None else hq.GET_RECORD_AT.first(
+        conn, {**keys, "p_rec_seq": head.records})
+    return head, None if last is None else stored_record(last)
 
 
 def stored_head_of(conn: Connection, keys: dict[str, Any]) -> HistoryHead | None:
     """The head a writer continues the task's chain from, as stored (its head row and
     the record it names), read in the caller's transaction; None without a history
     (or with a head whose record is gone: ``verify`` reports that)."""
-    head = hq.GET_HEAD.first(conn, keys)
-    last = None if head is None else hq.GET_RECORD_AT.first(
-        conn, {**keys, "p_rec_seq": head.records})
-    return None if last is None else head_of(stored_record(last), head)
+    head, last = stored_last(conn, keys)
+    return None if last is None else head_of(last, head)
 
 
 def finalize(conn: Connection, keys: dict[str, Any], *, agent_name: str, outcome: str,
@@ -189,14 +196,16 @@ def finalize(conn: Connection, keys: dict[str, Any], *, agent_name: str, outcome
         doc["history"] = sound_annotations(doc["history"], f"the end of task "
                                            f"{keys['p_task']!r}")
     if head is None:
-        head_row = hq.GET_HEAD.first(conn, keys)
+        head_row, last = stored_last(conn, keys)
         if head_row is None:
             return  # the task was checkpointed without a history
-        head = stored_head_of(conn, keys)
-        if head is None:
+        if last is None:
             return  # its chain is broken; verify reports it, and the task ends anyway
+        head = head_of(last, head_row)
         if final is None:
-            doc = {"history": {"retention_policy": head_row.retention_policy}}
+            # The policy its last record carries (hashed), not the head's column: a
+            # policy written into a column would otherwise be signed into the end.
+            doc = {"history": {"retention_policy": said_policy(last.document)}}
     planned = plan_record(
         tenant_id=keys["p_tenant"], task_id=keys["p_task"], agent_name=agent_name,
         status=outcome, phase=outcome, doc=doc, context_sha256=None,
@@ -378,21 +387,25 @@ class HistoryStore:
         """Remove what retention lets go, from the chains of tasks that ended (a live
         task's chain is never cut: its restore may need it). Per chain, its policy
         (:meth:`HistoryOptions.retention_of`): ``hold`` keeps everything,
-        ``last:N`` the newest N records, ``days:N`` the records of the last N days. The
-        oldest records go; the head then says where the chain starts (re-signed), so
-        the rest still verifies; a chain left empty goes with its head. With
-        ``dry_run`` nothing is removed. Returns what was (or would be) purged;
-        ``progress(n)`` is called after each chain."""
+        ``last:N`` the newest N records, ``days:N`` the records of the last N days.
+        All of it is decided from what the records say, never from a column, and a
+        chain is cut only if it verifies whole, by a process that can sign where it
+        then starts (:mod:`meshpoint.store.retention`). The oldest records go; the
+        head then says where the chain starts (re-signed), so the rest still
+        verifies; a chain left empty goes with its head. With ``dry_run`` nothing is
+        removed. Returns what was (or would be) purged, and each chain left alone
+        with why (``skipped``); ``progress(n)`` is called after each chain."""
         now = self._clock()
         out: list[Purge] = []
         after = ""
         while True:
             heads = await self._heads(after, _PAGE)
             for head in heads:
-                plan = await self._purge_plan(head, now)
-                if plan is not None:
+                planned = await self._purge_plan(head, now)
+                if planned is not None:
+                    plan, read = planned
                     if not dry_run and plan.skipped is None:
-                        plan = await self._purge(head, plan)
+                        plan = await self._purge(read, plan)
                     out.append(plan)
                 if progress is not None:
                     progress(1)
@@ -400,36 +413,21 @@ class HistoryStore:
                 return out
             after = heads[-1].logical_task_id
 
-    async def _purge_plan(self, head: HeadRow, now: float) -> Purge | None:
-        policy = self.options.retention_of(head.retention_policy, head.agent_name)
-        if head.outcome is None or policy is None:
-            return None
-        kind, amount = parse_retention(policy)
-        if kind == "hold":
-            return None
+    async def _purge_plan(self, head: HeadRow, now: float) -> tuple[Purge, HeadRow] | None:
+        """The purge of one chain, and its head as read with it; None if it keeps all.
+        Its last record alone says whether it may lose any (most chains: live, kept,
+        held); only then is it read whole, and verified."""
         keys = self._keys(p_task=head.logical_task_id)
-        dates = await self._read("reading a chain's dates", lambda conn: (
-            hq.CHAIN_DATES.rows(conn, keys)))
-        kept = [d for d in dates if d.seq > head.pruned_through]
-        if kind == "last":
-            gone = kept[:max(0, len(kept) - amount)]
-        else:
-            cutoff = now - amount * 86_400.0
-            gone = []
-            for d in kept:  # oldest first: the prefix written before the cutoff
-                if d.created_at >= cutoff:
-                    break
-                gone.append(d)
-        if not gone:
-            return None
-        skipped = None
-        if head.signature is not None and not self.options.signing.signs \
-                and len(gone) < len(kept):
-            skipped = "its head is signed and this process has no signing key to sign " \
-                      "where the chain now starts"
-        return Purge(task_id=head.logical_task_id, policy=policy, records=len(kept),
-                     removed=len(gone), through=gone[-1].seq, through_hash=gone[-1].hash,
-                     whole=len(gone) == len(kept), skipped=skipped)
+        last = await self._read("reading a chain's last record", lambda conn: (
+            hq.GET_RECORD_AT.first(conn, {**keys, "p_rec_seq": head.records})))
+        if last is None or candidate(last.data, self.options) is None:
+            return None  # (a head whose record is gone: `verify` reports it)
+        records, row = await self._read(f"reading the chain of {head.logical_task_id!r}",
+                                        lambda conn: read_chain(conn, keys))
+        if row is None:
+            return None  # purged meanwhile
+        plan = plan_purge(head.logical_task_id, records, stored_head(row), self.options, now)
+        return None if plan is None else (plan, row)
 
     async def _purge(self, head: HeadRow, plan: Purge) -> Purge:
         signature = key_id = None
@@ -523,15 +521,17 @@ class HistoryStore:
                     "records are written by its checkpoints, and the agent adds to them "
                     "through ctx.history (docs/history.md); seed 001's appends are for "
                     "chains kept without the runtime")
-            row = hq.GET_HEAD.first(conn, keys)
-            if row is not None and row.outcome is not None:
+            row, last = stored_last(conn, keys)
+            ended = (row.outcome if row is not None else None) or (
+                said_outcome(last.document) if last is not None else None)
+            if ended is not None:
                 raise CheckpointConflictError(
-                    f"the history of task {task_id!r} was finalized ({row.outcome}): an "
+                    f"the history of task {task_id!r} was finalized ({ended}): an "
                     "ended chain takes no more records")
-            head = stored_head_of(conn, keys)
-            if head is None and row is not None:
+            if last is None and row is not None:
                 raise IntegrityError("its head names a record that is not stored",
                                      task_id=task_id)
+            head = None if last is None else head_of(last, row)
             now = self._clock()
             planned = plan_record(
                 tenant_id=self.tenant_id, task_id=task_id, agent_name=agent_id,

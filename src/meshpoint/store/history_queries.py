@@ -53,6 +53,10 @@ _PARENT = (H.c.records == seq - 1, H.c.head_hash == parent_hash,
 OF_TASK = and_(C.c.logical_task_id == task, C.c.tenant_id == tenant)
 RECORD_COLUMNS = (C.c.tenant_id, C.c.checkpoint_id, C.c.logical_task_id, C.c.seq, C.c.data,
                   C.c.hash, C.c.signature, C.c.key_id)
+#: A record's columns outside its hash, each a copy of what its document says: a chain
+#: walk reads them to check them (:class:`meshpoint.verification.RecordColumns`).
+COPIED_COLUMNS = (C.c.agent_name, C.c.agent_type, C.c.iteration, C.c.phase, C.c.parent_id,
+                  C.c.retention_policy, C.c.created_at)
 HEAD_COLUMNS = (H.c.tenant_id, H.c.logical_task_id, H.c.agent_name, H.c.records, H.c.head_id,
                 H.c.head_hash, H.c.signature, H.c.key_id, H.c.pruned_through, H.c.pruned_hash,
                 H.c.outcome, H.c.retention_policy, H.c.updated_at)
@@ -100,11 +104,13 @@ def head_is_parent() -> Any:
 
 
 def advance_head() -> Any:
-    """The head moved to the new record, if it still is the record's parent."""
+    """The head moved to the new record, if it still is the record's parent. Its
+    agent, outcome and policy become the new record's, so that each says what the
+    chain's last record says (a chain walk checks that they do)."""
     return (update(H)
             .where(HEAD_KEY, has_record, seq > 1, *_PARENT)
             .values({name: value for name, value in _HEAD.items()
-                     if name not in ("tenant_id", "logical_task_id", "agent_name")}))
+                     if name not in ("tenant_id", "logical_task_id")}))
 
 
 INSERT_RECORD = Statement(
@@ -135,9 +141,10 @@ GET_SNAPSHOT = Statement(
     select(C.c.snapshot, C.c.snapshot_encoding).where(
         C.c.tenant_id == tenant, C.c.checkpoint_id == bindparam("p_rec_id", type_=String)))
 GET_CHAIN = Statement(
-    "get_chain", "Reads a task's history records, oldest first, with their snapshots.",
-    select(*RECORD_COLUMNS, C.c.snapshot, C.c.snapshot_encoding).where(OF_TASK)
-    .order_by(C.c.seq))
+    "get_chain", "Reads a task's history records, oldest first, with their snapshots and "
+    "the columns that copy what their documents say (a chain walk checks them).",
+    select(*RECORD_COLUMNS, C.c.snapshot, C.c.snapshot_encoding, *COPIED_COLUMNS)
+    .where(OF_TASK).order_by(C.c.seq))
 GET_HISTORY = Statement(
     "get_history", "Reads a task's newest history records, newest first.",
     select(*RECORD_COLUMNS).where(OF_TASK).order_by(C.c.seq.desc()).limit(limit),
@@ -167,9 +174,6 @@ LIST_HEADLESS = Statement(
 
 # -- retention ----------------------------------------------------------------------------
 
-CHAIN_DATES = Statement(
-    "chain_dates", "Reads the position, time and hash of each record of a task's chain.",
-    select(C.c.seq, C.c.created_at, C.c.hash).where(OF_TASK).order_by(C.c.seq))
 DELETE_RECORDS_THROUGH = Statement(
     "delete_records_through", "Deletes a task's records up to and including p_through "
     "(a purge: the oldest records).",

@@ -77,7 +77,7 @@ from meshpoint.store.rows import (
 )
 from meshpoint.store.schema import TASK_STATUSES
 from meshpoint.store.statement import Statement
-from meshpoint.store.verified import VerifiedRestore
+from meshpoint.store.verified import VerifiedRestore, missing_signing_key
 
 __all__ = ["TIMEOUT_RESULT", "SqlStore"]
 
@@ -534,6 +534,23 @@ class SqlStore(Store):
             open_context(self._history, sealed, self.tenant_id, task_id)
             ctx.security_context, ctx.history = sealed["security_context"], sealed["history"]
         return result
+
+    async def check_signing_key(self, task_id: str) -> None:
+        check_id("task_id", task_id)
+        options = self._history
+        if not options.enabled or options.signing.signs:
+            return
+        keys = self._keys(p_task=task_id)
+
+        def body(conn: Connection) -> tuple[Any, Any]:
+            self._raise_if_unknown_task(conn, task_id)
+            head = hq.GET_HEAD.first(conn, keys)
+            return head, hq.GET_HISTORY.first(conn, {**keys, "p_limit": 1})
+
+        head, latest = await self._read(f"checking the keys task {task_id!r} needs", body)
+        why = missing_signing_key(options, task_id, head, latest)
+        if why is not None:
+            raise why
 
     async def restart_task(self, ctx: TaskExecutionContext, agent_name: str, *,
                            lease_owner: str, reason: str) -> None:

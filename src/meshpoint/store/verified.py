@@ -23,6 +23,13 @@ count). Then:
 
 Without a lease (a read: ``meshpoint tasks show``) nothing is changed: a failure
 raises :class:`~meshpoint.errors.IntegrityError` naming the bad record.
+
+A holder of the lease that cannot sign (no active signing key) meeting a signed
+chain, or any chain where its store requires signatures, raises
+:class:`~meshpoint.errors.KeyMissingError` before it judges or writes anything: every
+one of its outcomes (the task's next checkpoint, a rewind's record) would be an
+unsigned record that every verifier rejects, and a task it blocked would be a healthy
+task taken from the instances that can sign. The task is left for one of them.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from meshpoint import _json
 from meshpoint.errors import (
     CorruptCheckpointError,
     IntegrityError,
+    KeyMissingError,
     LeaseNotHeldError,
     TaskBlockedError,
     UnknownTaskError,
@@ -66,7 +74,14 @@ from meshpoint.store.history import (
     write_record,
 )
 from meshpoint.store.records import RestoredTask
-from meshpoint.store.rows import RestoreRows, TaskRow, join_events, restored
+from meshpoint.store.rows import (
+    HeadRow,
+    RecordRow,
+    RestoreRows,
+    TaskRow,
+    join_events,
+    restored,
+)
 from meshpoint.verification import (
     StoredRecord,
     checked_snapshot,
@@ -105,6 +120,8 @@ class VerifiedRestore:
             raise LeaseNotHeldError(task_id, lease_owner, task.status)
         if rows.head is None and rows.latest is None:
             return restored(task_id, rows, lease_owner)  # checkpointed without a history
+        if lease_owner is not None:
+            self._check_can_sign(task_id, rows)
         why = self._latest_problem(rows)
         if why is None:
             latest = stored_record(rows.latest)  # type: ignore[arg-type]
@@ -128,6 +145,11 @@ class VerifiedRestore:
                     task_id, rows, f"{live_problem}; and its last record: {error.reason}",
                     lease_owner, intact_is_news=False)
         return await self._fall_back(task_id, rows, why, lease_owner)
+
+    def _check_can_sign(self, task_id: str, rows: RestoreRows) -> None:
+        why = missing_signing_key(self.options, task_id, rows.head, rows.latest)
+        if why is not None:
+            raise why
 
     # -- the last record ----------------------------------------------------------------
 
@@ -207,8 +229,9 @@ class VerifiedRestore:
 
         stored, head = await self.read(f"verifying the history of task {task_id!r}",
                                        lambda conn: read_chain(conn, keys))
+        # Columns outside the hash decide nothing here: a walk for a restore skips them.
         report = verify_chain(task_id, stored, None if head is None else stored_head(head),
-                              self.options, snapshots=True)
+                              self.options, snapshots=True, columns=False)
         if report.ok and intact_is_news:  # the last record changed meanwhile: retry
             raise IntegrityError(f"{why} (but the chain now verifies: restore again)",
                                  task_id=task_id)
@@ -312,7 +335,8 @@ class VerifiedRestore:
             row = hq.GET_HEAD.first(conn, keys)
             if head is None and row is not None:  # the head's record is gone
                 head = HistoryHead(str(row.head_id), row.head_hash, row.records, {},
-                                   row.pruned_through, row.pruned_hash)
+                                   row.pruned_through, row.pruned_hash,
+                                   signed=row.signature is not None)
             planned = plan_record(
                 tenant_id=self.tenant_id, task_id=task_id, agent_name=agent_name,
                 status="resuming", phase="restarted", doc={
@@ -368,13 +392,33 @@ class VerifiedRestore:
             eq.INSERT_EVENT.rows(conn, _event(params, task_id, agent, kind, detail, now))))
 
 
+def missing_signing_key(options: HistoryOptions, task_id: str, head: HeadRow | None,
+                        latest: RecordRow | None) -> KeyMissingError | None:
+    """The KeyMissingError of a lease holder that must sign what it writes next and
+    cannot (see the module docstring), or None. Read from the head's and the last
+    record's signature columns: one a forger set to NULL makes the chain fail
+    verification wherever the key is held."""
+    if not options.enabled or options.signing.signs or (head is None and latest is None):
+        return None
+    signed = any(row is not None and row.signature is not None for row in (head, latest))
+    if not (signed or options.signatures_required):
+        return None
+    return KeyMissingError(
+        f"task {task_id!r}: its history is " + ("signed" if signed else "required to be "
+                                                "signed")
+        + ", and this store has no active signing key (history.signing.active) to sign "
+        "what resuming or ending it writes: nothing was written, and the task is left "
+        "for an instance configured with the signing key")
+
+
 def _parent_head(head: Any, good: StoredRecord) -> Any:
     """The head a rewind's record chains to: the stored head (the chain goes on from
     where it ends, bad records and all, as evidence), with the tokens of ``good``."""
     from meshpoint.history import HistoryHead
 
     return HistoryHead(str(head.head_id), head.head_hash, head.records, head_of(good).tokens,
-                       head.pruned_through, head.pruned_hash)
+                       head.pruned_through, head.pruned_hash,
+                       signed=head.signature is not None or good.signature is not None)
 
 
 def _event(params: dict[str, Any], task_id: str, agent: str, kind: str,

@@ -1,6 +1,6 @@
 -- Moves a task's history head to its new record if the head is the record's parent (a compare-and-set on the previous hash and where the chain starts).
 UPDATE agent_checkpoint_heads
-SET records=:p_rec_seq, head_id=:p_rec_id, head_hash=:p_rec_hash,
+SET agent_name=:p_agent, records=:p_rec_seq, head_id=:p_rec_id, head_hash=:p_rec_hash,
   signature=:p_rec_head_signature, key_id=:p_rec_head_key_id, outcome=:p_rec_outcome, retention_policy=:p_rec_retention,
   updated_at=:p_now
 WHERE agent_checkpoint_heads.tenant_id = :p_tenant

@@ -121,9 +121,9 @@ WITH
              FROM rewritten))),
   moved_head AS
   (UPDATE agent_checkpoint_heads
-   SET records=:p_rec_seq::INTEGER, head_id=:p_rec_id::VARCHAR, head_hash=:p_rec_hash::VARCHAR,
-     signature=:p_rec_head_signature::VARCHAR, key_id=:p_rec_head_key_id::VARCHAR, outcome=:p_rec_outcome::VARCHAR,
-     retention_policy=:p_rec_retention::VARCHAR, updated_at=:p_now::FLOAT
+   SET agent_name=:p_agent::VARCHAR, records=:p_rec_seq::INTEGER, head_id=:p_rec_id::VARCHAR,
+     head_hash=:p_rec_hash::VARCHAR, signature=:p_rec_head_signature::VARCHAR, key_id=:p_rec_head_key_id::VARCHAR,
+     outcome=:p_rec_outcome::VARCHAR, retention_policy=:p_rec_retention::VARCHAR, updated_at=:p_now::FLOAT
    WHERE agent_checkpoint_heads.tenant_id = :p_tenant::VARCHAR
      AND agent_checkpoint_heads.logical_task_id = :p_task::VARCHAR
      AND :p_history::BOOLEAN
