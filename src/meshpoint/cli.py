@@ -58,8 +58,8 @@ def demo(
     approval_rate: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="Share of bookings that need a human's approval.")] = 0.25,
     db: Annotated[Path, typer.Option(help=(
-        "SQLite file, recreated; refused if it holds anything but a previous "
-        "demo's data."))] = Path(
+        "SQLite file, recreated with its -wal and -shm files; refused if they hold "
+        "anything but a previous demo's data."))] = Path(
         "meshpoint-demo.db"),
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
