@@ -28,11 +28,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from meshpoint._redact import redact_url
 from meshpoint.errors import ConfigurationError, InvalidArgumentError, MeshpointError
 from meshpoint.llm.base import Model
 from meshpoint.runtime.agent import (
@@ -73,7 +75,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class StoreConfig(_Strict):
+class _HasUrl(_Strict):
+    """A section whose ``url`` may hold credentials (``${VAR}``-expanded, often): its
+    repr shows the URL with them replaced by ``***``; the field keeps them."""
+
+    url: str
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name == "url" else value
+
+
+class StoreConfig(_HasUrl):
     """Where tasks are checkpointed."""
 
     #: ``sqlite:///path.db`` or ``postgresql+asyncpg://user@host:5432/db``.
@@ -88,7 +101,7 @@ class StoreConfig(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-class BrokerConfig(_Strict):
+class BrokerConfig(_HasUrl):
     """How messages travel. ``memory://`` only reaches agents in the same process."""
 
     #: ``nats://host:4222`` (NATS with JetStream) or ``memory://``.
@@ -181,8 +194,9 @@ class OpenAIModelConfig(_Strict):
     max_tool_rounds: int | None = Field(default=None, ge=0)
     #: Times an unusable reply is handed back to the model before the call fails.
     repair_attempts: int = Field(default=2, ge=0)
-    #: Server-specific fields added to each request's JSON.
-    extra_body: dict[str, Any] = Field(default_factory=dict)
+    #: Server-specific fields added to each request's JSON (not in the repr: a server
+    #: may take a credential here).
+    extra_body: dict[str, Any] = Field(default_factory=dict, repr=False)
 
     @model_validator(mode="after")
     def _one_response_format(self) -> OpenAIModelConfig:
@@ -198,7 +212,8 @@ class PythonModelConfig(_Strict):
 
     kind: Literal["python"] = "python"
     factory: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-    options: dict[str, Any] = Field(default_factory=dict)
+    #: Not in the repr: they may hold the model's credentials.
+    options: dict[str, Any] = Field(default_factory=dict, repr=False)
 
 
 ModelConfig = Annotated[ScriptedModelConfig | OpenAIModelConfig | PythonModelConfig,
@@ -264,7 +279,8 @@ class SigningConfig(_Strict):
     PEM private or public key, or the base64 of a 32-byte seed); ``active`` signs."""
 
     active: str | None = None
-    keys: dict[str, str] = Field(default_factory=dict)
+    #: Secret strings: a key given inline (or through ``${VAR}``) is never printed.
+    keys: dict[str, SecretStr] = Field(default_factory=dict)
     #: Unsigned records fail verification (default: whenever a key is configured).
     require_signatures: bool | None = None
 
@@ -301,7 +317,9 @@ class HistoryConfig(_Strict):
 
         return HistoryOptions(
             enabled=self.enabled,
-            signing=SigningKeys.from_config(self.signing.keys, self.signing.active),
+            signing=SigningKeys.from_config(
+                {key_id: key.get_secret_value() for key_id, key in self.signing.keys.items()},
+                self.signing.active),
             require_signatures=self.signing.require_signatures,
             encryption=None if self.encryption is None else load_keyring(
                 self.encryption.keyring),

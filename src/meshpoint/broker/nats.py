@@ -56,6 +56,7 @@ from nats.js.api import (
 )
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
+from meshpoint._redact import redact_url
 from meshpoint._retry import retried
 from meshpoint.broker.base import (
     DEAD_LETTER_DELIVERIES,
@@ -104,7 +105,8 @@ class NatsBroker(Broker):
                  ephemeral_inactive_s: float = 60.0) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream(timeout=5.0)
-        self.url = url
+        #: The server's URL as messages show it: credentials replaced by ``***``.
+        self.url = redact_url(url)
         self.stream_prefix = stream_prefix
         self.max_age_s = max_age_s
         self.dedupe_window_s = dedupe_window_s
@@ -128,16 +130,18 @@ class NatsBroker(Broker):
         ``connect_timeout_s``; ``options`` are those of :class:`NatsBroker`."""
         nc = NatsClient()
         broker = cls(nc, url, **options)  # the client connects below
+        shown = broker.url
+        errors: list[Exception] = []
 
-        async def quiet(_error: Exception) -> None:  # reconnects are logged below
-            return None
+        async def quiet(error: Exception) -> None:  # reconnects are logged below
+            errors[:] = [error]  # the last, to say why a first connection failed
 
         async def disconnected() -> None:
             if not broker.closing and not nc.is_closed:  # closing: expected
-                logger.warning("NATS connection to %s lost; reconnecting", url)
+                logger.warning("NATS connection to %s lost; reconnecting", shown)
 
         async def reconnected() -> None:
-            logger.warning("NATS connection to %s re-established", url)
+            logger.warning("NATS connection to %s re-established", shown)
 
         try:
             settings: dict[str, Any] = {
@@ -149,15 +153,18 @@ class NatsBroker(Broker):
         except (TimeoutError, OSError, nats.errors.Error) as error:
             with contextlib.suppress(Exception):
                 await nc.close()
+            last = f"; the last error: {errors[-1]!r}" if errors and errors[-1] is not error \
+                else ""
             raise BrokerError(
-                f"cannot reach NATS at {url} within {connect_timeout_s:g}s ({error!r}); "
-                f"start nats-server with JetStream (-js) or fix the broker URL") from None
+                f"cannot reach NATS at {shown} within {connect_timeout_s:g}s ({error!r}"
+                f"{last}); start nats-server with JetStream (-js) or fix the broker URL"
+            ) from None
         try:
             await broker.js.account_info()
         except nats.errors.Error as error:
             await nc.close()
-            raise BrokerError(f"NATS at {url} has no JetStream ({error}); start nats-server "
-                              f"with -js") from None
+            raise BrokerError(f"NATS at {shown} has no JetStream ({error}); start "
+                              "nats-server with -js") from None
         return broker
 
     # -- streams and consumers -----------------------------------------------------------

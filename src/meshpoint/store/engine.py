@@ -32,6 +32,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, exc
 from sqlalchemy.engine import URL, make_url
 
+from meshpoint._redact import redact_url
 from meshpoint.errors import (
     ConfigurationError,
     CorruptCheckpointError,
@@ -58,9 +59,11 @@ def parse_url(url: str | URL) -> URL:
     """
     try:
         parsed = make_url(url)
-    except exc.ArgumentError as error:
-        raise ConfigurationError(f"cannot parse store URL {url!r}: {error}. Use "
-                                 f"{_URL_HELP}") from None
+    except (exc.ArgumentError, ValueError) as error:  # ValueError: a port not a number
+        shown = redact_url(url)  # the error may quote the URL: say it without credentials
+        raise ConfigurationError(
+            f"cannot parse store URL {shown!r}: {str(error).replace(str(url), shown)}. "
+            f"Use {_URL_HELP}") from None
     backend, _, driver = parsed.drivername.partition("+")
     if backend == "sqlite" and driver in ("", "aiosqlite", "pysqlite"):
         return parsed.set(drivername="sqlite+pysqlite")
