@@ -167,7 +167,10 @@ class OpenAIModelConfig(_Strict):
     #: needs ``OPENAI_API_KEY``; an endpoint of ``base_url`` is sent no key, so that a
     #: local server never receives the key meant for OpenAI.
     api_key_env: str | None = None
+    #: Seconds one request may take whole: connecting, sending and the whole reply.
     timeout_s: float = Field(default=60.0, gt=0)
+    #: Bytes a reply may have; a longer one fails the call (ModelReplyTooLargeError).
+    max_reply_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     #: Retries of a failed connection or a 408/409/429/5xx answer.
     max_retries: int = Field(default=2, ge=0)
     #: Also retry a request that timed out (its generation would run again).

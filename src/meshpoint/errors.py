@@ -36,6 +36,8 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     │   └── ArgumentsRejectedError  edited arguments fail the tool's JSON schema
     ├── BadMessageError             a message is malformed, unknown or too large
     └── ModelError                  a model endpoint failed or answered nonsense
+        ├── ModelTimeoutError       a call did not end within its timeout_s
+        └── ModelReplyTooLargeError a reply was larger than max_reply_bytes
 
 A failed operation changes nothing: every store operation is one transaction,
 rolled back before any of these is raised. One case cannot know: if the
@@ -316,3 +318,12 @@ class BadMessageError(MeshpointError):
 class ModelError(MeshpointError):
     """A model call failed, or its answer cannot be used (e.g. tool-call arguments
     that are not a JSON object). The task fails with this error's text."""
+
+
+class ModelTimeoutError(ModelError):
+    """A model call did not end within its ``timeout_s``: connecting, sending and
+    the whole reply, however slowly the server sent it."""
+
+
+class ModelReplyTooLargeError(ModelError):
+    """A model's reply was larger than ``max_reply_bytes``; none of it was used."""
