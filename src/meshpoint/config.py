@@ -45,6 +45,7 @@ from meshpoint.runtime.agent import (
     RecoveryPolicy,
     RuntimeOptions,
 )
+from meshpoint.tls import TlsConfig
 
 if TYPE_CHECKING:
     from meshpoint.broker import Broker
@@ -97,6 +98,9 @@ class StoreConfig(_HasUrl):
     #: Bring the schema up to date when a process starts (safe from many at once).
     migrate: bool = True
     pool_size: int = Field(default=5, ge=1)
+    #: TLS to PostgreSQL (:class:`meshpoint.tls.TlsConfig`); the URL's libpq
+    #: ``sslmode`` may say it instead.
+    tls: TlsConfig | None = None
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -114,6 +118,8 @@ class BrokerConfig(_HasUrl):
     #: How long a publish keeps retrying while NATS is unreachable.
     publish_timeout_s: float = Field(default=30.0, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)
+    #: TLS to NATS (:class:`meshpoint.tls.TlsConfig`); a ``tls://`` URL requires it too.
+    tls: TlsConfig | None = None
 
     @model_validator(mode="after")
     def _window_within_age(self) -> BrokerConfig:
@@ -411,7 +417,7 @@ class MeshConfig(_Strict):
         s = self.store
         return await open_store(s.url, tenant_id=s.tenant, migrate=s.migrate,
                                 schema=s.schema_name, pool_size=s.pool_size,
-                                history=self.history_options())
+                                history=self.history_options(), tls=s.tls)
 
     def history_options(self) -> HistoryOptions:
         """The store's :class:`~meshpoint.history.HistoryOptions` from ``history:``
@@ -427,9 +433,9 @@ class MeshConfig(_Strict):
         from meshpoint.broker import open_broker
 
         if self.broker.url.startswith(("nats://", "tls://")):
-            return await open_broker(self.broker.url,
-                                     **self.broker.model_dump(exclude={"url"}))
-        return await open_broker(self.broker.url,
+            return await open_broker(self.broker.url, tls=self.broker.tls,
+                                     **self.broker.model_dump(exclude={"url", "tls"}))
+        return await open_broker(self.broker.url, tls=self.broker.tls,
                                  dedupe_window_s=self.broker.dedupe_window_s)
 
 

@@ -72,7 +72,9 @@ from meshpoint.broker.base import (
     check_subject,
     default_dead_letter_subject,
 )
-from meshpoint.errors import BrokerClosedError, BrokerError, InvalidArgumentError
+from meshpoint.broker.nats_tls import NoTls, TlsClient, TlsRefused, first_connection
+from meshpoint.errors import BrokerClosedError, BrokerError, InvalidArgumentError, TlsError
+from meshpoint.tls import TlsConfig, tls_failure
 
 logger = logging.getLogger("meshpoint.broker.nats")
 
@@ -124,17 +126,29 @@ class NatsBroker(Broker):
     @classmethod
     async def connect(cls, url: str = "nats://127.0.0.1:4222", *,
                       connect_timeout_s: float = 10.0, name: str | None = None,
-                      **options: Any) -> NatsBroker:
+                      tls: TlsConfig | None = None, **options: Any) -> NatsBroker:
         """Connect to the NATS server at ``url`` (reconnecting forever afterwards).
         Raises :class:`BrokerError` if it cannot be reached within
-        ``connect_timeout_s``; ``options`` are those of :class:`NatsBroker`."""
-        nc = NatsClient()
+        ``connect_timeout_s``; ``options`` are those of :class:`NatsBroker`.
+
+        ``tls`` (or a ``tls://`` URL) requires TLS (:mod:`meshpoint.tls`): a server
+        that offers none, or whose certificate does not verify, is refused at once
+        with :class:`~meshpoint.errors.TlsError`, before anything is sent to it."""
+        setting = "broker.tls" if tls is not None else "the broker URL's tls:// scheme"
+        required = tls if tls is not None else TlsConfig() if url.startswith("tls://") \
+            else None
+        nc = TlsClient(require_tls=required is not None)
         broker = cls(nc, url, **options)  # the client connects below
         shown = broker.url
         errors: list[Exception] = []
+        loop = asyncio.get_running_loop()
+        refused: asyncio.Future[Exception] = loop.create_future()
 
         async def quiet(error: Exception) -> None:  # reconnects are logged below
             errors[:] = [error]  # the last, to say why a first connection failed
+            if required is not None and not refused.done() and (
+                    isinstance(error, NoTls) or tls_failure(error) is not None):
+                refused.set_result(error)  # nats-py would try again, forever
 
         async def disconnected() -> None:
             if not broker.closing and not nc.is_closed:  # closing: expected
@@ -143,13 +157,27 @@ class NatsBroker(Broker):
         async def reconnected() -> None:
             logger.warning("NATS connection to %s re-established", shown)
 
+        settings: dict[str, Any] = {
+            "servers": [url], "name": name or "meshpoint", "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 0.25, "connect_timeout": 2, "error_cb": quiet,
+            "disconnected_cb": disconnected, "reconnected_cb": reconnected,
+            "allow_reconnect": True}
+        if required is not None:
+            settings["tls"] = required.ssl_context(setting)
         try:
-            settings: dict[str, Any] = {
-                "servers": [url], "name": name or "meshpoint", "max_reconnect_attempts": -1,
-                "reconnect_time_wait": 0.25, "connect_timeout": 2, "error_cb": quiet,
-                "disconnected_cb": disconnected, "reconnected_cb": reconnected,
-                "allow_reconnect": True}
-            await asyncio.wait_for(nc.connect(**settings), connect_timeout_s)
+            await asyncio.wait_for(first_connection(nc, settings, refused), connect_timeout_s)
+        except TlsRefused as error:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            assert required is not None
+            if isinstance(error.cause, NoTls):
+                raise TlsError(
+                    f"NATS at {shown} offers no TLS, and {setting} requires it: nothing was "
+                    "sent to it (credentials included). Turn TLS on in the server (or, to "
+                    f"connect in the clear, remove {setting})") from None
+            raise TlsError(
+                f"TLS to NATS at {shown} failed: {tls_failure(error.cause)} ({setting}: "
+                f"{required.describe()})") from None
         except (TimeoutError, OSError, nats.errors.Error) as error:
             with contextlib.suppress(Exception):
                 await nc.close()
