@@ -81,6 +81,7 @@ def test_serve_logs_and_submit_prints_no_broker_password(
             problem = json.loads(refused.stdout)
             assert problem["kind"] == "BrokerError", problem
             assert f"nats://mesh:***@127.0.0.1:{nats_with_password.port}" in problem["error"]
+            assert "Authorization Violation" in problem["error"]  # why, not only a timeout
             assert WRONG not in refused.stdout + refused.stderr
         finally:
             serving.send_signal(signal.SIGTERM)

@@ -26,7 +26,7 @@ from meshpoint.broker import ConsumerOptions, Delivery
 from meshpoint.broker.nats import NatsBroker
 from meshpoint.config import load_config
 from meshpoint.context import TaskExecutionContext
-from meshpoint.errors import ConfigurationError, TlsError
+from meshpoint.errors import TlsError
 from meshpoint.store import SqlStore, open_store
 from meshpoint.tls import TlsConfig
 from tests.conftest import service_missing
@@ -144,7 +144,7 @@ async def test_a_store_refuses_a_server_its_ca_did_not_sign_or_another_host(
     async with open_store(by_name, tls=client_tls(certs, verify="ca")) as store:
         await _round_trip(store)
     # The server wants a client certificate: without one it refuses.
-    with pytest.raises(ConfigurationError, match="client certificate"):
+    with pytest.raises(TlsError, match=r"client certificate.*store\.tls"):
         await open_store(url, tls=TlsConfig(ca_file=str(certs.ca)))
 
 
