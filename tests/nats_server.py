@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -26,11 +27,13 @@ def nats_server_binary() -> str | None:
 
 class PrivateNats:
     """nats-server with JetStream on a free port, storing under ``store_dir``; it can
-    be stopped and started again on the same port and store."""
+    be stopped and started again on the same port and store. ``args`` are more of
+    nats-server's options (``--user``/``--pass``, ``--tls...``)."""
 
-    def __init__(self, binary: str, store_dir: Path) -> None:
+    def __init__(self, binary: str, store_dir: Path, args: Sequence[str] = ()) -> None:
         self.binary = binary
         self.store_dir = store_dir
+        self.args = list(args)
         self.port = free_port()
         self.url = f"nats://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
@@ -38,7 +41,8 @@ class PrivateNats:
     def start(self) -> None:
         self.process = subprocess.Popen(
             [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd",
-             str(self.store_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             str(self.store_dir), *self.args], stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             try:

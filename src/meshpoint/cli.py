@@ -19,13 +19,16 @@ from meshpoint import a2a
 from meshpoint.cli_common import (
     AsJson,
     Config,
+    PlainFormatter,
     Schema,
     Tenant,
     Url,
     console,
     err,
     fail,
+    plain,
     run_on_store,
+    shown,
 )
 from meshpoint.cli_events import event_commands
 from meshpoint.cli_history import history_commands
@@ -58,8 +61,8 @@ def demo(
     approval_rate: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="Share of bookings that need a human's approval.")] = 0.25,
     db: Annotated[Path, typer.Option(help=(
-        "SQLite file, recreated; refused if it holds anything but a previous "
-        "demo's data."))] = Path(
+        "SQLite file, recreated with its -wal and -shm files; refused if they hold "
+        "anything but a previous demo's data."))] = Path(
         "meshpoint-demo.db"),
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
@@ -99,7 +102,7 @@ def _demo_table(figures: dict[str, Any], db: Path) -> None:
         return " / ".join("-" if v is None else f"{v:.2f}" for v in (ms["p50"], ms["p99"]))
 
     table = Table(title=f"meshpoint demo: coordinator x {figures['instances']} instances, "
-                        f"fan-out {figures['fan_out']}, SQLite file {db}")
+                        f"fan-out {figures['fan_out']}, SQLite file {shown(db)}")
     table.add_column("measure")
     table.add_column("value", justify="right")
     for name, value in [
@@ -136,11 +139,12 @@ def _demo_table(figures: dict[str, Any], db: Path) -> None:
                       "nothing left behind; every history chain verifies[/green]")
         # Soft wrap: a long path wraps on screen, but each command stays one line
         # when copied.
-        console.print(f"try: meshpoint verify --all --url sqlite:///{db}", soft_wrap=True)
+        console.print(f"try: meshpoint verify --all --url sqlite:///{shown(db)}",
+                      soft_wrap=True)
         if figures["a_task"]:
             for command in ("tasks cost", "events --task", "tasks reconstruct"):
-                console.print(f"     meshpoint {command} {figures['a_task']} --url "
-                              f"sqlite:///{db}", soft_wrap=True)
+                console.print(f"     meshpoint {command} {shown(figures['a_task'])} --url "
+                              f"sqlite:///{shown(db)}", soft_wrap=True)
 
 
 @app.command()
@@ -181,9 +185,9 @@ def migrate(url: Url = None, config: Config = None, schema: Schema = None,
         print(json.dumps({"up_to_date": True, "revision": head_revision(),
                           "dialect": dialect, "runtime_role": runtime_role}))
         return
-    console.print("schema is up to date" + (f"; role {runtime_role} may use it (row-level "
-                                            "security holds it to one tenant per "
-                                            "transaction)" if runtime_role else ""))
+    console.print("schema is up to date" + (
+        f"; role {shown(runtime_role)} may use it (row-level security holds it to one "
+        "tenant per transaction)" if runtime_role else ""))
 
 
 @app.command()
@@ -206,8 +210,10 @@ def serve(
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
         raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Log lines quote task ids, requests and errors a requester caused: plain text.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(PlainFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     try:
         mesh = load_config(config)
         asyncio.run(run_serve(mesh, agent, instance_id=instance_id, on_ready=print_ready,
@@ -237,12 +243,12 @@ def submit(
         if as_json:
             print(json.dumps({"error": problem, "kind": "TimeoutError"}))
         else:
-            err.print(f"[red]error:[/red] {problem}")
+            err.print(f"[red]error:[/red] {shown(problem)}")
         raise typer.Exit(code=1) from None
-    if as_json:
-        print(task.model_dump_json(by_alias=True, exclude_none=True))
+    if as_json:  # json.dumps escapes every control character (and all non-ASCII)
+        print(json.dumps(task.model_dump(mode="json", by_alias=True, exclude_none=True)))
     else:
-        print(answer_text(task))
+        print(plain(answer_text(task)))
     if task.status.state != a2a.TaskState.COMPLETED:
         err.print(f"[red]the task ended {task.status.state.value}[/red]")
         raise typer.Exit(code=1)
@@ -296,7 +302,7 @@ def stats(url: Url = None, config: Config = None, schema: Schema = None,
     for column in ("agent", "status", "tasks"):
         table.add_column(column)
     for (agent, status), n in sorted(counts.paused_tasks.items()):
-        table.add_row(agent, status, str(n))
+        table.add_row(shown(agent), shown(status), str(n))
     console.print(table)
     console.print(f"pending sub-tasks: {counts.pending_sub_tasks}, of which expired: "
                   f"{counts.expired_sub_tasks}")
@@ -305,10 +311,10 @@ def stats(url: Url = None, config: Config = None, schema: Schema = None,
                    "lease owner"):
         listing.add_column(column, overflow="fold")  # ids are shown whole, folded
     for t in tasks:
-        listing.add_row(t.task_id, t.agent_name, t.status, f"{now - t.checkpointed_at:.1f}",
-                        str(t.pending_sub_tasks),
+        listing.add_row(shown(t.task_id), shown(t.agent_name), shown(t.status),
+                        f"{now - t.checkpointed_at:.1f}", str(t.pending_sub_tasks),
                         "-" if t.next_deadline is None else f"{t.next_deadline - now:.1f}",
-                        t.owner or "-")
+                        shown(t.owner or "-"))
     console.print(listing)
 
 

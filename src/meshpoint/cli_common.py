@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from meshpoint.errors import InvalidArgumentError, MeshpointError
 
@@ -43,8 +46,44 @@ def _width(stream: Any) -> int | None:
     return 200 if piped and not os.environ.get("COLUMNS") else None
 
 
-console = Console(width=_width(sys.stdout))
-err = Console(stderr=True, width=_width(sys.stderr))
+# No emoji codes: ``:warning:`` in a stored text is printed as written.
+console = Console(width=_width(sys.stdout), emoji=False)
+err = Console(stderr=True, width=_width(sys.stderr), emoji=False)
+
+#: What must not reach an operator's terminal as it is: the C0 controls but tab and
+#: newline (ESC starts every escape sequence, BEL ends an OSC one, CR and backspace
+#: rewrite what is shown), DEL, the C1 controls (CSI and OSC in one code point), and
+#: the bidirectional controls that make a line read other than it is.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f"
+                      "\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def plain(value: object) -> str:
+    """``str(value)`` with every control character shown as its escape (``\\x1b``,
+    ``\\u202e``): what a requester wrote (a request, a tool's arguments, an
+    approver's name, an error quoting them) is shown to the operator, never run by
+    their terminal. For text printed as it is (``print``, a log line)."""
+    return _CONTROL.sub(_escaped, str(value))
+
+
+def shown(value: object) -> str:
+    """:func:`plain`, with rich markup escaped too: for every stored or user-given
+    text in a table cell or a line printed through :data:`console` or :data:`err`
+    (``[/]`` in a request would otherwise stop the command with a MarkupError)."""
+    return escape(plain(value))
+
+
+class PlainFormatter(logging.Formatter):
+    """A log formatter whose lines pass through :func:`plain` (a log quotes task ids,
+    requests and errors a requester caused; ``serve`` logs to a terminal too)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return plain(super().format(record))
 
 Url = Annotated[str | None, typer.Option(
     "--url", envvar="MESHPOINT_STORE_URL",
@@ -80,7 +119,7 @@ def store_opener(url: str | None, config: Path | None, *, schema: str | None = N
     _check_schema(s.url, schema)
     return open_store(s.url, tenant_id=s.tenant if tenant is None else tenant,
                       schema=schema or s.schema_name, migrate=migrate,
-                      history=mesh.history_options())
+                      history=mesh.history_options(), tls=s.tls)
 
 
 def _check_schema(url: str, schema: str | None) -> None:
@@ -114,10 +153,10 @@ def fail(error: MeshpointError, as_json: bool = False) -> NoReturn:
     """Print ``error`` (one JSON object with ``--json``: error, kind and, for a refused
     answer, the decision that stands) and exit 1."""
     if as_json:
-        shown = {"error": str(error), "kind": type(error).__name__}
+        problem = {"error": str(error), "kind": type(error).__name__}
         if getattr(error, "decision", None) is not None:  # a refused answer's
-            shown["decision"] = error.decision  # type: ignore[attr-defined]
-        print(json.dumps(shown))
+            problem["decision"] = error.decision  # type: ignore[attr-defined]
+        print(json.dumps(problem))
     else:
-        err.print(f"[red]error:[/red] {error}")
+        err.print(f"[red]error:[/red] {shown(error)}")
     raise typer.Exit(code=1) from None

@@ -20,7 +20,16 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.table import Table
 
-from meshpoint.cli_common import AsJson, Config, Schema, Tenant, Url, console, run_on_store
+from meshpoint.cli_common import (
+    AsJson,
+    Config,
+    Schema,
+    Tenant,
+    Url,
+    console,
+    run_on_store,
+    shown,
+)
 
 #: How far back each poll of ``--follow`` looks again. An event's time is when it was
 #: logged, and a writer buffers it for up to its ``flush_interval_s`` (and a busy
@@ -155,9 +164,9 @@ def show(found: list[Any], as_json: bool, *, lines: bool) -> None:
         table.add_column(column, overflow="fold", no_wrap=column in ("time", "type"))
     for e in found:
         data = e.output_data if e.output_data is not None else e.input_data
-        table.add_row(e.timestamp.strftime("%H:%M:%S.%f")[:-3], e.agent_id,
-                      e.thread_id or "-", e.event_type, e.step_name or "-",
-                      json.dumps(data)[:120] if data is not None else "")
+        table.add_row(e.timestamp.strftime("%H:%M:%S.%f")[:-3], shown(e.agent_id),
+                      shown(e.thread_id or "-"), shown(e.event_type), shown(e.step_name or "-"),
+                      shown(json.dumps(data)[:120]) if data is not None else "")
     if found or not lines:
         console.print(table if found else "no events")
 
@@ -180,20 +189,20 @@ def reconstruct(task_id: Annotated[str, typer.Argument(help="The task.")],
         print(json.dumps(rebuilt.to_dict()))
         return
     checkpoint = rebuilt.checkpoint
-    console.print(f"task [bold]{task_id}[/bold]: "
+    console.print(f"task [bold]{shown(task_id)}[/bold]: "
                   + (f"from record {checkpoint.metadata.seq} "
-                     f"({checkpoint.execution_state.phase})" if checkpoint else
+                     f"({shown(checkpoint.execution_state.phase)})" if checkpoint else
                      "no verified checkpoint")
                   + f", {rebuilt.events_after} event(s) after it")
     if rebuilt.history_problem:
-        console.print(f"history: {rebuilt.history_problem}", style="yellow", markup=False)
+        console.print(f"[yellow]history: {shown(rebuilt.history_problem)}[/yellow]")
     for line in rebuilt.trusts:
-        console.print(f"trusting {line}", markup=False,
+        console.print(f"trusting {shown(line)}", highlight=False,
                       style=None if rebuilt.request_verified else "yellow")
     if rebuilt.restart_refusal:
-        console.print(f"an automatic restart refuses this: {rebuilt.restart_refusal}",
-                      style="red", markup=False)
-    console.print(rebuilt.prompt, markup=False)
+        console.print(f"[red]an automatic restart refuses this: "
+                      f"{shown(rebuilt.restart_refusal)}[/red]")
+    console.print(shown(rebuilt.prompt), highlight=False)
 
 
 def event_commands(app: typer.Typer, tasks_app: typer.Typer) -> None:

@@ -29,6 +29,7 @@ from meshpoint.cli_common import (
     err,
     fail,
     run_on_store,
+    shown,
 )
 from meshpoint.errors import (
     ConfigurationError,
@@ -112,9 +113,9 @@ def verify(task: Annotated[str | None, typer.Option(
         for r in reports if task is not None else failed:
             bad = "-" if r.first_bad_seq is None and r.ok else (
                 f"{r.first_bad_seq or 'head'} {r.first_bad_id or ''}".strip())
-            table.add_row(r.task_id, str(r.records),
-                          "[green]ok[/green]" if r.ok else f"[red]{r.kind}[/red]", bad,
-                          r.reason or "")
+            table.add_row(shown(r.task_id), str(r.records),
+                          "[green]ok[/green]" if r.ok else f"[red]{shown(r.kind)}[/red]",
+                          shown(bad), shown(r.reason or ""))
         if table.row_count:
             console.print(table)
         console.print(f"{len(reports) - len(failed)} of {len(reports)} chain(s) verify")
@@ -172,14 +173,14 @@ def cost(task_id: Annotated[str, typer.Argument(help="The task.")],
         print(json.dumps({"task_id": task_id, "currency": last.cost.get("currency"),
                           "checkpoints": rows, "total": total}))
         return
-    currency = last.cost.get("currency", "")
-    table = Table(title=f"cost of task {task_id}, checkpoint by checkpoint")
+    currency = shown(last.cost.get("currency", ""))  # in headers too
+    table = Table(title=f"cost of task {shown(task_id)}, checkpoint by checkpoint")
     for column in ("#", "phase", "written", "prompt", "completion", "cached",
                    f"cost ({currency})"):
         table.add_column(column, justify="right" if column != "phase" else "left")
     for row in rows:
         t = row["tokens"]
-        table.add_row(str(row["seq"]), row["phase"], row["timestamp"][:19],
+        table.add_row(str(row["seq"]), shown(row["phase"]), shown(row["timestamp"][:19]),
                       str(t.get("prompt_tokens", 0)), str(t.get("completion_tokens", 0)),
                       str(t.get("cached_tokens", 0)), str(row["cost"]))
     console.print(table)
@@ -191,14 +192,13 @@ def cost(task_id: Annotated[str, typer.Argument(help="The task.")],
         for name, counts in sorted(total["tokens"].get(key, {}).items()):
             price = total["cost"].get("by_model", {}).get(name, {}).get("total") \
                 if key == "by_model" else None
-            breakdown.add_row(name, str(counts.get("prompt_tokens", 0)),
-                              str(counts.get("completion_tokens", 0)),
-                              str(counts.get("cached_tokens", 0)),
-                              "-" if price is None else str(price))
+            breakdown.add_row(shown(name), *(shown(counts.get(kind, 0)) for kind in (
+                "prompt_tokens", "completion_tokens", "cached_tokens")),
+                              "-" if price is None else shown(price))
         console.print(breakdown)
     unpriced = total["cost"].get("unpriced") or []
-    console.print(f"total: {total['cost'].get('total', '0')} {currency}"
-                  + (f" (no price for {', '.join(unpriced)})" if unpriced else ""))
+    console.print(f"total: {shown(total['cost'].get('total', '0'))} {currency}"
+                  + (f" (no price for {shown(', '.join(unpriced))})" if unpriced else ""))
 
 
 def purge(dry_run: Annotated[bool, typer.Option(
@@ -244,7 +244,8 @@ def purge(dry_run: Annotated[bool, typer.Option(
         result = (f"skipped: {p.skipped}" if p.skipped else
                   ("the whole chain and its head" if p.whole else
                    f"records 1-{p.through}; the rest verifies"))
-        table.add_row(p.task_id, p.policy, str(p.records), str(p.removed), result)
+        table.add_row(shown(p.task_id), shown(p.policy), str(p.records), str(p.removed),
+                      shown(result))
     if not purged:
         console.print(f"nothing to purge in {examined[0]} chain(s)")
         return
@@ -294,7 +295,8 @@ def rotate(tenant: Annotated[str, typer.Option("--tenant", help="Whose key.")],
     if as_json:
         print(json.dumps({"keyring": str(path), "tenant": tenant, "active": key_id}))
     else:
-        console.print(f"tenant {tenant!r}: key {key_id} is active in {path}")
+        console.print(f"tenant {shown(repr(tenant))}: key {shown(key_id)} is active in "
+                      f"{shown(path)}")
 
 
 @keys_app.command("list")
@@ -313,7 +315,8 @@ def list_keys(keyring: KeyRing = None, config: Config = None, as_json: AsJson = 
     for column in ("tenant", "active", "key ids"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row["tenant"], str(row["active"]), ", ".join(row["keys"]))
+        table.add_row(shown(row["tenant"]), shown(row["active"]),
+                      shown(", ".join(row["keys"])))
     console.print(table)
 
 
@@ -343,7 +346,7 @@ def shred(tenant: Annotated[str, typer.Option("--tenant", help="Whose keys.")],
     if as_json:
         print(json.dumps({"keyring": str(path), "tenant": tenant, "shredded": True}))
     else:
-        console.print(f"tenant {tenant!r}: every key deleted from {path}")
+        console.print(f"tenant {shown(repr(tenant))}: every key deleted from {shown(path)}")
 
 
 def _sync(run: Callable[[], R], as_json: bool) -> R:

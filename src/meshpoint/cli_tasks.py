@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from meshpoint.cli_common import (
@@ -34,6 +33,7 @@ from meshpoint.cli_common import (
     err,
     run_on_store,
     run_sync,
+    shown,
 )
 from meshpoint.errors import IntegrityError, InvalidArgumentError
 
@@ -54,7 +54,8 @@ def _print_decisions(decisions: list[dict[str, Any]], task_id: str, as_json: boo
         what = {"approved": "approved" + (" with edited arguments" if d.get("edited") else ""),
                 "denied": f"denied ({d.get('reason')})",
                 "replied": "answered in words"}[d["decision"]]
-        console.print(f"call {d['call_id']} of task {task_id}: {what}, by {d['by']}")
+        console.print(f"call {shown(d['call_id'])} of task {shown(task_id)}: {shown(what)}, "
+                      f"by {shown(d['by'])}")
 
 
 def _answer(url: str | None, config: Path | None, schema: str | None, tenant: str | None,
@@ -156,8 +157,8 @@ def list_tasks(agent: Annotated[str | None, typer.Option("--agent")] = None,
     for column in ("task", "agent", "status", "paused (s)", "pending", "next deadline in (s)"):
         table.add_column(column, overflow="fold")  # an id is shown whole, folded
     for t in rows:
-        table.add_row(t.task_id, t.agent_name, t.status, f"{now - t.checkpointed_at:.1f}",
-                      str(t.pending_sub_tasks),
+        table.add_row(shown(t.task_id), shown(t.agent_name), shown(t.status),
+                      f"{now - t.checkpointed_at:.1f}", str(t.pending_sub_tasks),
                       "-" if t.next_deadline is None else f"{t.next_deadline - now:.1f}")
     console.print(table)
 
@@ -203,36 +204,37 @@ def show(task_id: Annotated[str, typer.Argument(help="The task.")],
                 "conversation": ctx.session_events[-turns:] if turns else [],
                 "verified": integrity is None, "integrity_error": integrity}
 
-    shown = run_on_store(url, config, schema, tenant, as_json, body)
+    task = run_on_store(url, config, schema, tenant, as_json, body)
     if as_json:
-        print(json.dumps(shown))
+        print(json.dumps(task))
         return
     now = time.time()
-    console.print(f"task [bold]{task_id}[/bold] of {shown['agent']}: {shown['status']}, "
-                  f"paused {now - shown['checkpointed_at']:.1f} s ago")
-    if not shown["verified"]:
-        console.print(f"[red]unverified:[/red] {shown['integrity_error']}. What follows is "
-                      f"its live row, not checked against its history; `meshpoint verify "
-                      f"--task {task_id}` walks the chain, and a cancel ends the task.")
+    console.print(f"task [bold]{shown(task_id)}[/bold] of {shown(task['agent'])}: "
+                  f"{shown(task['status'])}, paused {now - task['checkpointed_at']:.1f} s ago")
+    if not task["verified"]:
+        console.print(f"[red]unverified:[/red] {shown(task['integrity_error'])}. What follows "
+                      f"is its live row, not checked against its history; `meshpoint verify "
+                      f"--task {shown(task_id)}` walks the chain, and a cancel ends the task.")
     table = Table(title="waiting on")
     for column in ("call", "kind", "what", "deadline in (s)"):
         table.add_column(column)
-    for w in shown["waiting_on"]:
+    for w in task["waiting_on"]:
         what = (f"{w['tool']}({json.dumps(w['arguments'])})" if w["kind"] == "approval"
                 else f"{w['peer']}: {w['query']}")
-        table.add_row(w["call_id"], w["kind"], what, f"{w['deadline'] - now:.1f}")
+        table.add_row(shown(w["call_id"]), shown(w["kind"]), shown(what),
+                      f"{w['deadline'] - now:.1f}")
     console.print(table)
-    if shown["answered"]:
+    if task["answered"]:
         done = Table(title="answered")
         for column in ("call", "tool", "decision", "by", "at"):
             done.add_column(column)
-        for a in shown["answered"]:
-            done.add_row(str(a.get("call_id")), str(a.get("tool")), a["decision"],
-                         str(a.get("by")), time.strftime("%Y-%m-%d %H:%M:%S",
-                                                         time.localtime(a.get("at") or 0)))
+        for a in task["answered"]:
+            done.add_row(shown(a.get("call_id")), shown(a.get("tool")), shown(a["decision"]),
+                         shown(a.get("by")), time.strftime("%Y-%m-%d %H:%M:%S",
+                                                           time.localtime(a.get("at") or 0)))
         console.print(done)
-    for event in shown["conversation"]:
-        console.print(f"[dim]{escape(str(event.get('role')))}:[/dim] {escape(_said(event))}",
+    for event in task["conversation"]:
+        console.print(f"[dim]{shown(event.get('role'))}:[/dim] {shown(_said(event))}",
                       highlight=False)
 
 
@@ -285,8 +287,8 @@ def cancel(task_id: Annotated[str, typer.Argument(help="The task.")],
     if as_json:
         print(json.dumps({"task_id": task_id, "agent": name, "cancel": "sent"}))
     else:
-        console.print(f"cancel of task {task_id} sent to agent {name}: the instance that "
-                      "takes it answers the task's caller canceled")
+        console.print(f"cancel of task {shown(task_id)} sent to agent {shown(name)}: the "
+                      "instance that takes it answers the task's caller canceled")
 
 
 async def _ended(mesh: Any, task_id: str) -> str | None:
@@ -359,5 +361,5 @@ def recover(dry_run: Annotated[bool, typer.Option(
     for column in ("action", "agent", "task"):
         table.add_column(column)
     for step in plan:
-        table.add_row(step["action"], step["agent"], step["task_id"])
+        table.add_row(*(shown(step[key]) for key in ("action", "agent", "task_id")))
     console.print(table if plan else "nothing to recover")

@@ -28,11 +28,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from meshpoint._redact import redact_url
 from meshpoint.errors import ConfigurationError, InvalidArgumentError, MeshpointError
 from meshpoint.llm.base import Model
 from meshpoint.runtime.agent import (
@@ -43,6 +45,7 @@ from meshpoint.runtime.agent import (
     RecoveryPolicy,
     RuntimeOptions,
 )
+from meshpoint.tls import TlsConfig
 
 if TYPE_CHECKING:
     from meshpoint.broker import Broker
@@ -73,7 +76,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class StoreConfig(_Strict):
+class _HasUrl(_Strict):
+    """A section whose ``url`` may hold credentials (``${VAR}``-expanded, often): its
+    repr shows the URL with them replaced by ``***``; the field keeps them."""
+
+    url: str
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name == "url" else value
+
+
+class StoreConfig(_HasUrl):
     """Where tasks are checkpointed."""
 
     #: ``sqlite:///path.db`` or ``postgresql+asyncpg://user@host:5432/db``.
@@ -84,11 +98,14 @@ class StoreConfig(_Strict):
     #: Bring the schema up to date when a process starts (safe from many at once).
     migrate: bool = True
     pool_size: int = Field(default=5, ge=1)
+    #: TLS to PostgreSQL (:class:`meshpoint.tls.TlsConfig`); the URL's libpq
+    #: ``sslmode`` may say it instead.
+    tls: TlsConfig | None = None
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-class BrokerConfig(_Strict):
+class BrokerConfig(_HasUrl):
     """How messages travel. ``memory://`` only reaches agents in the same process."""
 
     #: ``nats://host:4222`` (NATS with JetStream) or ``memory://``.
@@ -101,6 +118,8 @@ class BrokerConfig(_Strict):
     #: How long a publish keeps retrying while NATS is unreachable.
     publish_timeout_s: float = Field(default=30.0, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)
+    #: TLS to NATS (:class:`meshpoint.tls.TlsConfig`); a ``tls://`` URL requires it too.
+    tls: TlsConfig | None = None
 
     @model_validator(mode="after")
     def _window_within_age(self) -> BrokerConfig:
@@ -154,7 +173,10 @@ class OpenAIModelConfig(_Strict):
     #: needs ``OPENAI_API_KEY``; an endpoint of ``base_url`` is sent no key, so that a
     #: local server never receives the key meant for OpenAI.
     api_key_env: str | None = None
+    #: Seconds one request may take whole: connecting, sending and the whole reply.
     timeout_s: float = Field(default=60.0, gt=0)
+    #: Bytes a reply may have; a longer one fails the call (ModelReplyTooLargeError).
+    max_reply_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     #: Retries of a failed connection or a 408/409/429/5xx answer.
     max_retries: int = Field(default=2, ge=0)
     #: Also retry a request that timed out (its generation would run again).
@@ -181,8 +203,9 @@ class OpenAIModelConfig(_Strict):
     max_tool_rounds: int | None = Field(default=None, ge=0)
     #: Times an unusable reply is handed back to the model before the call fails.
     repair_attempts: int = Field(default=2, ge=0)
-    #: Server-specific fields added to each request's JSON.
-    extra_body: dict[str, Any] = Field(default_factory=dict)
+    #: Server-specific fields added to each request's JSON (not in the repr: a server
+    #: may take a credential here).
+    extra_body: dict[str, Any] = Field(default_factory=dict, repr=False)
 
     @model_validator(mode="after")
     def _one_response_format(self) -> OpenAIModelConfig:
@@ -198,7 +221,8 @@ class PythonModelConfig(_Strict):
 
     kind: Literal["python"] = "python"
     factory: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-    options: dict[str, Any] = Field(default_factory=dict)
+    #: Not in the repr: they may hold the model's credentials.
+    options: dict[str, Any] = Field(default_factory=dict, repr=False)
 
 
 ModelConfig = Annotated[ScriptedModelConfig | OpenAIModelConfig | PythonModelConfig,
@@ -264,7 +288,8 @@ class SigningConfig(_Strict):
     PEM private or public key, or the base64 of a 32-byte seed); ``active`` signs."""
 
     active: str | None = None
-    keys: dict[str, str] = Field(default_factory=dict)
+    #: Secret strings: a key given inline (or through ``${VAR}``) is never printed.
+    keys: dict[str, SecretStr] = Field(default_factory=dict)
     #: Unsigned records fail verification (default: whenever a key is configured).
     require_signatures: bool | None = None
 
@@ -301,7 +326,9 @@ class HistoryConfig(_Strict):
 
         return HistoryOptions(
             enabled=self.enabled,
-            signing=SigningKeys.from_config(self.signing.keys, self.signing.active),
+            signing=SigningKeys.from_config(
+                {key_id: key.get_secret_value() for key_id, key in self.signing.keys.items()},
+                self.signing.active),
             require_signatures=self.signing.require_signatures,
             encryption=None if self.encryption is None else load_keyring(
                 self.encryption.keyring),
@@ -396,7 +423,7 @@ class MeshConfig(_Strict):
         s = self.store
         return await open_store(s.url, tenant_id=s.tenant, migrate=s.migrate,
                                 schema=s.schema_name, pool_size=s.pool_size,
-                                history=self.history_options())
+                                history=self.history_options(), tls=s.tls)
 
     def history_options(self) -> HistoryOptions:
         """The store's :class:`~meshpoint.history.HistoryOptions` from ``history:``
@@ -412,9 +439,9 @@ class MeshConfig(_Strict):
         from meshpoint.broker import open_broker
 
         if self.broker.url.startswith(("nats://", "tls://")):
-            return await open_broker(self.broker.url,
-                                     **self.broker.model_dump(exclude={"url"}))
-        return await open_broker(self.broker.url,
+            return await open_broker(self.broker.url, tls=self.broker.tls,
+                                     **self.broker.model_dump(exclude={"url", "tls"}))
+        return await open_broker(self.broker.url, tls=self.broker.tls,
                                  dedupe_window_s=self.broker.dedupe_window_s)
 
 

@@ -30,6 +30,7 @@ import hashlib
 import logging
 import random
 import sqlite3
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -153,10 +154,54 @@ class Approver:
             self.seen.discard(sub.sub_task_id)  # try again on the next look
 
 
+#: The first four bytes of a SQLite write-ahead log (big-endian; the last bit says
+#: which byte order its checksums use).
+_WAL_MAGIC = (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83")
+#: The version a SQLite shared-memory index starts with (native byte order), and the
+#: size its file grows by.
+_SHM_VERSION = 3_007_000
+_SHM_PAGE = 32_768
+
+
+def _sidecars(path: Path) -> list[Path]:
+    """The files SQLite keeps beside the database ``path`` in WAL mode."""
+    return [Path(f"{path}{suffix}") for suffix in ("-wal", "-shm")]
+
+
+def _check_sidecars(path: Path) -> None:
+    """Refuse to delete a ``-wal`` or ``-shm`` file that is not SQLite's for the
+    demo's database: beside no database at all (a new database would even replay a
+    stray log), or not in SQLite's format. (Beside a database, SQLite's own log is
+    read with it when the database is checked, so its tables and rows count there.)"""
+    for sidecar in _sidecars(path):
+        if not sidecar.exists():
+            continue
+        if not path.exists():
+            raise ConfigurationError(
+                f"{sidecar} exists but {path} does not, so it is not the demo's; the "
+                "demo would delete it: name a new file with --db, or delete it yourself")
+        with sidecar.open("rb") as file:
+            head = file.read(4)
+        size = sidecar.stat().st_size
+        if sidecar.name.endswith("-wal"):
+            ours = size == 0 or head in _WAL_MAGIC
+            kind = "a SQLite write-ahead log"
+        else:
+            ours = size % _SHM_PAGE == 0 and (
+                size == 0 or int.from_bytes(head, sys.byteorder) == _SHM_VERSION)
+            kind = "a SQLite shared-memory index"
+        if not ours:
+            raise ConfigurationError(
+                f"{sidecar} is not {kind}, so it is not the demo's; the demo would delete "
+                "it with its database: name a new file with --db, or delete it yourself")
+
+
 def _check_replaceable(path: Path) -> None:
     """Refuse to delete a file that is not a previous demo's database (a typo in
     --db): one with tables meshpoint does not have, or with rows of agents other
-    than the demo's, or of LangGraph's saver."""
+    than the demo's, or of LangGraph's saver; and its ``-wal`` and ``-shm`` files
+    unless they are SQLite's, beside it (:func:`_check_sidecars`)."""
+    _check_sidecars(path)
     if not path.exists():
         return
     from meshpoint.store.schema import metadata
@@ -214,8 +259,8 @@ def _ms(samples: list[float]) -> dict[str, float | None]:
 async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | None
                ) -> dict[str, Any]:
     _check_replaceable(config.db_path)
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{config.db_path}{suffix}").unlink(missing_ok=True)
+    for path in (config.db_path, *_sidecars(config.db_path)):
+        path.unlink(missing_ok=True)
     rng = random.Random(config.seed)
     options = RuntimeOptions(lease_ttl_s=1.0, sweep_interval_s=0.2, recovery_interval_s=0.25,
                              request_ack_wait_s=1.5, response_ack_wait_s=1.5, max_deliver=50)

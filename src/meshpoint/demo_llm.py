@@ -36,7 +36,7 @@ from typing import Any
 
 from meshpoint import a2a
 from meshpoint.broker.inprocess import InProcessBroker
-from meshpoint.demo import PEERS, _check_replaceable, _ms
+from meshpoint.demo import PEERS, _check_replaceable, _ms, _sidecars
 from meshpoint.errors import MeshpointError
 from meshpoint.llm.base import ModelResponse, ToolSpec
 from meshpoint.llm.openai import OpenAIModel
@@ -123,8 +123,8 @@ def _add_usage(into: dict[str, dict[str, int]], part: dict[str, Any]) -> None:
 async def _run(config: LlmDemoConfig,
                on_progress: Callable[[int, int], None] | None) -> dict[str, Any]:
     _check_replaceable(config.db_path)
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{config.db_path}{suffix}").unlink(missing_ok=True)
+    for path in (config.db_path, *_sidecars(config.db_path)):
+        path.unlink(missing_ok=True)
     rng = random.Random(config.seed)
     # A model turn takes seconds, not milliseconds: leases and ack waits are longer
     # than in the scripted demo, so that a live instance is never taken for dead.
@@ -267,12 +267,13 @@ def passed(figures: dict[str, Any]) -> list[str]:
 
 
 def _table(figures: dict[str, Any], db: Path) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    table = Table(title=f"meshpoint demo-llm: {figures['model']} behind an OpenAI-compatible "
-                        f"server, coordinator x {figures['instances']}, SQLite file {db}")
+    from meshpoint.cli_common import console, shown
+
+    table = Table(title=f"meshpoint demo-llm: {shown(figures['model'])} behind an "
+                        f"OpenAI-compatible server, coordinator x {figures['instances']}, "
+                        f"SQLite file {shown(db)}")
     table.add_column("measure")
     table.add_column("value", justify="right")
     plans = ", ".join(f"{n} calls: {k}" for n, k in figures["calls_per_plan"].items())
@@ -304,17 +305,19 @@ def _table(figures: dict[str, Any], db: Path) -> None:
                          f"{counts.get('completion_tokens', 0)}"))
     rows.append(("wall time (s)", figures["seconds"]))
     for name, value in rows:
-        table.add_row(name, str(value))
+        table.add_row(shown(name), shown(value))  # model names and answers: the model's
     console.print(table)
     for failure in figures["failures"]:
-        console.print(f"[red]a task failed:[/red] {failure}")
+        console.print(f"[red]a task failed:[/red] {shown(failure)}")
     if figures["sample_answer"]:
         console.print(f"[dim]one answer, as the model wrote it:[/dim] "
-                      f"{figures['sample_answer'][:300]}")
+                      f"{shown(figures['sample_answer'][:300])}")
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m meshpoint.demo_llm``: see the module docstring."""
+    from meshpoint.cli_common import plain, shown
+
     parser = argparse.ArgumentParser(prog="python -m meshpoint.demo_llm",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-url", default=os.environ.get("MESHPOINT_LLM_BASE_URL"),
@@ -348,11 +351,12 @@ def main(argv: list[str] | None = None) -> int:
 
             with Progress("[progress.description]{task.description}", BarColumn(),
                           MofNCompleteColumn(), TimeElapsedColumn()) as bar:
-                job = bar.add_task(f"tasks answered by {args.model}", total=args.tasks)
+                job = bar.add_task(f"tasks answered by {shown(args.model)}",
+                                   total=args.tasks)
                 figures = run_llm_demo(config, on_progress=lambda done, total: bar.update(
                     job, completed=done, total=total))
     except MeshpointError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {plain(error)}", file=sys.stderr)
         return 1
     problems = passed(figures)
     if args.json:
@@ -360,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _table(figures, args.db)
         for problem in problems:
-            print(f"FAILED: {problem}", file=sys.stderr)
+            print(f"FAILED: {plain(problem)}", file=sys.stderr)
     return 2 if problems else 0
 
 

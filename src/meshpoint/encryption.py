@@ -71,6 +71,11 @@ class EncryptionKeys:
                     raise ConfigurationError(f"tenant {tenant!r}: encryption key {key_id!r} "
                                              f"has {len(key)} bytes, not 32 (AES-256)")
 
+    def __repr__(self) -> str:
+        # Key ids only: the keys themselves are raw bytes a log would keep.
+        ids = {tenant: sorted(ring) for tenant, ring in self.keys.items()}
+        return f"EncryptionKeys(keys={ids!r}, active={dict(self.active)!r})"
+
     @classmethod
     def generate(cls, *tenants: str, key_id: str = "k1") -> EncryptionKeys:
         """A ring with one new key for each of ``tenants`` (for tests and first setups)."""

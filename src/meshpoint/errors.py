@@ -9,7 +9,8 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     │   ├── ContextSerializationError  a context holds a value that is not JSON
     │   └── UnserializableValueError   a LangGraph value the saver cannot store safely
     ├── ConfigurationError          a store URL or option cannot be used
-    │   └── KeyMissingError         a signing or encryption key is not in the key ring
+    │   ├── KeyMissingError         a signing or encryption key is not in the key ring
+    │   └── TlsError                TLS to the database or broker failed as configured
     ├── StoreError                  the checkpoint store refused or failed an operation
     │   ├── StoreUnavailableError   the database cannot be reached, or stayed locked
     │   ├── SchemaError             the database schema is missing or out of date
@@ -36,6 +37,8 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     │   └── ArgumentsRejectedError  edited arguments fail the tool's JSON schema
     ├── BadMessageError             a message is malformed, unknown or too large
     └── ModelError                  a model endpoint failed or answered nonsense
+        ├── ModelTimeoutError       a call did not end within its timeout_s
+        └── ModelReplyTooLargeError a reply was larger than max_reply_bytes
 
 A failed operation changes nothing: every store operation is one transaction,
 rolled back before any of these is raised. One case cannot know: if the
@@ -77,6 +80,13 @@ class UnserializableValueError(InvalidArgumentError):
 
 class ConfigurationError(MeshpointError):
     """A store URL, driver or option cannot be used as given."""
+
+
+class TlsError(ConfigurationError):
+    """TLS to the database or the broker is configured, and the server could not be
+    reached over it: it offers no TLS, or its certificate does not verify (or it
+    refused this client's). Nothing was sent to it. Not retried: the settings, or
+    the server, must change."""
 
 
 class StoreError(MeshpointError):
@@ -316,3 +326,12 @@ class BadMessageError(MeshpointError):
 class ModelError(MeshpointError):
     """A model call failed, or its answer cannot be used (e.g. tool-call arguments
     that are not a JSON object). The task fails with this error's text."""
+
+
+class ModelTimeoutError(ModelError):
+    """A model call did not end within its ``timeout_s``: connecting, sending and
+    the whole reply, however slowly the server sent it."""
+
+
+class ModelReplyTooLargeError(ModelError):
+    """A model's reply was larger than ``max_reply_bytes``; none of it was used."""

@@ -157,6 +157,11 @@ class SigningKeys:
                 f"the active signing key {self.active!r} has no private key in the ring "
                 f"(private keys: {sorted(self.private) or 'none'})")
 
+    def __repr__(self) -> str:
+        # Key ids only: never a key, nor an object a debugger could dump one from.
+        return (f"SigningKeys(active={self.active!r}, private={sorted(self.private)!r}, "
+                f"public={sorted(self.public)!r})")
+
     @property
     def signs(self) -> bool:
         """Whether new records are signed."""

@@ -24,6 +24,7 @@ from typing import TypeVar
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from meshpoint import a2a
+from meshpoint._redact import redact_url
 from meshpoint._retry import retried
 from meshpoint.config import MeshConfig
 from meshpoint.errors import BrokerError, MeshpointError, StoreUnavailableError
@@ -64,7 +65,8 @@ async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None 
                                      options=config.runtime_options())
             await instance.start()
             logger.info("%s serving agent %s (namespace %s, broker %s)",
-                        instance.instance_id, agent_name, config.namespace, config.broker.url)
+                        instance.instance_id, agent_name, config.namespace,
+                        redact_url(config.broker.url))
             if on_ready is not None:
                 on_ready(instance)
             purging = asyncio.create_task(_purge_every(

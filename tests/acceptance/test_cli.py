@@ -121,3 +121,63 @@ def test_demo_replaces_its_own_database_and_no_other_meshpoint_database(
     done = meshpoint("demo", "--db", str(db), "--tasks", "5", cwd=tmp_path)
     assert done.returncode == 1
     assert "(of tenant acme)" in " ".join(done.stderr.split()), done.stderr
+
+
+def test_demo_deletes_no_wal_or_shm_file_that_is_not_its_own(tmp_path: Path) -> None:
+    """``-wal`` and ``-shm`` files are checked as the database is: beside no database,
+    beside one that is not the demo's, or not SQLite's at all, they are left alone."""
+    db = tmp_path / "trip.db"
+    wal, shm = Path(f"{db}-wal"), Path(f"{db}-shm")
+    wal.write_text("my notes")  # no trip.db at all: these are not the demo's
+    shm.write_text("my other notes")
+    done = meshpoint("demo", "--db", str(db), "--tasks", "5", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout
+    said = " ".join(done.stderr.split())
+    assert f"{wal} exists but {db} does not" in said, said
+    assert wal.read_text() == "my notes" and shm.read_text() == "my other notes"
+    assert not db.exists()
+
+    db.write_text("my database")  # beside a file that is not the demo's
+    done = meshpoint("demo", "--db", str(db), "--tasks", "5", cwd=tmp_path)
+    assert done.returncode == 1 and "is not a SQLite write-ahead log" in " ".join(
+        done.stderr.split()), done.stderr
+    assert db.read_text() == "my database"
+    assert wal.read_text() == "my notes" and shm.read_text() == "my other notes"
+
+    # Beside a meshpoint database of the demo's kind, but not SQLite's files (written
+    # after the database is made: SQLite removes a stray log when it creates one).
+    db.unlink()
+    assert meshpoint("migrate", "--url", f"sqlite:///{db}", cwd=tmp_path).returncode == 0
+    wal.write_text("my notes")
+    shm.write_text("my other notes")
+    done = meshpoint("demo", "--db", str(db), "--tasks", "5", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout
+    said = " ".join(done.stderr.split())
+    assert f"{wal} is not a SQLite write-ahead log" in said, said
+    assert wal.read_text() == "my notes" and shm.read_text() == "my other notes"
+    wal.unlink()
+    done = meshpoint("demo", "--db", str(db), "--tasks", "5", cwd=tmp_path)
+    assert done.returncode == 1 and f"{shm} is not a SQLite shared-memory index" in " ".join(
+        done.stderr.split()), done.stderr
+    assert shm.read_text() == "my other notes" and db.exists()
+
+
+def test_demo_replaces_its_database_with_its_wal_and_shm(tmp_path: Path) -> None:
+    """SQLite's own -wal and -shm beside a previous demo's database go with it (a
+    killed demo leaves them)."""
+    db = tmp_path / "trip.db"
+    assert meshpoint("migrate", "--url", f"sqlite:///{db}", cwd=tmp_path).returncode == 0
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute("PRAGMA user_version = 7")  # in the WAL only, until a checkpoint
+    conn.commit()
+    wal, shm = Path(f"{db}-wal"), Path(f"{db}-shm")
+    kept = {path: path.read_bytes() for path in (wal, shm)}
+    conn.close()  # the last connection checkpoints and deletes them: put them back
+    for path, data in kept.items():
+        path.write_bytes(data)
+    done = meshpoint("demo", "--db", str(db), "--tasks", "5", "--kill-rate", "0", "--json",
+                     cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["completed"] == 5

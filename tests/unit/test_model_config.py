@@ -36,7 +36,8 @@ async def test_every_openai_key_reaches_the_adapter(tmp_path: Path) -> None:
         "max_retries: 1, retry_timeouts: true, max_tokens: 64, temperature: 0.2, top_p: 0.9, "
         "seed: 7, stop: ['END'], tool_choice: required, parallel_tool_calls: true, "
         "tool_mode: json, json_format: json_object, json_calls_per_tool: 2, "
-        "max_tool_rounds: 1, repair_attempts: 3, extra_body: {cache_prompt: true}}"))
+        "max_tool_rounds: 1, repair_attempts: 3, extra_body: {cache_prompt: true}, "
+        "max_reply_bytes: 65536}"))
     model = config.build_agent("coordinator").model
     assert isinstance(model, OpenAIModel)
     assert (model.name, model.tool_mode, model.json_format, model.max_tokens,
@@ -50,6 +51,7 @@ async def test_every_openai_key_reaches_the_adapter(tmp_path: Path) -> None:
         "max_tokens": 64, "temperature": 0.2, "top_p": 0.9, "seed": 7, "stop": ["END"],
         "extra_body": {"cache_prompt": True}}
     assert model._client.timeout == 30 and model._client.max_retries == 0
+    assert (model.timeout_s, model.max_reply_bytes) == (30, 65536)
     assert str(model._client.base_url) == "http://127.0.0.1:9/v1/"
     await model.close()
 
@@ -108,8 +110,8 @@ def test_openai_itself_needs_its_key(tmp_path: Path, monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize(("model", "expected"), [
     ("{kind: openai, name: m, max_tokenz: 5}",
      "agents.coordinator.model.max_tokenz: unknown key; expected one of: api_key_env, "
-     "base_url, extra_body, json_calls_per_tool, json_format, kind, max_retries, "
-     "max_tokens, max_tool_rounds, name, parallel_tool_calls, repair_attempts, "
+     "base_url, extra_body, json_calls_per_tool, json_format, kind, max_reply_bytes, "
+     "max_retries, max_tokens, max_tool_rounds, name, parallel_tool_calls, repair_attempts, "
      "response_format, retry_timeouts, seed, stop, temperature, timeout_s, tool_choice, "
      "tool_mode, top_p"),
     ("{kind: openai, name: m, tool_mode: grammar}",

@@ -16,8 +16,12 @@ from meshpoint.errors import ConfigurationError
 
 async def open_broker(url: str, **options: Any) -> Broker:
     """A broker for ``url``: ``memory://`` or ``nats://host:port`` (``tls://`` too).
-    ``options`` go to the implementation (see :class:`meshpoint.broker.nats.NatsBroker`)."""
+    ``options`` go to the implementation (see :class:`meshpoint.broker.nats.NatsBroker`;
+    ``tls=``, a :class:`meshpoint.tls.TlsConfig`, requires TLS to NATS)."""
     if url in ("memory://", "memory"):
+        if options.pop("tls", None) is not None:
+            raise ConfigurationError(f"broker.tls is for NATS; {url} reaches agents in "
+                                     "this process only, with no network")
         return InProcessBroker(**options)
     if url.startswith(("nats://", "tls://")):
         try:

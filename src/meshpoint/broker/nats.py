@@ -56,6 +56,7 @@ from nats.js.api import (
 )
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
+from meshpoint._redact import redact_url
 from meshpoint._retry import retried
 from meshpoint.broker.base import (
     DEAD_LETTER_DELIVERIES,
@@ -71,7 +72,9 @@ from meshpoint.broker.base import (
     check_subject,
     default_dead_letter_subject,
 )
-from meshpoint.errors import BrokerClosedError, BrokerError, InvalidArgumentError
+from meshpoint.broker.nats_tls import NoTls, TlsClient, TlsRefused, first_connection
+from meshpoint.errors import BrokerClosedError, BrokerError, InvalidArgumentError, TlsError
+from meshpoint.tls import TlsConfig, tls_failure
 
 logger = logging.getLogger("meshpoint.broker.nats")
 
@@ -104,7 +107,8 @@ class NatsBroker(Broker):
                  ephemeral_inactive_s: float = 60.0) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream(timeout=5.0)
-        self.url = url
+        #: The server's URL as messages show it: credentials replaced by ``***``.
+        self.url = redact_url(url)
         self.stream_prefix = stream_prefix
         self.max_age_s = max_age_s
         self.dedupe_window_s = dedupe_window_s
@@ -122,42 +126,73 @@ class NatsBroker(Broker):
     @classmethod
     async def connect(cls, url: str = "nats://127.0.0.1:4222", *,
                       connect_timeout_s: float = 10.0, name: str | None = None,
-                      **options: Any) -> NatsBroker:
+                      tls: TlsConfig | None = None, **options: Any) -> NatsBroker:
         """Connect to the NATS server at ``url`` (reconnecting forever afterwards).
         Raises :class:`BrokerError` if it cannot be reached within
-        ``connect_timeout_s``; ``options`` are those of :class:`NatsBroker`."""
-        nc = NatsClient()
-        broker = cls(nc, url, **options)  # the client connects below
+        ``connect_timeout_s``; ``options`` are those of :class:`NatsBroker`.
 
-        async def quiet(_error: Exception) -> None:  # reconnects are logged below
-            return None
+        ``tls`` (or a ``tls://`` URL) requires TLS (:mod:`meshpoint.tls`): a server
+        that offers none, or whose certificate does not verify, is refused at once
+        with :class:`~meshpoint.errors.TlsError`, before anything is sent to it."""
+        setting = "broker.tls" if tls is not None else "the broker URL's tls:// scheme"
+        required = tls if tls is not None else TlsConfig() if url.startswith("tls://") \
+            else None
+        nc = TlsClient(require_tls=required is not None)
+        broker = cls(nc, url, **options)  # the client connects below
+        shown = broker.url
+        errors: list[Exception] = []
+        loop = asyncio.get_running_loop()
+        refused: asyncio.Future[Exception] = loop.create_future()
+
+        async def quiet(error: Exception) -> None:  # reconnects are logged below
+            errors[:] = [error]  # the last, to say why a first connection failed
+            if required is not None and not refused.done() and (
+                    isinstance(error, NoTls) or tls_failure(error) is not None):
+                refused.set_result(error)  # nats-py would try again, forever
 
         async def disconnected() -> None:
             if not broker.closing and not nc.is_closed:  # closing: expected
-                logger.warning("NATS connection to %s lost; reconnecting", url)
+                logger.warning("NATS connection to %s lost; reconnecting", shown)
 
         async def reconnected() -> None:
-            logger.warning("NATS connection to %s re-established", url)
+            logger.warning("NATS connection to %s re-established", shown)
 
+        settings: dict[str, Any] = {
+            "servers": [url], "name": name or "meshpoint", "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 0.25, "connect_timeout": 2, "error_cb": quiet,
+            "disconnected_cb": disconnected, "reconnected_cb": reconnected,
+            "allow_reconnect": True}
+        if required is not None:
+            settings["tls"] = required.ssl_context(setting)
         try:
-            settings: dict[str, Any] = {
-                "servers": [url], "name": name or "meshpoint", "max_reconnect_attempts": -1,
-                "reconnect_time_wait": 0.25, "connect_timeout": 2, "error_cb": quiet,
-                "disconnected_cb": disconnected, "reconnected_cb": reconnected,
-                "allow_reconnect": True}
-            await asyncio.wait_for(nc.connect(**settings), connect_timeout_s)
+            await asyncio.wait_for(first_connection(nc, settings, refused), connect_timeout_s)
+        except TlsRefused as error:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            assert required is not None
+            if isinstance(error.cause, NoTls):
+                raise TlsError(
+                    f"NATS at {shown} offers no TLS, and {setting} requires it: nothing was "
+                    "sent to it (credentials included). Turn TLS on in the server (or, to "
+                    f"connect in the clear, remove {setting})") from None
+            raise TlsError(
+                f"TLS to NATS at {shown} failed: {tls_failure(error.cause)} ({setting}: "
+                f"{required.describe()})") from None
         except (TimeoutError, OSError, nats.errors.Error) as error:
             with contextlib.suppress(Exception):
                 await nc.close()
+            last = f"; the last error: {errors[-1]!r}" if errors and errors[-1] is not error \
+                else ""
             raise BrokerError(
-                f"cannot reach NATS at {url} within {connect_timeout_s:g}s ({error!r}); "
-                f"start nats-server with JetStream (-js) or fix the broker URL") from None
+                f"cannot reach NATS at {shown} within {connect_timeout_s:g}s ({error!r}"
+                f"{last}); start nats-server with JetStream (-js) or fix the broker URL"
+            ) from None
         try:
             await broker.js.account_info()
         except nats.errors.Error as error:
             await nc.close()
-            raise BrokerError(f"NATS at {url} has no JetStream ({error}); start nats-server "
-                              f"with -js") from None
+            raise BrokerError(f"NATS at {shown} has no JetStream ({error}); start "
+                              "nats-server with -js") from None
         return broker
 
     # -- streams and consumers -----------------------------------------------------------

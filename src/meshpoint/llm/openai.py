@@ -7,6 +7,12 @@ bare client call, each for a failure seen with real local servers (issue 17):
 
 * **Bounded generations.** ``max_tokens`` is 1024 unless set: a model that never
   stops otherwise runs until its context is full (minutes on a CPU).
+* **Bounded calls.** ``timeout_s`` bounds each request whole: connecting, sending and
+  reading the whole reply, however slowly a server trickles it (the HTTP client's
+  own timeouts bound each read, which a byte a second never trips), and
+  ``max_reply_bytes`` the reply's size (:mod:`meshpoint.llm.bounded_http`); past
+  either the call fails with :class:`~meshpoint.errors.ModelTimeoutError` or
+  :class:`~meshpoint.errors.ModelReplyTooLargeError`, naming the model and the bound.
 * **Retries that do not repeat a generation.** Connection failures, 408, 409, 429 and
   5xx answers are retried (``max_retries``); a request that timed out is not, unless
   ``retry_timeouts``: the server may still be generating it, and a slow generation
@@ -28,6 +34,7 @@ bare client call, each for a failure seen with real local servers (issue 17):
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Sequence
@@ -43,7 +50,12 @@ from tenacity import (
 )
 
 from meshpoint._retry import retried
-from meshpoint.errors import ConfigurationError, InvalidArgumentError, ModelError
+from meshpoint.errors import (
+    ConfigurationError,
+    InvalidArgumentError,
+    ModelError,
+    ModelTimeoutError,
+)
 from meshpoint.llm import json_mode
 from meshpoint.llm.base import ModelResponse, ToolCall, ToolSpec, Usage
 
@@ -56,6 +68,9 @@ TOOL_CHOICES: tuple[str, ...] = ("auto", "required", "none")
 JSON_FORMATS: tuple[str, ...] = ("json_schema", "json_object")
 #: Sent as ``max_tokens`` unless the caller says otherwise (None: the server's default).
 DEFAULT_MAX_TOKENS = 1024
+#: The largest reply read, in bytes: a whole context's worth of tokens as JSON fits
+#: several times over.
+DEFAULT_MAX_REPLY_BYTES = 8 * 1024 * 1024
 #: HTTP statuses worth another try: the request may succeed unchanged.
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 
@@ -102,7 +117,8 @@ class OpenAIModel:
     ``json_calls_per_tool`` how many calls of one tool a JSON reply may make;
     ``extra_body`` adds server-specific fields to the request's JSON (llama.cpp's
     ``cache_prompt``, vLLM's ``top_k``); ``extra`` passes further keyword arguments to
-    the openai client's ``create()``.
+    the openai client's ``create()``. ``timeout_s`` bounds each request whole (its
+    reply included) and ``max_reply_bytes`` the size of a reply.
     """
 
     def __init__(self, name: str, *, base_url: str | None = None, api_key: str | None = None,
@@ -115,8 +131,10 @@ class OpenAIModel:
                  tool_mode: ToolMode = "native", json_format: str = "json_schema",
                  json_calls_per_tool: int = 1, max_tool_rounds: int | None = None,
                  repair_attempts: int = 2, extra_body: dict[str, Any] | None = None,
+                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
                  extra: dict[str, Any] | None = None) -> None:
         _check_options(name=name, timeout_s=timeout_s, max_retries=max_retries,
+                       max_reply_bytes=max_reply_bytes,
                        max_tokens=max_tokens, tool_choice=tool_choice, tool_mode=tool_mode,
                        json_format=json_format, json_calls_per_tool=json_calls_per_tool,
                        max_tool_rounds=max_tool_rounds,
@@ -138,6 +156,8 @@ class OpenAIModel:
         self.repair_attempts = repair_attempts
         self.max_retries = max_retries
         self.retry_timeouts = retry_timeouts
+        self.timeout_s = timeout_s
+        self.max_reply_bytes = max_reply_bytes
         self.stats = RequestStats()
         sampling = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
                     "seed": seed, "stop": list(stop) if stop is not None else None,
@@ -148,8 +168,14 @@ class OpenAIModel:
         self._fixed.update(extra or {})
         # The client's own retries are off: they would retry a timed-out generation.
         # A local endpoint needs no key, but the client insists on one.
+        from meshpoint.llm.bounded_http import bounded_client
+
+        # An httpx client: openai 1.x takes only that, and later versions (typed for
+        # httpx2's) take it as well.
+        http: Any = bounded_client(name, max_reply_bytes, timeout_s)
         self._client: AsyncOpenAI = AsyncOpenAI(base_url=base_url, api_key=api_key or "unused",
-                                                timeout=timeout_s, max_retries=0)
+                                                timeout=timeout_s, max_retries=0,
+                                                http_client=http)
 
     async def close(self) -> None:
         await self._client.close()
@@ -234,8 +260,10 @@ class OpenAIModel:
         from openai import APIConnectionError, APIStatusError, APITimeoutError, OpenAIError
 
         def retryable(error: BaseException) -> bool:
-            if isinstance(error, APITimeoutError):
+            if isinstance(error, APITimeoutError | TimeoutError):
                 return self.retry_timeouts
+            if _refusal(error) is not None:
+                return False  # the same reply would come back
             if isinstance(error, APIConnectionError):
                 return True
             return isinstance(error, APIStatusError) and (
@@ -250,17 +278,24 @@ class OpenAIModel:
             self.stats.requests += 1
             started = time.perf_counter()
             try:
-                return await self._client.chat.completions.create(**request)
+                # The whole request, the reply read to its end included: the client's
+                # own timeout bounds each read, which a trickled reply never trips.
+                async with asyncio.timeout(self.timeout_s):
+                    return await self._client.chat.completions.create(**request)
             finally:
                 self.stats.seconds += time.perf_counter() - started
 
         try:
             reply = await retried(attempt, policy, retryable)
-        except APITimeoutError as error:
-            raise ModelError(
-                f"model {self.name!r} did not answer within the timeout (timeout_s); a slow "
-                f"model needs a longer one or a smaller max_tokens: {error}") from error
-        except OpenAIError as error:
+        except (APITimeoutError, TimeoutError) as error:
+            raise ModelTimeoutError(
+                f"model {self.name!r} did not answer within the timeout (timeout_s="
+                f"{self.timeout_s:g}: connecting, sending and the whole reply); a slow "
+                "model needs a longer one or a smaller max_tokens") from error
+        except (OpenAIError, ModelError) as error:
+            refusal = _refusal(error)
+            if refusal is not None:
+                raise refusal from None
             raise ModelError(f"model {self.name!r} failed: {error}") from error
         usage = _usage(reply)
         self.stats.prompt_tokens += usage.prompt_tokens
@@ -322,10 +357,22 @@ class OpenAIModel:
                                       tool_calls=calls, model=model))
 
 
+def _refusal(error: BaseException) -> ModelError | None:
+    """The refusal of a reply by :mod:`~meshpoint.llm.bounded_http` that ``error`` is
+    or wraps (older openai clients wrap what their transport raises), if any."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ModelError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def _check_options(*, name: str, timeout_s: float, max_retries: int, max_tokens: int | None,
                    tool_choice: str | None, tool_mode: str, json_format: str,
                    json_calls_per_tool: int, max_tool_rounds: int | None,
-                   repair_attempts: int, response_format: dict[str, Any] | None) -> None:
+                   repair_attempts: int, response_format: dict[str, Any] | None,
+                   max_reply_bytes: int) -> None:
     """Bad options fail here, with what was expected, not at the first request."""
     def need(ok: bool, message: str) -> None:
         if not ok:
@@ -333,6 +380,7 @@ def _check_options(*, name: str, timeout_s: float, max_retries: int, max_tokens:
 
     need(isinstance(name, str) and bool(name), f"name must be a model name, got {name!r}")
     need(timeout_s > 0, f"timeout_s must be > 0, got {timeout_s!r}")
+    need(max_reply_bytes >= 1024, f"max_reply_bytes must be >= 1024, got {max_reply_bytes!r}")
     need(max_retries >= 0, f"max_retries must be >= 0, got {max_retries!r}")
     need(max_tokens is None or max_tokens >= 1, f"max_tokens must be >= 1, got {max_tokens!r}")
     need(tool_choice is None or tool_choice in TOOL_CHOICES,

@@ -37,6 +37,7 @@ from meshpoint.store.records import (
 )
 from meshpoint.store.rows import check_id
 from meshpoint.store.sql import SqlStore
+from meshpoint.tls import TlsConfig
 
 __all__ = [
     "TIMEOUT_RESULT",
@@ -55,15 +56,21 @@ __all__ = [
 
 
 def open_database(url: str | URL, *, busy_timeout_s: float = 30.0, schema: str | None = None,
-                  pool_size: int = 5) -> Database:
+                  pool_size: int = 5, tls: TlsConfig | None = None) -> Database:
     """The connection pool of the database at ``url``, of its dialect's kind."""
     parsed = parse_url(url)
-    opener: Callable[..., Database]
     if parsed.get_backend_name() == "sqlite":
-        from meshpoint.store.sqlite import open_sqlite as opener
-    else:
-        from meshpoint.store.postgres import open_postgres as opener
-    return opener(parsed, busy_timeout_s=busy_timeout_s, schema=schema, pool_size=pool_size)
+        from meshpoint.store.sqlite import open_sqlite
+
+        if tls is not None:
+            raise ConfigurationError("store.tls is for PostgreSQL: a SQLite store is a "
+                                     "local file, reached without a network")
+        return open_sqlite(parsed, busy_timeout_s=busy_timeout_s, schema=schema,
+                           pool_size=pool_size)
+    from meshpoint.store.postgres import open_postgres
+
+    return open_postgres(parsed, busy_timeout_s=busy_timeout_s, schema=schema,
+                         pool_size=pool_size, tls=tls)
 
 
 def _check_sqlite_file_exists(url: str | URL) -> None:
@@ -99,7 +106,8 @@ class StoreOpener:
         if not opts["migrate"]:
             _check_sqlite_file_exists(self._url)
         db = open_database(self._url, busy_timeout_s=opts["busy_timeout_s"],
-                           schema=opts["schema"], pool_size=opts["pool_size"])
+                           schema=opts["schema"], pool_size=opts["pool_size"],
+                           tls=opts["tls"])
         try:
             if opts["migrate"]:
                 await migrate(db)
@@ -128,7 +136,8 @@ def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = Tr
                schema: str | None = None, clock: Callable[[], float] = time.time,
                busy_timeout_s: float = 30.0, pool_size: int = 5,
                compress_threshold_bytes: int = 16_384, fast_paths: bool = True,
-               history: HistoryOptions | None = None) -> StoreOpener:
+               history: HistoryOptions | None = None,
+               tls: TlsConfig | None = None) -> StoreOpener:
     """Open the checkpoint store at ``url`` for ``tenant_id``.
 
     ``migrate`` brings the schema up to date first (under an advisory lock on
@@ -144,9 +153,13 @@ def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = Tr
     (:mod:`meshpoint.store.hooks`): slower, and meant for tests and benchmarks.
     ``history`` says how the checkpoint history is kept (signing and encryption
     keys, prices, retention; :class:`~meshpoint.history.HistoryOptions`): by default
-    a hash-chained, unsigned record of every checkpoint.
+    a hash-chained, unsigned record of every checkpoint. ``tls`` requires TLS to
+    PostgreSQL (:class:`~meshpoint.tls.TlsConfig`: a CA, a client certificate, what is
+    verified); a URL may say it in libpq's words instead (``?sslmode=verify-full&
+    sslrootcert=ca.pem``). With either, a server offering no TLS, or whose
+    certificate does not verify, is refused with :class:`~meshpoint.errors.TlsError`.
     """
     return StoreOpener(url, tenant_id=tenant_id, migrate=migrate, schema=schema, clock=clock,
                        busy_timeout_s=busy_timeout_s, pool_size=pool_size,
                        compress_threshold_bytes=compress_threshold_bytes,
-                       fast_paths=fast_paths, history=history)
+                       fast_paths=fast_paths, history=history, tls=tls)

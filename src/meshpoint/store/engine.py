@@ -32,6 +32,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, exc
 from sqlalchemy.engine import URL, make_url
 
+from meshpoint._redact import redact_url
 from meshpoint.errors import (
     ConfigurationError,
     CorruptCheckpointError,
@@ -39,8 +40,10 @@ from meshpoint.errors import (
     SchemaError,
     StoreError,
     StoreUnavailableError,
+    TlsError,
 )
 from meshpoint.store.hooks import NO_FAST_PATHS, FastPaths
+from meshpoint.tls import NO_TLS, tls_failure
 
 R = TypeVar("R")
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -58,9 +61,11 @@ def parse_url(url: str | URL) -> URL:
     """
     try:
         parsed = make_url(url)
-    except exc.ArgumentError as error:
-        raise ConfigurationError(f"cannot parse store URL {url!r}: {error}. Use "
-                                 f"{_URL_HELP}") from None
+    except (exc.ArgumentError, ValueError) as error:  # ValueError: a port not a number
+        shown = redact_url(url)  # the error may quote the URL: say it without credentials
+        raise ConfigurationError(
+            f"cannot parse store URL {shown!r}: {str(error).replace(str(url), shown)}. "
+            f"Use {_URL_HELP}") from None
     backend, _, driver = parsed.drivername.partition("+")
     if backend == "sqlite" and driver in ("", "aiosqlite", "pysqlite"):
         return parsed.set(drivername="sqlite+pysqlite")
@@ -211,11 +216,13 @@ def translate(doing: str) -> Iterator[None]:
     except MeshpointError:
         raise
     except (TimeoutError, OSError) as error:
+        _refuse_tls(error, doing)
         raise StoreUnavailableError(
             f"the database could not be reached while {doing}: {error}. Is it running, "
             "and is the store URL right?"
         ) from error
     except exc.DBAPIError as error:
+        _refuse_tls(error, doing)
         message = str(error.orig if error.orig is not None else error).lower()
         if error.connection_invalidated or any(m in message for m in _UNAVAILABLE_MARKERS):
             raise StoreUnavailableError(
@@ -240,3 +247,25 @@ def translate(doing: str) -> Iterator[None]:
         raise CorruptCheckpointError(
             f"a stored row does not decode while {doing}: {error}; it was not used"
         ) from error
+
+
+def _refuse_tls(error: Exception, doing: str) -> None:
+    """Raise TlsError if ``error`` is TLS to the database failing (meshpoint.tls): a
+    server that offers none, a handshake that failed, a client certificate refused."""
+    why = tls_failure(error)
+    orig = getattr(error, "orig", None)
+    if why is None and getattr(orig, "sqlstate", None) == "28000" and \
+            "certificate" in str(orig):
+        why = f"the server refused this client: {orig}"
+    if why is None:
+        return
+    if why == NO_TLS:
+        raise TlsError(
+            f"the database offers no TLS (while {doing}), and the store requires it "
+            "(store.tls in the config, open_store(tls=), or sslmode in the store URL): "
+            "nothing was sent to it. Turn ssl on in the server, or connect in the clear "
+            "by removing that setting") from error
+    raise TlsError(
+        f"TLS to the database failed while {doing}: {why}. Check the store's TLS "
+        "settings (store.tls in the config, open_store(tls=), or sslmode, sslrootcert, "
+        "sslcert and sslkey in the store URL) against the server's certificate") from error

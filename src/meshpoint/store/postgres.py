@@ -77,6 +77,7 @@ from meshpoint.store.rows import (
     sub_task,
 )
 from meshpoint.store.statement import Compiled, Statement
+from meshpoint.tls import URL_PARAMETERS, TlsConfig, postgres_ssl
 
 R = TypeVar("R")
 T, S, I, E = q.T, q.S, q.I, q.E  # noqa: E741
@@ -414,12 +415,17 @@ def _children_as_text(params: dict[str, Any]) -> dict[str, Any]:
 # -- the database ----------------------------------------------------------------------
 
 def open_postgres(url: URL, *, busy_timeout_s: float, schema: str | None,
-                  pool_size: int) -> PostgresDatabase:
-    """The database at ``url`` (already :func:`~meshpoint.store.engine.parse_url`-ed)."""
+                  pool_size: int, tls: TlsConfig | None = None) -> PostgresDatabase:
+    """The database at ``url`` (already :func:`~meshpoint.store.engine.parse_url`-ed);
+    with ``tls`` (or libpq's sslmode in the URL), over TLS only (meshpoint.tls)."""
     if importlib.util.find_spec("asyncpg") is None:
         raise ConfigurationError(
             "PostgreSQL needs the asyncpg driver: pip install 'meshpoint[postgres]'")
     connect_args: dict[str, Any] = {"timeout": busy_timeout_s}
+    ssl_arg = postgres_ssl(url.query, tls)
+    if ssl_arg is not None:
+        connect_args["ssl"] = ssl_arg
+    url = url.difference_update_query(URL_PARAMETERS)  # asyncpg takes them as ssl
     if schema is not None:
         connect_args["server_settings"] = {"search_path": schema}
     return PostgresDatabase(create_async_engine(
