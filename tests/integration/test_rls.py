@@ -9,19 +9,20 @@ connection."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, event, text
 from sqlalchemy.engine import make_url
 
 from meshpoint.errors import ConfigurationError, StoreError, UnknownTaskError
 from meshpoint.store import SqlStore, open_store
 from meshpoint.store.postgres_tenancy import grant_runtime_role
 from meshpoint.store.schema import metadata
-from tests.conftest import fresh_pg_schema, pg_execute_async
+from tests.conftest import fresh_pg_schema, pg_execute_async, service_missing
 from tests.integration.test_store import AGENT, fan_out
+from tests.pg_server import PrivatePostgres, pg_bin_dir
 
 pytestmark = pytest.mark.postgres
 
@@ -216,3 +217,69 @@ async def test_a_role_that_owns_or_could_own_the_tables_is_not_made_the_runtime_
         await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
         await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE {role}; "
                                f"DROP ROLE {owner_group}")
+
+
+# -- the runtime role's password --------------------------------------------------------
+
+async def test_the_runtime_roles_password_never_reaches_the_server(
+        postgres_url: str) -> None:
+    """`migrate --runtime-role` with a password sends a SCRAM-SHA-256 verifier computed
+    here: no statement or bound value the client sends holds the password (before, it
+    travelled in clear, and ``ALTER ROLE ... PASSWORD 'the password'`` was a statement
+    the server logs), and the server stores that verifier as it is."""
+    password = f"pw-{uuid.uuid4().hex}"
+    schema = await fresh_pg_schema()
+    role = f"mp_rls_{uuid.uuid4().hex[:10]}"
+    sent: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
+               executemany: bool) -> None:
+        sent.append(f"{statement} {parameters!r}")
+
+    owner = await open_store(postgres_url, schema=schema)
+    engine = owner._db.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        await grant_runtime_role(owner, role, password=password)
+        event.remove(engine, "before_cursor_execute", record)
+        assert any("ALTER ROLE" in s for s in sent), sent
+        assert not [s for s in sent if password in s]
+        stored = (await raw(owner, "SELECT rolpassword FROM pg_authid WHERE rolname = :r",
+                            params={"r": role}))[0].rolpassword
+        assert stored.startswith("SCRAM-SHA-256$4096:") and password not in stored
+        assert any(stored.split("$", 1)[1].split(":", 1)[1] in s for s in sent)  # ours
+    finally:
+        await owner.close()
+        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
+        await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+@pytest.fixture
+def scram_postgres() -> Iterator[PrivatePostgres]:
+    """A PostgreSQL of this test's own whose every login checks a SCRAM password (the
+    shared server trusts 127.0.0.1, so a login there proves nothing)."""
+    bin_dir = pg_bin_dir()
+    if bin_dir is None:
+        service_missing("PostgreSQL's server programs (initdb, pg_ctl) are not installed")
+    server = PrivatePostgres(bin_dir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_the_runtime_role_logs_in_with_its_password_under_scram(
+        scram_postgres: PrivatePostgres) -> None:
+    import asyncpg
+
+    password = "correct horse \u00e9table"  # not ASCII: SASLprep'd, as clients do
+    async with open_store(scram_postgres.url()) as owner:
+        await grant_runtime_role(owner, "mp_runtime", password=password)
+    async with open_store(scram_postgres.url("mp_runtime", password), tenant_id="acme",
+                          migrate=False) as store:
+        await store.checkpoint_task(fan_out("a1"), AGENT)
+        assert (await store.restore_task("a1")).context.task_id == "a1"
+    with pytest.raises(asyncpg.InvalidPasswordError):
+        await asyncpg.connect(host="127.0.0.1", port=scram_postgres.port, user="mp_runtime",
+                              password=password + "x", database="postgres")

@@ -96,13 +96,19 @@ async def grant_runtime_role(store: Any, role: str, *, password: str | None = No
     to own or alter them), to read the schema's version, and to create the
     temporary functions of its one-statement writes (``TEMPORARY``). The role owns
     nothing and has no BYPASSRLS, so every row it touches passes the tenant policies.
-    Run as the tables' owner (``meshpoint migrate --runtime-role``). An existing
+    A ``password`` is sent as its SCRAM-SHA-256 verifier, computed here, never in
+    clear. Run as the tables' owner (``meshpoint migrate --runtime-role``). An existing
     role that is a superuser, bypasses row security, or owns (or is a member of the
     owner of) the schema or a table is refused, not used."""
     if not _ROLE.fullmatch(role):
         raise InvalidArgumentError(f"a runtime role name is 1-63 lower-case letters, "
                                    f"digits or _, starting with a letter, got {role!r}")
     from meshpoint.store.schema import metadata
+    from meshpoint.store.scram import scram_verifier
+
+    # The password leaves this process only as its SCRAM verifier (store/scram.py):
+    # neither the statement's text, which the server may log, nor its parameters hold it.
+    verifier = None if password is None else scram_verifier(password)
 
     def body(conn: Connection) -> None:
         def run(template: str, *args: Any) -> None:
@@ -139,8 +145,8 @@ async def grant_runtime_role(store: Any, role: str, *, password: str | None = No
                     f"{schema!r}'s meshpoint objects {list(owned)}: it could switch "
                     "row-level security off; the runtime role must own nothing (migrate "
                     "as the owner, and give another role to --runtime-role)")
-        if password is not None:
-            run("ALTER ROLE %I PASSWORD %L", role, password)
+        if verifier is not None:
+            run("ALTER ROLE %I PASSWORD %L", role, verifier)
         run("GRANT USAGE ON SCHEMA %I TO %I", schema, role)
         for table in sorted(metadata.tables):
             run("GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE %I.%I TO %I", schema, table,
