@@ -8,6 +8,7 @@ connection."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -283,3 +284,44 @@ async def test_the_runtime_role_logs_in_with_its_password_under_scram(
     with pytest.raises(asyncpg.InvalidPasswordError):
         await asyncpg.connect(host="127.0.0.1", port=scram_postgres.port, user="mp_runtime",
                               password=password + "x", database="postgres")
+
+
+# -- the migration's lock ------------------------------------------------------------------
+
+async def test_the_runtime_role_holding_the_migration_lock_hangs_no_store(
+        tenancy: Tenancy) -> None:
+    """Any role may take an advisory lock: the runtime role takes the one migrations
+    take, and keeps it. Before, every ``open_store(migrate=True)`` then waited for it
+    for ever. Now a store whose schema is up to date opens without it, and a
+    migration that needs it gives up after ``migration_lock_timeout_s``, naming the
+    role and process that hold it."""
+    import asyncpg
+
+    from meshpoint.errors import MigrationLockError
+    from meshpoint.store.engine import downgrade
+    from meshpoint.store.postgres import MIGRATION_LOCK_KEY
+
+    dsn = tenancy.role_url.replace("postgresql+asyncpg://", "postgresql://")
+    squatter = await asyncpg.connect(dsn, server_settings={"search_path": tenancy.schema})
+    try:
+        await squatter.execute(f"SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})")
+        pid = await squatter.fetchval("SELECT pg_backend_pid()")
+        store = await asyncio.wait_for(open_store(  # up to date: no lock needed
+            tenancy.role_url, schema=tenancy.schema, tenant_id="acme"), 60)
+        await store.checkpoint_task(fan_out("a1"), AGENT)
+        await store.close()
+        await squatter.execute(f"SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})")
+        owner = await open_store(tenancy.owner_url, schema=tenancy.schema)
+        await downgrade(owner._db, "-1")  # now a store must migrate, under the lock
+        await owner.close()
+        await squatter.execute(f"SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})")
+        with pytest.raises(MigrationLockError) as held:
+            await asyncio.wait_for(open_store(tenancy.owner_url, schema=tenancy.schema,
+                                              migration_lock_timeout_s=0.5), 60)
+        message = str(held.value)
+        assert tenancy.role in message and f"pid {pid}" in message, message
+        assert "migration_lock_timeout_s" in message, message
+    finally:
+        await squatter.close()
+    store = await open_store(tenancy.owner_url, schema=tenancy.schema)  # free again
+    await store.close()

@@ -25,7 +25,13 @@ from sqlalchemy.engine import URL
 from meshpoint.errors import ConfigurationError, SchemaError
 from meshpoint.history import HistoryOptions
 from meshpoint.store.base import TIMEOUT_RESULT, Store
-from meshpoint.store.engine import Database, check_schema, migrate, parse_url
+from meshpoint.store.engine import (
+    MIGRATION_LOCK_TIMEOUT_S,
+    Database,
+    check_schema,
+    migrate,
+    parse_url,
+)
 from meshpoint.store.records import (
     CheckpointReceipt,
     Lease,
@@ -96,13 +102,16 @@ class StoreOpener:
         check_id("tenant_id", opts["tenant_id"], max_len=64)
         if opts["pool_size"] < 1:
             raise ConfigurationError(f"pool_size must be at least 1, got {opts['pool_size']}")
+        if not opts["migration_lock_timeout_s"] > 0:
+            raise ConfigurationError("migration_lock_timeout_s must be positive, got "
+                                     f"{opts['migration_lock_timeout_s']}")
         if not opts["migrate"]:
             _check_sqlite_file_exists(self._url)
         db = open_database(self._url, busy_timeout_s=opts["busy_timeout_s"],
                            schema=opts["schema"], pool_size=opts["pool_size"])
         try:
             if opts["migrate"]:
-                await migrate(db)
+                await migrate(db, lock_timeout_s=opts["migration_lock_timeout_s"])
             else:
                 await check_schema(db)
             return SqlStore(db, tenant_id=opts["tenant_id"], clock=opts["clock"],
@@ -128,11 +137,15 @@ def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = Tr
                schema: str | None = None, clock: Callable[[], float] = time.time,
                busy_timeout_s: float = 30.0, pool_size: int = 5,
                compress_threshold_bytes: int = 16_384, fast_paths: bool = True,
-               history: HistoryOptions | None = None) -> StoreOpener:
+               history: HistoryOptions | None = None,
+               migration_lock_timeout_s: float = MIGRATION_LOCK_TIMEOUT_S) -> StoreOpener:
     """Open the checkpoint store at ``url`` for ``tenant_id``.
 
     ``migrate`` brings the schema up to date first (under an advisory lock on
-    PostgreSQL, so instances may start together); with ``migrate=False`` an
+    PostgreSQL, so instances may start together, waited for
+    ``migration_lock_timeout_s`` at most: then
+    :class:`~meshpoint.errors.MigrationLockError` names the session holding it; a
+    schema already up to date takes no lock); with ``migrate=False`` an
     out-of-date schema raises :class:`~meshpoint.errors.SchemaError`, and so does a
     SQLite path that names no file (which is then not created).
     ``schema`` selects a PostgreSQL schema (``search_path``). ``clock`` returns
@@ -149,4 +162,5 @@ def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = Tr
     return StoreOpener(url, tenant_id=tenant_id, migrate=migrate, schema=schema, clock=clock,
                        busy_timeout_s=busy_timeout_s, pool_size=pool_size,
                        compress_threshold_bytes=compress_threshold_bytes,
-                       fast_paths=fast_paths, history=history)
+                       fast_paths=fast_paths, history=history,
+                       migration_lock_timeout_s=migration_lock_timeout_s)
