@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
+from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from meshpoint.errors import ConfigurationError, SchemaError
 from meshpoint.history import HistoryOptions
 from meshpoint.store.base import TIMEOUT_RESULT, Store
@@ -102,6 +103,9 @@ class StoreOpener:
         check_id("tenant_id", opts["tenant_id"], max_len=64)
         if opts["pool_size"] < 1:
             raise ConfigurationError(f"pool_size must be at least 1, got {opts['pool_size']}")
+        if opts["max_decompressed_bytes"] < 1:
+            raise ConfigurationError("max_decompressed_bytes must be at least 1, got "
+                                     f"{opts['max_decompressed_bytes']}")
         if not opts["migration_lock_timeout_s"] > 0:
             raise ConfigurationError("migration_lock_timeout_s must be positive, got "
                                      f"{opts['migration_lock_timeout_s']}")
@@ -116,7 +120,8 @@ class StoreOpener:
                 await check_schema(db)
             return SqlStore(db, tenant_id=opts["tenant_id"], clock=opts["clock"],
                             compress_threshold_bytes=opts["compress_threshold_bytes"],
-                            fast_paths=opts["fast_paths"], history=opts["history"])
+                            fast_paths=opts["fast_paths"], history=opts["history"],
+                            max_decompressed_bytes=opts["max_decompressed_bytes"])
         except BaseException:
             await db.dispose()
             raise
@@ -138,7 +143,8 @@ def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = Tr
                busy_timeout_s: float = 30.0, pool_size: int = 5,
                compress_threshold_bytes: int = 16_384, fast_paths: bool = True,
                history: HistoryOptions | None = None,
-               migration_lock_timeout_s: float = MIGRATION_LOCK_TIMEOUT_S) -> StoreOpener:
+               migration_lock_timeout_s: float = MIGRATION_LOCK_TIMEOUT_S,
+               max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> StoreOpener:
     """Open the checkpoint store at ``url`` for ``tenant_id``.
 
     ``migrate`` brings the schema up to date first (under an advisory lock on
@@ -152,7 +158,10 @@ def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = Tr
     epoch seconds and drives deadlines and leases; hosts sharing a database need
     synchronised clocks. ``busy_timeout_s`` bounds how long a write waits for a
     lock (SQLite) or a connection attempt takes (PostgreSQL). Contexts larger than
-    ``compress_threshold_bytes`` are stored zlib-compressed. ``fast_paths=False``
+    ``compress_threshold_bytes`` are stored zlib-compressed, and no stored blob is
+    inflated past ``max_decompressed_bytes`` (a context or history snapshot that
+    would be is refused: :class:`~meshpoint.errors.DecompressionLimitError` on read,
+    InvalidArgumentError on write). ``fast_paths=False``
     runs every operation's portable body, even where the dialect has a faster one
     (:mod:`meshpoint.store.hooks`): slower, and meant for tests and benchmarks.
     ``history`` says how the checkpoint history is kept (signing and encryption
@@ -163,4 +172,5 @@ def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = Tr
                        busy_timeout_s=busy_timeout_s, pool_size=pool_size,
                        compress_threshold_bytes=compress_threshold_bytes,
                        fast_paths=fast_paths, history=history,
-                       migration_lock_timeout_s=migration_lock_timeout_s)
+                       migration_lock_timeout_s=migration_lock_timeout_s,
+                       max_decompressed_bytes=max_decompressed_bytes)
