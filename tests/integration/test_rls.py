@@ -17,9 +17,14 @@ import pytest
 from sqlalchemy import Connection, event, text
 from sqlalchemy.engine import make_url
 
-from meshpoint.errors import ConfigurationError, StoreError, UnknownTaskError
+from meshpoint.errors import (
+    ConfigurationError,
+    StoreError,
+    TenantRoleError,
+    UnknownTaskError,
+)
 from meshpoint.store import SqlStore, open_store
-from meshpoint.store.postgres_tenancy import grant_runtime_role
+from meshpoint.store.postgres_tenancy import grant_runtime_role, grant_tenant_role
 from meshpoint.store.schema import metadata
 from tests.conftest import fresh_pg_schema, pg_execute_async, service_missing
 from tests.integration.test_store import AGENT, fan_out
@@ -91,8 +96,9 @@ async def test_every_table_has_row_security_enabled_and_forced_and_the_role_owns
                          params={"schema": tenancy.schema})
     assert {p.tablename for p in policies} == set(metadata.tables)
     for p in policies:
-        for clause in (p.qual, p.with_check):
-            assert "current_setting('meshpoint.tenant_id'::text, true)" in clause, p
+        for clause in (p.qual, p.with_check):  # once per statement: an InitPlan
+            assert "= ( SELECT meshpoint_tenant(CURRENT_USER) AS meshpoint_tenant)" in \
+                clause, p
     role = (await raw(acme, "SELECT rolsuper, rolbypassrls, rolcreaterole FROM pg_roles "
                             "WHERE rolname = current_user"))[0]
     assert not role.rolsuper and not role.rolbypassrls and not role.rolcreaterole
@@ -218,6 +224,171 @@ async def test_a_role_that_owns_or_could_own_the_tables_is_not_made_the_runtime_
         await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
         await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE {role}; "
                                f"DROP ROLE {owner_group}")
+
+
+# -- a role per tenant ---------------------------------------------------------------------
+
+class Isolated:
+    """A fresh schema migrated by the owner, whose tenants ``acme`` and ``globex``
+    each have a role of their own (``meshpoint migrate --tenant-role``)."""
+
+    def __init__(self, owner_url: str, schema: str, roles: dict[str, str]) -> None:
+        self.owner_url = owner_url
+        self.schema = schema
+        self.roles = roles  # tenant -> role
+
+    def url(self, tenant: str) -> str:
+        return make_url(self.owner_url).set(username=self.roles[tenant]).render_as_string(
+            hide_password=False)
+
+    def open(self, tenant: str, **options: Any) -> Any:
+        return open_store(self.url(tenant), schema=self.schema, tenant_id=tenant,
+                          migrate=False, **options)
+
+
+@pytest.fixture
+async def isolated(postgres_url: str) -> AsyncIterator[Isolated]:
+    schema = await fresh_pg_schema()
+    suffix = uuid.uuid4().hex[:8]
+    roles = {"acme": f"mp_acme_{suffix}", "globex": f"mp_globex_{suffix}"}
+    owner = await open_store(postgres_url, schema=schema)
+    try:
+        for tenant, role in roles.items():
+            await grant_tenant_role(owner, role, tenant)
+        yield Isolated(postgres_url, schema, roles)
+    finally:
+        await owner.close()
+        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
+        for role in roles.values():
+            await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+async def globex_paused(isolated: Isolated) -> None:
+    """globex's task g1, paused on three peers, with its conversation."""
+    async with isolated.open("globex") as globex:
+        await globex.checkpoint_task(fan_out("g1"), AGENT)
+        await globex.resolve_peer_sub_task("g1/sub-1", "globex's own answer")
+
+
+#: The attack of the issue, as raw SQL on the runtime's own connection: name another
+#: tenant for the session, read its conversation, resolve its sub-task.
+ATTACK = ("SELECT set_config('meshpoint.tenant_id', 'globex', false)",
+          "SELECT * FROM agent_session_events WHERE logical_task_id = 'g1'",
+          "UPDATE agent_peer_sub_tasks SET status = 'resolved', resolved_by = 'answer', "
+          "result = '\"forged\"' WHERE sub_task_id = 'g1/sub-0' RETURNING sub_task_id")
+
+
+async def attack(store: SqlStore) -> tuple[list[Any], list[Any]]:
+    """ATTACK through ``store``'s pool (one connection): what it read, what it resolved."""
+    await raw(store, ATTACK[0])  # for the session: every later transaction keeps it
+    read = await raw(store, ATTACK[1])
+    resolved = await raw(store, ATTACK[2], write=True)
+    return read, resolved
+
+
+async def test_a_tenants_role_cannot_act_as_another_tenant_whatever_it_sets(
+        isolated: Isolated) -> None:
+    """Connected as acme's role, setting meshpoint.tenant_id to globex (for the
+    session, as the issue did) reads none of globex's conversation and resolves none
+    of its sub-tasks; no write into globex is admitted; and globex's task is as it
+    was. acme's store, on that same connection, still works as acme."""
+    await globex_paused(isolated)
+    async with isolated.open("acme", pool_size=1) as acme:
+        await acme.checkpoint_task(fan_out("a1"), AGENT)
+        read, resolved = await attack(acme)
+        assert (read, resolved) == ([], [])
+        for table in metadata.tables:  # nothing of globex's in any table, even named
+            assert await raw(acme, f"SELECT * FROM {table} WHERE tenant_id = 'globex'") \
+                == [], table
+        with pytest.raises(StoreError, match="row-level security"):
+            await raw(acme, "INSERT INTO agent_ended_tasks VALUES ('globex', 't', 'x', 0)",
+                      write=True)
+        assert [r.tenant_id for r in await raw(
+            acme, "SELECT tenant_id FROM agent_paused_tasks")] == ["acme"]
+        await acme.resolve_peer_sub_task("a1/sub-0", "acme's answer")  # still acme's
+        with pytest.raises(UnknownTaskError):
+            await acme.for_tenant("globex").restore_task("g1")
+    async with isolated.open("globex") as globex:
+        sub = await globex.get_peer_sub_task("g1/sub-0")
+        assert (sub.status, sub.result) == ("pending", None)
+        assert (await globex.restore_task("g1")).context.session_events == \
+            fan_out("g1").session_events
+        assert (await globex.history.verify_task("g1")).ok
+
+
+async def test_a_shared_runtime_role_keeps_a_correct_runtime_on_its_tenant_only(
+        tenancy: Tenancy, acme: SqlStore) -> None:
+    """What the shared role does not guarantee, shown: the same attack through a role
+    every tenant shares reads and resolves the other tenant's rows. Its policies hold
+    a runtime that sets its own tenant (a mistake, a bug in a query) to that tenant;
+    a runtime that names another on purpose is that tenant. (docs/store.md)"""
+    globex = acme.for_tenant("globex")
+    await globex.checkpoint_task(fan_out("g1"), AGENT)
+    read, resolved = await attack(acme)
+    assert len(read) == 1 and len(resolved) == 1
+    assert (await globex.get_peer_sub_task("g1/sub-0")).status == "resolved"
+
+
+async def test_a_store_refuses_to_run_as_a_tenant_its_role_is_not(
+        isolated: Isolated, postgres_url: str) -> None:
+    with pytest.raises(TenantRoleError, match=(
+            f"role '{isolated.roles['acme']}' is the role of tenant 'acme': a store of tenant "
+            "'globex' cannot run as it")):
+        await open_store(isolated.url("acme"), schema=isolated.schema, tenant_id="globex",
+                         migrate=False)
+    with pytest.raises(TenantRoleError, match="the role of tenant 'acme'"):  # default tenant
+        await open_store(isolated.url("acme"), schema=isolated.schema)
+    async with open_store(postgres_url, schema=isolated.schema) as owner:
+        with pytest.raises(ConfigurationError, match="isolates tenants by role"):
+            await grant_runtime_role(owner, f"mp_shared_{uuid.uuid4().hex[:8]}")
+        with pytest.raises(ConfigurationError, match="is the role of tenant 'acme' already"):
+            await grant_tenant_role(owner, isolated.roles["acme"], "globex")
+        await grant_tenant_role(owner, isolated.roles["acme"], "acme")  # the same: fine
+        shared = f"mp_shared_{uuid.uuid4().hex[:8]}"
+        await pg_execute_async(f"CREATE ROLE {shared} LOGIN; GRANT USAGE ON SCHEMA "
+                               f"{isolated.schema} TO {shared}; GRANT SELECT ON ALL TABLES "
+                               f"IN SCHEMA {isolated.schema} TO {shared}")
+        try:
+            with pytest.raises(TenantRoleError, match=f"role '{shared}' may act as no tenant"):
+                await open_store(make_url(postgres_url).set(username=shared),
+                                 schema=isolated.schema, tenant_id="acme", migrate=False)
+        finally:
+            await pg_execute_async(f"DROP OWNED BY {shared}; DROP ROLE {shared}")
+        # The owner may switch row security off anyway: it works as any tenant.
+        assert (await owner.for_tenant("acme").stats()).total == 0
+
+
+async def test_the_store_works_whole_as_a_tenants_role(isolated: Isolated) -> None:
+    """Every kind of operation, fast paths and portable bodies, the LangGraph saver's
+    tables too, keyed on the role."""
+    for fast in (True, False):
+        async with isolated.open("acme", fast_paths=fast) as store:
+            ctx = fan_out("t1")
+            await store.checkpoint_task(ctx, AGENT)
+            for n in range(3):
+                await store.resolve_peer_sub_task(f"t1/sub-{n}", "x", lease_owner="i-1")
+            ctx = (await store.restore_task("t1", lease_owner="i-1")).context
+            ctx.current_invocation_id = "inv-2"
+            ctx.register_peer_sub_task("t1/again", {"peer_agent_name": "p"})
+            await store.checkpoint_task(ctx, AGENT, lease_owner="i-1")
+            assert await store.reset_timeout_deadline("t1/again", timeout_s=30) is not None
+            assert (await store.stats()).total == 1
+            await store.cleanup_task("t1")
+            assert (await store.history.verify_task("t1")).ok
+            assert await store.forget_ended_tasks(AGENT, older_than_s=0) == 1
+            await store.history.purge()
+    from meshpoint.integrations.langgraph import MeshpointSaver
+
+    async with isolated.open("acme") as store:
+        saver = MeshpointSaver(store)
+        config = {"configurable": {"thread_id": "th", "checkpoint_ns": ""}}
+        from langgraph.checkpoint.base import empty_checkpoint
+
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = {"messages": ["hi"]}
+        checkpoint["channel_versions"] = {"messages": "1"}
+        saved = await saver.aput(config, checkpoint, {}, {"messages": "1"})  # type: ignore[arg-type]
+        assert (await saver.aget_tuple(saved)) is not None
 
 
 # -- the runtime role's password --------------------------------------------------------

@@ -118,6 +118,8 @@ class StoreOpener:
                 await migrate(db, lock_timeout_s=opts["migration_lock_timeout_s"])
             else:
                 await check_schema(db)
+            # A role of one tenant (PostgreSQL, migration 0012) runs no other's store.
+            await db.check_tenant(opts["tenant_id"])
             return SqlStore(db, tenant_id=opts["tenant_id"], clock=opts["clock"],
                             compress_threshold_bytes=opts["compress_threshold_bytes"],
                             fast_paths=opts["fast_paths"], history=opts["history"],

@@ -114,6 +114,10 @@ class Database:
         takes a lock there so that many instances may start at once, waiting
         ``lock_timeout_s`` for it at most)."""
 
+    async def check_tenant(self, tenant_id: str) -> None:
+        """Raise TenantRoleError if this database would not let the connected role
+        act as ``tenant_id`` (PostgreSQL's tenant roles; SQLite has no roles)."""
+
     async def dispose(self) -> None:
         self.closed = True
 

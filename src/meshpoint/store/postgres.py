@@ -63,9 +63,9 @@ from meshpoint.errors import (
 )
 from meshpoint.store import history_queries as hq
 from meshpoint.store import queries as q
-from meshpoint.store.engine import Database
+from meshpoint.store.engine import Database, translate
 from meshpoint.store.hooks import PORTABLE, FastPaths, Portable
-from meshpoint.store.postgres_tenancy import SET_TENANT, session_function
+from meshpoint.store.postgres_tenancy import SET_TENANT, check_tenant_role, session_function
 from meshpoint.store.records import Resolution
 from meshpoint.store.rows import (
     EventRow,
@@ -570,6 +570,11 @@ class PostgresDatabase(Database):
         path = str(sync_conn.exec_driver_sql("SHOW search_path").scalar() or "")
         if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", path):
             sync_conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{path}"')
+
+    async def check_tenant(self, tenant_id: str) -> None:
+        with translate(f"checking that this role may act as tenant {tenant_id!r}"):
+            await self.run(lambda conn: check_tenant_role(conn, tenant_id), write=False,
+                           tenant=tenant_id)
 
     def _return_parked(self) -> None:
         if self._parked is not None:

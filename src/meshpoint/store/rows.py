@@ -14,6 +14,7 @@ from meshpoint.compression import inflate
 from meshpoint.context import CheckpointDict, ParallelCalls, TaskExecutionContext
 from meshpoint.errors import (
     CorruptCheckpointError,
+    DecompressionLimitError,
     InvalidArgumentError,
     LeaseNotHeldError,
     UnknownTaskError,
@@ -279,8 +280,13 @@ def decode_context(task: TaskRow, *, max_inflate: int) -> dict[str, Any]:
     try:
         raw = bytes(task.context)
         if task.context_encoding == "zlib":
-            raw = inflate(raw, max_inflate, f"the context of task {task_id!r}",
-                          task_id=task_id)
+            what = f"the context of task {task_id!r}"
+            try:
+                raw = inflate(raw, max_inflate, what, task_id=task_id)
+            except DecompressionLimitError:
+                raise  # says which task, and the limit
+            except CorruptCheckpointError as error:
+                raise ValueError(str(error).removeprefix(what + " ")) from None
         elif task.context_encoding != "json":
             raise ValueError(f"unknown context encoding {task.context_encoding!r}")
         if hashlib.sha256(raw).hexdigest() != task.context_sha256:
