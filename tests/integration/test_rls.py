@@ -496,3 +496,41 @@ async def test_the_runtime_role_holding_the_migration_lock_hangs_no_store(
         await squatter.close()
     store = await open_store(tenancy.owner_url, schema=tenancy.schema)  # free again
     await store.close()
+
+
+async def test_migrate_sets_up_a_role_per_tenant(postgres_url: str) -> None:
+    """``meshpoint migrate --tenant-role ROLE=TENANT`` (repeatable), each role's
+    password from ``--tenant-password-env ROLE=VAR``, sent as a verifier."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    schema = await fresh_pg_schema()
+    suffix = uuid.uuid4().hex[:8]
+    acme, globex = f"mp_acme_{suffix}", f"mp_globex_{suffix}"
+    try:
+        done = await asyncio.to_thread(subprocess.run, [
+            sys.executable, "-m", "meshpoint.cli", "migrate", "--url", postgres_url,
+            "--schema", schema, "--tenant-role", f"{acme}=acme", "--tenant-role",
+            f"{globex}=globex", "--tenant-password-env", f"{acme}=ACME_PW", "--json"],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "ACME_PW": "acme-secret"})
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["tenant_roles"] == {acme: "acme", globex: "globex"}
+        async with open_store(postgres_url, schema=schema) as owner:
+            mapped = await raw(owner, "SELECT role_name, tenant_id FROM "
+                                      "meshpoint_tenant_roles ORDER BY tenant_id")
+            assert [tuple(r) for r in mapped] == [(acme, "acme"), (globex, "globex")]
+            (secret,) = await raw(owner, "SELECT rolpassword FROM pg_authid WHERE "
+                                         "rolname = :r", params={"r": acme})
+            assert secret.rolpassword.startswith("SCRAM-SHA-256$")
+        role_url = make_url(postgres_url).set(username=acme)
+        async with open_store(role_url, schema=schema, tenant_id="acme") as store:
+            await store.checkpoint_task(fan_out("a1"), AGENT)
+        with pytest.raises(TenantRoleError):
+            await open_store(role_url, schema=schema, tenant_id="globex")
+    finally:
+        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
+        for role in (acme, globex):
+            await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE IF EXISTS {role}")
