@@ -13,7 +13,12 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy import select, update
 
-from meshpoint.errors import DecompressionLimitError, InvalidArgumentError, TaskBlockedError
+from meshpoint.errors import (
+    CorruptCheckpointError,
+    DecompressionLimitError,
+    InvalidArgumentError,
+    TaskBlockedError,
+)
 from meshpoint.history import DISABLED
 from meshpoint.store import SqlStore
 from meshpoint.store.schema import checkpoints, events, paused_tasks
@@ -111,3 +116,28 @@ async def test_nothing_is_written_that_could_not_be_read_back(limited: SqlStore)
     with pytest.raises(InvalidArgumentError, match="the snapshot of task 't2'"):
         await limited.checkpoint_task(big, AGENT)
     assert await row_counts(limited) == before
+
+
+async def test_a_langgraph_value_is_never_inflated(limited: SqlStore) -> None:
+    """The LangGraph saver stores its values uncompressed (a delta is the items a
+    list gained, joined to the rows it extends): a compressed blob planted as a
+    channel's value, even with the digest it must have, is refused as not JSON,
+    never inflated."""
+    from meshpoint.integrations.langgraph import MeshpointSaver
+    from meshpoint.integrations.langgraph.rows import digest
+    from meshpoint.store.schema import graph_blobs
+    from tests.integration.test_langgraph_saver import _log_graph, config
+
+    graph = _log_graph().compile(checkpointer=MeshpointSaver(limited))
+    for _ in range(3):
+        await graph.ainvoke({"log": ["x"]}, config("th"))
+    rows = await limited.run(lambda conn: list(conn.execute(select(
+        graph_blobs.c.checkpoint_ns, graph_blobs.c.channel, graph_blobs.c.version))))
+    for row in rows:
+        await sql(limited, update(graph_blobs).where(
+            graph_blobs.c.channel == row.channel, graph_blobs.c.version == row.version
+        ).values(data=BOMB, digest=digest(b"blob", (row.checkpoint_ns, row.channel,
+                                                     row.version), BOMB)))
+    with pytest.raises(CorruptCheckpointError, match="not JSON") as refused:
+        await graph.aget_state(config("th"))
+    assert not isinstance(refused.value, DecompressionLimitError)
