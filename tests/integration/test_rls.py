@@ -211,7 +211,15 @@ async def test_a_role_that_owns_or_could_own_the_tables_is_not_made_the_runtime_
                 (f"ALTER TABLE {schema}.agent_checkpoints OWNER TO {owner_group}; "
                  f"GRANT {owner_group} TO {role}",
                  f"ALTER TABLE {schema}.agent_checkpoints OWNER TO postgres; "
-                 f"REVOKE {owner_group} FROM {role}", "'agent_checkpoints'")):
+                 f"REVOKE {owner_group} FROM {role}", "'agent_checkpoints'"),
+                # Whoever owns the mapping of roles, or the function the policies
+                # call, decides every role's tenant.
+                (f"ALTER TABLE {schema}.meshpoint_tenant_roles OWNER TO {role}",
+                 f"ALTER TABLE {schema}.meshpoint_tenant_roles OWNER TO postgres",
+                 "'meshpoint_tenant_roles'"),
+                (f"ALTER FUNCTION {schema}.meshpoint_tenant(name) OWNER TO {role}",
+                 f"ALTER FUNCTION {schema}.meshpoint_tenant(name) OWNER TO postgres",
+                 "'meshpoint_tenant()'")):
             await pg_execute_async(setup)
             with pytest.raises(ConfigurationError,
                                match="could switch row-level security off") as refused:

@@ -156,6 +156,9 @@ def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = Tr
     schema already up to date takes no lock); with ``migrate=False`` an
     out-of-date schema raises :class:`~meshpoint.errors.SchemaError`, and so does a
     SQLite path that names no file (which is then not created).
+    On PostgreSQL, a role that row-level security would not let act as
+    ``tenant_id`` (a tenant's own role, mapped to another: ``meshpoint migrate
+    --tenant-role``) is refused with :class:`~meshpoint.errors.TenantRoleError`.
     ``schema`` selects a PostgreSQL schema (``search_path``). ``clock`` returns
     epoch seconds and drives deadlines and leases; hosts sharing a database need
     synchronised clocks. ``busy_timeout_s`` bounds how long a write waits for a

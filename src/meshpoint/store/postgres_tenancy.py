@@ -174,7 +174,7 @@ async def _granting(store: Any, role: str, password: str | None,
 def _grant(conn: Connection, role: str, verifier: str | None) -> None:
     """Create ``role`` if missing (refused if it could switch row security off) and
     grant it the store's tables, in the migration owner's transaction ``conn``."""
-    from meshpoint.store.schema import metadata
+    from meshpoint.store.schema import metadata, roles_metadata
 
     def run(template: str, *args: Any) -> None:
         # Identifiers and literals are quoted by the server (format %I, %L).
@@ -195,13 +195,19 @@ def _grant(conn: Connection, role: str, verifier: str | None) -> None:
     if found is not None:
         # An owner (of a table, or of the schema, which may drop them), or a
         # member of one, may switch row security off: never the runtime role.
+        # (The mapping of roles to tenants, and the function the policies call,
+        # count too: whoever owns them decides every role's tenant.)
         owned = conn.exec_driver_sql(
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = "
             "c.relnamespace WHERE n.nspname = $1 AND (c.relname = ANY($2) AND "
             "pg_has_role($3, c.relowner, 'MEMBER')) UNION ALL SELECT '(the schema)' "
             "FROM pg_namespace WHERE nspname = $1 AND pg_has_role($3, nspowner, "
-            "'MEMBER') ORDER BY 1",
-            (schema, sorted(metadata.tables), role)).scalars().all()
+            "'MEMBER') UNION ALL SELECT p.proname || '()' FROM pg_proc p JOIN "
+            "pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1 AND "
+            "p.proname = 'meshpoint_tenant' AND pg_has_role($3, p.proowner, 'MEMBER') "
+            "ORDER BY 1",
+            (schema, sorted([*metadata.tables, *roles_metadata.tables]), role)
+        ).scalars().all()
         if owned:
             raise ConfigurationError(
                 f"role {role!r} owns (or is a member of the owner of) schema "
