@@ -478,7 +478,7 @@ async def test_the_runtime_role_holding_the_migration_lock_hangs_no_store(
 
     from meshpoint.errors import MigrationLockError
     from meshpoint.store.engine import downgrade
-    from meshpoint.store.postgres import MIGRATION_LOCK_KEY
+    from meshpoint.store.postgres_migration_lock import MIGRATION_LOCK_KEY
 
     dsn = tenancy.role_url.replace("postgresql+asyncpg://", "postgresql://")
     squatter = await asyncpg.connect(dsn, server_settings={"search_path": tenancy.schema})

@@ -57,7 +57,6 @@ from meshpoint import _json
 from meshpoint.errors import (
     ConfigurationError,
     MeshpointError,
-    MigrationLockError,
     StoreError,
     UnknownSubTaskError,
 )
@@ -65,6 +64,7 @@ from meshpoint.store import history_queries as hq
 from meshpoint.store import queries as q
 from meshpoint.store.engine import Database, translate
 from meshpoint.store.hooks import PORTABLE, FastPaths, Portable
+from meshpoint.store.postgres_migration_lock import take_migration_lock
 from meshpoint.store.postgres_tenancy import SET_TENANT, check_tenant_role, session_function
 from meshpoint.store.records import Resolution
 from meshpoint.store.rows import (
@@ -81,23 +81,6 @@ from meshpoint.store.statement import Compiled, Statement
 
 R = TypeVar("R")
 T, S, I, E = q.T, q.S, q.I, q.E  # noqa: E741
-#: The advisory lock migrations take (pg_advisory_xact_lock's two keys): "mesh", and
-#: the schema they migrate, so that migrations of different schemas do not wait for
-#: one another. Any role may take an advisory lock, the runtime role too: so a
-#: migration waits for it only ``migration_lock_timeout_s``, and a store whose schema
-#: is up to date does not take it at all (engine.migrate).
-MIGRATION_LOCK_KEY = ("1835365224, hashtext(coalesce(current_schema(), "
-                      "current_setting('search_path')))")
-#: Who holds the migration lock, as far as this role may see (pg_stat_activity shows
-#: every session's role and process id; its query only to the same role or a
-#: superuser).
-_LOCK_HOLDER = (
-    "SELECT l.pid, a.usename, a.application_name, a.state, a.backend_start "
-    "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
-    "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 1835365224 "
-    "AND l.objsubid = 2 AND l.objid = (hashtext(coalesce(current_schema(), "
-    "current_setting('search_path'))))::oid "
-    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())")
 ONLY = ("postgresql",)
 
 # -- the statements of the fast paths -------------------------------------------------
@@ -550,19 +533,7 @@ class PostgresDatabase(Database):
         waited for ``lock_timeout_s`` at most (MigrationLockError naming its holder);
         an upgrade creates the schema ``schema=`` selected if it does not exist yet, so
         a fresh database needs no manual step."""
-        # lock_timeout bounds the wait for an advisory lock as for any lock; it is set
-        # for the lock alone (the migration's own DDL keeps the session's setting), in
-        # a savepoint, so that the transaction survives a timeout to say who holds it.
-        sync_conn.exec_driver_sql(
-            f"SET LOCAL lock_timeout = {max(1, round(lock_timeout_s * 1000))}")
-        try:
-            with sync_conn.begin_nested():
-                sync_conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
-        except exc.DBAPIError as error:
-            if getattr(error.orig, "sqlstate", None) != "55P03":  # lock_not_available
-                raise
-            raise MigrationLockError(_lock_held(sync_conn, lock_timeout_s)) from None
-        sync_conn.exec_driver_sql("SET LOCAL lock_timeout TO DEFAULT")
+        take_migration_lock(sync_conn, lock_timeout_s)
         if direction != "upgrade":
             return
         if sync_conn.exec_driver_sql("SELECT current_schema()").scalar() is not None:
@@ -585,25 +556,6 @@ class PostgresDatabase(Database):
         await super().dispose()
         self._return_parked()
         await self.engine.dispose()
-
-
-def _lock_held(sync_conn: Connection, lock_timeout_s: float) -> str:
-    """Why a migration gave up waiting for its lock, naming who holds it."""
-    holders = sync_conn.exec_driver_sql(_LOCK_HOLDER).all()
-    if holders:
-        who = "; ".join(
-            f"role {h.usename or '(not shown)'}, pid {h.pid}"
-            + (f", application {h.application_name!r}" if h.application_name else "")
-            + (f", {h.state}" if h.state else "")
-            + (f", connected since {h.backend_start:%Y-%m-%d %H:%M:%S %Z}"
-               if h.backend_start else "") for h in holders)
-    else:
-        who = "a session this role cannot see (it released the lock since, or hides it)"
-    return (f"another session held meshpoint's migration lock for this schema past "
-            f"migration_lock_timeout_s ({lock_timeout_s:g} s): {who}. Nothing was "
-            "migrated. If it is a migration, wait for it and try again; if not, end that "
-            "session (SELECT pg_terminate_backend(pid), as its role or a superuser). The "
-            "runtime role needs no migration: give it a store whose schema is up to date")
 
 
 # -- asyncpg, awaited directly ----------------------------------------------------------
