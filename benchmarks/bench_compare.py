@@ -58,6 +58,7 @@ from rich.progress import Progress
 from sqlalchemy.engine import make_url
 
 from meshpoint import TaskExecutionContext, open_store
+from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from meshpoint.history import DISABLED, HistoryOptions
 from meshpoint.integrity import SigningKeys
 from meshpoint.store import SqlStore
@@ -124,7 +125,7 @@ def plan(history: HistoryOptions, ctx: TaskExecutionContext | None = None) -> An
         ctx or meshpoint_context(uuid.uuid4().hex), "bench", keys={"p_tenant": "default"},
         status="waiting_peers", default_timeout_s=600.0, expires_at=None, lease_owner=None,
         holder=None, hold_lease_s=30.0, now=time.time(), history=history,
-        compress_threshold=16_384)
+        compress_threshold=16_384, max_inflate=DEFAULT_MAX_DECOMPRESSED_BYTES)
 
 
 # -- LangGraph -------------------------------------------------------------------------

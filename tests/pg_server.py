@@ -1,7 +1,8 @@
 """A private PostgreSQL server for tests that need settings the shared one must not
-have (TLS): ``initdb`` into a temporary directory as the ``postgres`` OS user, on a
-free port, listening on 127.0.0.1 and its own socket directory only, stopped and
-deleted afterwards."""
+have (TLS; logins that check a password, where the shared one trusts 127.0.0.1):
+``initdb`` into a temporary directory as the ``postgres`` OS user, on a free port,
+listening on 127.0.0.1 and its own socket directory only, stopped and deleted
+afterwards."""
 
 from __future__ import annotations
 
@@ -44,10 +45,12 @@ class PrivatePostgres:
     """A PostgreSQL server of the test's own. ``conf`` lines are appended to its
     postgresql.conf and ``hba`` lines make its whole pg_hba.conf; ``files`` are copied
     into its data directory, owned by postgres and readable by it alone (a server
-    key must be), under the names given."""
+    key must be), under the names given. ``superuser_password``: the password of its
+    superuser ``postgres`` (for an ``hba`` that checks passwords)."""
 
     def __init__(self, conf: Sequence[str], hba: Sequence[str],
-                 files: dict[str, Path] | None = None) -> None:
+                 files: dict[str, Path] | None = None, *,
+                 superuser_password: str | None = None) -> None:
         bin_dir = postgres_bin_dir()
         assert bin_dir is not None, why_not_available()
         self.bin_dir = bin_dir
@@ -58,7 +61,14 @@ class PrivatePostgres:
         self.conf = list(conf)
         self.hba = list(hba)
         self.files = dict(files or {})
+        self.superuser_password = superuser_password
         self.started = False
+
+    def url(self, user: str = "postgres", password: str | None = None) -> str:
+        """A store URL for ``user`` (the superuser, with its password, by default)."""
+        secret = self.superuser_password if password is None else password
+        login = user if secret is None else f"{user}:{secret}"
+        return f"postgresql+asyncpg://{login}@127.0.0.1:{self.port}/postgres"
 
     def _as_postgres(self, *args: str) -> None:
         done = subprocess.run(["runuser", "-u", "postgres", "--", *args],
@@ -70,8 +80,14 @@ class PrivatePostgres:
     def start(self) -> None:
         user = pwd.getpwnam("postgres")
         os.chown(self.base, user.pw_uid, user.pw_gid)
+        password = []
+        if self.superuser_password is not None:
+            pwfile = self.base / "pw"
+            pwfile.write_text(self.superuser_password)
+            os.chown(pwfile, user.pw_uid, user.pw_gid)
+            password = [f"--pwfile={pwfile}"]
         self._as_postgres(str(self.bin_dir / "initdb"), "-D", str(self.data), "-U",
-                          "postgres", "--auth=trust", "--no-sync", "-E", "UTF8")
+                          "postgres", "--auth=trust", *password, "--no-sync", "-E", "UTF8")
         for name, source in self.files.items():
             target = self.data / name
             shutil.copyfile(source, target)

@@ -150,31 +150,62 @@ def _demo_table(figures: dict[str, Any], db: Path) -> None:
 @app.command()
 def migrate(url: Url = None, config: Config = None, schema: Schema = None,
             runtime_role: Annotated[str | None, typer.Option(
-                "--runtime-role", help="PostgreSQL: create (if missing) and grant the role "
-                "serve connects as: no ownership, no BYPASSRLS.")] = None,
+                "--runtime-role", help="PostgreSQL: create (if missing) and grant a role "
+                "serve connects as, shared by the tenants: no ownership, no BYPASSRLS. It "
+                "names its tenant itself: isolation against mistakes, not against a "
+                "malicious runtime (use --tenant-role for that).")] = None,
             password_env: Annotated[str | None, typer.Option(
                 "--runtime-password-env", help="Set the runtime role's password from this "
-                "environment variable.")] = None,
+                "environment variable (sent as a SCRAM verifier, never in clear).")] = None,
+            tenant_roles: Annotated[list[str] | None, typer.Option(
+                "--tenant-role", help="PostgreSQL, repeatable: ROLE=TENANT creates (if "
+                "missing) and grants ROLE as --runtime-role does, and makes it TENANT's "
+                "only: row-level security then keys on the connected role, whatever "
+                "tenant a session sets, and a role of no tenant sees nothing.")] = None,
+            tenant_password_envs: Annotated[list[str] | None, typer.Option(
+                "--tenant-password-env", help="Repeatable: ROLE=VAR sets a --tenant-role's "
+                "password from environment variable VAR (a SCRAM verifier).")] = None,
             as_json: AsJson = False) -> None:
     """Bring a database's schema up to date (safe to run from many hosts at once), as
-    the owner of meshpoint's tables; on PostgreSQL, optionally set up the runtime role
-    that row-level security holds to one tenant per transaction."""
+    the owner of meshpoint's tables; on PostgreSQL, optionally set up the roles that
+    row-level security holds to their tenant: one shared role (--runtime-role), or a
+    role per tenant (--tenant-role)."""
     import os
 
-    password = None
-    if password_env is not None:
-        password = os.environ.get(password_env)
-        if not password:
-            raise typer.BadParameter(f"the environment variable {password_env} is not set",
-                                     param_hint="--runtime-password-env")
+    def env(variable: str, hint: str) -> str:
+        value = os.environ.get(variable)
+        if not value:
+            raise typer.BadParameter(f"the environment variable {variable} is not set",
+                                     param_hint=hint)
+        return value
+
+    def pairs(values: list[str] | None, hint: str, what: str) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for value in values or []:
+            left, sep, right = value.partition("=")
+            if not sep or not left or not right:
+                raise typer.BadParameter(f"{value!r} is not {what}", param_hint=hint)
+            found[left] = right
+        return found
+
+    password = None if password_env is None else env(password_env, "--runtime-password-env")
+    roles = pairs(tenant_roles, "--tenant-role", "ROLE=TENANT")
+    role_passwords = {role: env(variable, "--tenant-password-env") for role, variable in
+                      pairs(tenant_password_envs, "--tenant-password-env",
+                            "ROLE=VAR").items()}
+    for role in role_passwords.keys() - roles.keys():
+        raise typer.BadParameter(f"{role!r} is not given to --tenant-role",
+                                 param_hint="--tenant-password-env")
 
     async def grant(store: Any) -> str:
-        if runtime_role is not None:
-            if store.dialect != "postgresql":
-                raise ConfigurationError(
-                    "--runtime-role is for PostgreSQL (SQLite has no roles)")
-            from meshpoint.store.postgres_tenancy import grant_runtime_role
+        if (runtime_role is not None or roles) and store.dialect != "postgresql":
+            raise ConfigurationError("--runtime-role and --tenant-role are for PostgreSQL "
+                                     "(SQLite has no roles)")
+        from meshpoint.store.postgres_tenancy import grant_runtime_role, grant_tenant_role
 
+        for role, tenant in roles.items():
+            await grant_tenant_role(store, role, tenant, password=role_passwords.get(role))
+        if runtime_role is not None:
             await grant_runtime_role(store, runtime_role, password=password)
         return str(store.dialect)
 
@@ -183,11 +214,16 @@ def migrate(url: Url = None, config: Config = None, schema: Schema = None,
         from meshpoint.store.engine import head_revision
 
         print(json.dumps({"up_to_date": True, "revision": head_revision(),
-                          "dialect": dialect, "runtime_role": runtime_role}))
+                          "dialect": dialect, "runtime_role": runtime_role,
+                          "tenant_roles": roles}))
         return
-    console.print("schema is up to date" + (
-        f"; role {shown(runtime_role)} may use it (row-level security holds it to one "
-        "tenant per transaction)" if runtime_role else ""))
+    said = "schema is up to date"
+    if runtime_role:
+        said += (f"; role {shown(runtime_role)} may use it (row-level security holds it to "
+                 "the tenant it sets, per transaction)")
+    for role, tenant in roles.items():
+        said += f"; role {shown(role)} is tenant {shown(repr(tenant))}'s and no other's"
+    console.print(said)
 
 
 @app.command()

@@ -118,8 +118,8 @@ def store_opener(url: str | None, config: Path | None, *, schema: str | None = N
     s = mesh.store
     _check_schema(s.url, schema)
     return open_store(s.url, tenant_id=s.tenant if tenant is None else tenant,
-                      schema=schema or s.schema_name, migrate=migrate,
-                      history=mesh.history_options(), tls=s.tls)
+                      **{**s.options(), "schema": schema or s.schema_name,
+                         "migrate": migrate}, history=mesh.history_options())
 
 
 def _check_schema(url: str, schema: str | None) -> None:

@@ -35,6 +35,7 @@ from pydantic import (
 )
 
 from meshpoint._redact import redact_url
+from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from meshpoint.errors import ConfigurationError, InvalidArgumentError, MeshpointError
 from meshpoint.llm.base import Model
 from meshpoint.runtime.agent import (
@@ -45,6 +46,7 @@ from meshpoint.runtime.agent import (
     RecoveryPolicy,
     RuntimeOptions,
 )
+from meshpoint.store.engine import MIGRATION_LOCK_TIMEOUT_S
 from meshpoint.tls import TlsConfig
 
 if TYPE_CHECKING:
@@ -101,8 +103,20 @@ class StoreConfig(_HasUrl):
     #: TLS to PostgreSQL (:class:`meshpoint.tls.TlsConfig`); the URL's libpq
     #: ``sslmode`` may say it instead.
     tls: TlsConfig | None = None
+    #: No stored blob (a context, a history snapshot) is inflated past this: one that
+    #: would be is refused as corrupt, and one that would be is never written.
+    max_decompressed_bytes: int = Field(default=DEFAULT_MAX_DECOMPRESSED_BYTES, ge=1)
+    #: How long a migration waits for another session's migration lock (PostgreSQL).
+    migration_lock_timeout_s: float = Field(default=MIGRATION_LOCK_TIMEOUT_S, gt=0)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def options(self) -> dict[str, Any]:
+        """The ``open_store`` options this section names, beside the URL and tenant."""
+        return {"migrate": self.migrate, "schema": self.schema_name,
+                "pool_size": self.pool_size, "tls": self.tls,
+                "max_decompressed_bytes": self.max_decompressed_bytes,
+                "migration_lock_timeout_s": self.migration_lock_timeout_s}
 
 
 class BrokerConfig(_HasUrl):
@@ -421,9 +435,8 @@ class MeshConfig(_Strict):
         from meshpoint.store import open_store
 
         s = self.store
-        return await open_store(s.url, tenant_id=s.tenant, migrate=s.migrate,
-                                schema=s.schema_name, pool_size=s.pool_size,
-                                history=self.history_options(), tls=s.tls)
+        return await open_store(s.url, tenant_id=s.tenant, **s.options(),
+                                history=self.history_options())
 
     def history_options(self) -> HistoryOptions:
         """The store's :class:`~meshpoint.history.HistoryOptions` from ``history:``

@@ -11,8 +11,10 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     ├── ConfigurationError          a store URL or option cannot be used
     │   ├── KeyMissingError         a signing or encryption key is not in the key ring
     │   └── TlsError                TLS to the database or broker failed as configured
+    │   └── TenantRoleError         the database role may not act as the store's tenant
     ├── StoreError                  the checkpoint store refused or failed an operation
     │   ├── StoreUnavailableError   the database cannot be reached, or stayed locked
+    │   │   └── MigrationLockError  another session held the migration lock too long
     │   ├── SchemaError             the database schema is missing or out of date
     │   ├── NotFoundError           an id is unknown (or belongs to another tenant)
     │   │   ├── UnknownTaskError
@@ -27,7 +29,8 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     │   │   ├── LeaseNotHeldError         the caller does not hold the task's resume lease
     │   │   └── ThreadSupersededError     another writer continued the LangGraph thread first
     │   ├── CorruptCheckpointError  a stored row does not decode; it was not used
-    │   │   └── IntegrityError      a history record or its chain fails verification
+    │   │   ├── IntegrityError      a history record or its chain fails verification
+    │   │   └── DecompressionLimitError  a stored blob inflates past the store's limit
     │   └── TaskBlockedError        a task whose history cannot be trusted is blocked
     ├── BrokerError                 the message broker refused or failed an operation
     │   └── BrokerClosedError       the broker was closed
@@ -95,6 +98,12 @@ class StoreError(MeshpointError):
 
 class StoreUnavailableError(StoreError):
     """The database could not be reached, or stayed locked past the busy timeout."""
+
+
+class MigrationLockError(StoreUnavailableError):
+    """A migration waited ``migration_lock_timeout_s`` for the lock that serialises
+    migrations, and another session still held it; the message names that session
+    (its role and process id) when the server shows it. Nothing was migrated."""
 
 
 class SchemaError(StoreError):
@@ -233,6 +242,13 @@ class CorruptCheckpointError(StoreError):
         self.task_id = task_id
 
 
+class DecompressionLimitError(CorruptCheckpointError):
+    """A stored compressed blob (a task's context, a history snapshot) would inflate
+    past the store's ``max_decompressed_bytes``: it was refused after inflating at
+    most that much, and not used, like any other corrupt row. The message names the
+    row and the limit."""
+
+
 class IntegrityError(CorruptCheckpointError):
     """A record of a task's checkpoint history, or the chain that links them, failed
     verification: a hash or signature does not match, a record is missing or out of
@@ -273,6 +289,12 @@ class KeyMissingError(ConfigurationError):
     the key ring (it was never configured, or was deleted on purpose: crypto-
     shredding). Nothing was written, and nothing is ever stored or shown in plain
     text instead."""
+
+
+class TenantRoleError(ConfigurationError):
+    """The store's database role may not act as the store's tenant: the database
+    isolates tenants by role (``meshpoint migrate --tenant-role ROLE=TENANT``) and this
+    role is mapped to another tenant, or to none. The message says which."""
 
 
 class BrokerError(MeshpointError):

@@ -36,7 +36,6 @@ import functools
 import hashlib
 import logging
 import math
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -46,6 +45,7 @@ import uuid_utils
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from meshpoint._json import dump_bytes
+from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES, check_inflatable, compress
 from meshpoint.encryption import EncryptionKeys, is_envelope
 from meshpoint.errors import InvalidArgumentError, KeyMissingError
 from meshpoint.integrity import (
@@ -292,12 +292,15 @@ def plan_record(*, tenant_id: str, task_id: str, agent_name: str, status: str,
                 phase: str | None, doc: Mapping[str, Any], context_sha256: str | None,
                 session_event_count: int, head: HistoryHead | None, now: float,
                 options: HistoryOptions, compress_threshold: int,
-                snapshot_context: Mapping[str, Any] | None) -> PlannedRecord:
+                snapshot_context: Mapping[str, Any] | None,
+                max_inflate: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> PlannedRecord:
     """Build, hash and sign the record of one checkpoint (or end) of a task.
 
     ``doc`` is the checkpoint document (:meth:`TaskExecutionContext.checkpoint_delta`),
     ``snapshot_context`` the context as the live row stores it (its security context
-    already encrypted), or None for an end, which stores no snapshot. Raises
+    already encrypted), or None for an end, which stores no snapshot; a snapshot that
+    would be compressed past ``max_inflate`` bytes (the store's
+    ``max_decompressed_bytes``: it could not be read back) is refused. Raises
     InvalidArgumentError for agent fields that are not canonical JSON, KeyMissingError
     for a key the options need and do not have (a record that must be signed and no
     active signing key: :func:`check_can_sign`). No I/O.
@@ -376,7 +379,8 @@ def plan_record(*, tenant_id: str, task_id: str, agent_name: str, status: str,
     if snapshot is not None:
         encoding = "json"
         if len(snapshot) > compress_threshold:
-            snapshot, encoding = zlib.compress(snapshot, 1), "zlib"
+            check_inflatable(len(snapshot), max_inflate, f"the snapshot of task {task_id!r}")
+            snapshot, encoding = compress(snapshot), "zlib"
     return PlannedRecord(
         checkpoint_id=checkpoint_id, seq=seq,
         phase=str(document["execution_state"].get("phase") or status)[:32],

@@ -15,7 +15,6 @@ decoded (:func:`record_model`). No I/O here: the store reads, these functions ju
 from __future__ import annotations
 
 import hashlib
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,8 +24,9 @@ import orjson
 from pydantic import BaseModel
 
 from meshpoint._json import Undecodable
+from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES, inflate
 from meshpoint.encryption import is_envelope
-from meshpoint.errors import InvalidArgumentError, KeyMissingError
+from meshpoint.errors import CorruptCheckpointError, InvalidArgumentError, KeyMissingError
 from meshpoint.history import END_PHASES, HistoryOptions
 from meshpoint.integrity import GENESIS, canonical, chain_hash, hashes_equal, head_message
 from meshpoint.record import CheckpointRecord
@@ -185,16 +185,21 @@ class ChainReport:
     signatures_checked: bool = False
 
 
-def snapshot_problem(record: StoredRecord) -> str | None:
+def snapshot_problem(record: StoredRecord, *,
+                     max_inflate: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> str | None:
     """Why the snapshot stored with ``record`` (read with it: ``record.snapshot``)
     is not the one its verified document names by hash, or None. A record that names
     none (an end, an append) has none to check."""
-    return checked_snapshot(record)[1]
+    return checked_snapshot(record, max_inflate=max_inflate)[1]
 
 
-def checked_snapshot(record: StoredRecord) -> tuple[bytes | None, str | None]:
+def checked_snapshot(record: StoredRecord, *,
+                     max_inflate: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+                     ) -> tuple[bytes | None, str | None]:
     """``(the snapshot's JSON bytes, None)`` if it is the one ``record`` names by
-    hash; ``(None, why not)`` otherwise; ``(None, None)`` if the record names none."""
+    hash; ``(None, why not)`` otherwise; ``(None, None)`` if the record names none.
+    A compressed snapshot is inflated to ``max_inflate`` bytes at most, before
+    its hash can be checked: one past it is refused."""
     expected = ((record.document.get("recovery") or {}).get("snapshot_sha256")
                 if isinstance(record.document, dict) else None)
     if expected is None:
@@ -204,9 +209,10 @@ def checked_snapshot(record: StoredRecord) -> tuple[bytes | None, str | None]:
     raw = bytes(record.snapshot)
     if record.snapshot_encoding == "zlib":
         try:
-            raw = zlib.decompress(raw)
-        except zlib.error:
-            return None, "its snapshot does not decompress (changed after it was written)"
+            raw = inflate(raw, max_inflate, f"its snapshot ({record.checkpoint_id})",
+                          task_id=record.task_id)
+        except CorruptCheckpointError as error:
+            return None, f"{error} (changed after it was written)"
     if not hashes_equal(hashlib.sha256(raw).hexdigest(), str(expected)):
         return None, ("its snapshot does not hash to what the record says (changed "
                       "after it was written)")
@@ -215,12 +221,14 @@ def checked_snapshot(record: StoredRecord) -> tuple[bytes | None, str | None]:
 
 def verify_chain(task_id: str, records: Sequence[StoredRecord], head: StoredHead | None,
                  options: HistoryOptions, *, snapshots: bool = False,
-                 columns: bool = True) -> ChainReport:
+                 columns: bool = True,
+                 max_inflate: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> ChainReport:
     """Walk a task's records (in ``seq`` order) against its head (see ChainReport);
     with ``snapshots`` (the records were read with their snapshots), each record's
-    snapshot is checked against the hash its document names too. With ``columns``,
-    the columns read with the records and the head are checked against what the
-    documents say (a restore, which uses none of them, walks without)."""
+    snapshot is checked against the hash its document names too (inflated to
+    ``max_inflate`` bytes at most). With ``columns``, the columns read with the
+    records and the head are checked against what the documents say (a restore,
+    which uses none of them, walks without)."""
     expected_seq = 1 if head is None else head.pruned_through + 1
     parent = GENESIS if head is None else head.pruned_hash
     last_good = expected_seq - 1
@@ -238,7 +246,7 @@ def verify_chain(task_id: str, records: Sequence[StoredRecord], head: StoredHead
                        else f"record {record.seq} is out of place (expected {expected_seq})")
         why = verify_record(record, options)
         if why is None and snapshots:
-            why = snapshot_problem(record)
+            why = snapshot_problem(record, max_inflate=max_inflate)
         if why is None and columns and record.columns is not None:
             why = column_problem(record.document, record.columns)
         if why is not None:

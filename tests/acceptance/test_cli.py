@@ -60,9 +60,14 @@ def test_migrate_then_stats(tmp_path: Path) -> None:
     done = meshpoint("migrate", "--url", url, "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"up_to_date": True, "revision": head_revision(),
-                                       "dialect": "sqlite", "runtime_role": None}
-    done = meshpoint("migrate", "--url", url, "--runtime-role", "rt", "--json", cwd=tmp_path)
-    assert done.returncode == 1 and json.loads(done.stdout)["kind"] == "ConfigurationError"
+                                       "dialect": "sqlite", "runtime_role": None,
+                                       "tenant_roles": {}}
+    for roles in (("--runtime-role", "rt"), ("--tenant-role", "rt=acme")):
+        done = meshpoint("migrate", "--url", url, *roles, "--json", cwd=tmp_path)
+        assert done.returncode == 1 and json.loads(done.stdout)["kind"] == \
+            "ConfigurationError"
+    done = meshpoint("migrate", "--url", url, "--tenant-role", "rt", cwd=tmp_path)
+    assert done.returncode == 2 and "ROLE=TENANT" in done.stderr
     done = meshpoint("stats", "--url", url, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "pending sub-tasks: 0" in done.stdout

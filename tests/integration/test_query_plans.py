@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncIterator, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import Connection
+from sqlalchemy.engine import make_url
 
 from meshpoint import TaskExecutionContext
 from meshpoint.store import SqlStore, open_store, postgres
+from meshpoint.store.postgres_tenancy import grant_tenant_role
 from meshpoint.store.schema import RESUMING_PREDICATE
 from meshpoint.store.statement import Statement
 from tests.conftest import fresh_pg_schema, pg_execute_async
@@ -58,6 +61,24 @@ def _task(n: int) -> TaskExecutionContext:
 async def test_statements_by_key_use_the_primary_key_without_statistics(
         unanalyzed_store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> None:
     store = unanalyzed_store
+    explain = await _by_key_workload(store, monkeypatch)
+    _check(await store.run(explain))
+    # A mass resume (after an outage, say) fills the partial index of resuming
+    # tasks; a statement by key must still not read it.
+    for n in range(100, 600):
+        for k in range(3):
+            await store.resolve_peer_sub_task(f"t{n}/sub-{k}", {"ok": k})
+    plans = await store.run(explain)
+    _check(plans)
+    recovery = [plan for sql, plan in plans.items() if RESUMING_PREDICATE in sql]
+    assert recovery and all("ix_agent_paused_tasks_resuming" in plan for plan in recovery), \
+        recovery
+
+
+async def _by_key_workload(store: SqlStore, monkeypatch: pytest.MonkeyPatch
+                           ) -> Callable[[Connection], dict[str, str]]:
+    """Each kind of store call on an unanalyzed table of 600 paused tasks; returns
+    the body that asks PostgreSQL how it would run every statement they sent."""
     for n in range(600):  # enough rows that a wrong index costs pages, not a lookup
         await store.checkpoint_task(_task(n), "agent")
 
@@ -88,17 +109,65 @@ async def test_statements_by_key_use_the_primary_key_without_statistics(
             "EXPLAIN " + sql, tuple(params) if params else ()).all())
             for sql, params in seen.items()}
 
-    _check(await store.run(explain))
-    # A mass resume (after an outage, say) fills the partial index of resuming
-    # tasks; a statement by key must still not read it.
-    for n in range(100, 600):
-        for k in range(3):
-            await store.resolve_peer_sub_task(f"t{n}/sub-{k}", {"ok": k})
-    plans = await store.run(explain)
-    _check(plans)
-    recovery = [plan for sql, plan in plans.items() if RESUMING_PREDICATE in sql]
-    assert recovery and all("ix_agent_paused_tasks_resuming" in plan for plan in recovery), \
-        recovery
+    return explain
+
+
+@pytest.fixture
+async def unanalyzed_tenant_store(postgres_url: str) -> AsyncIterator[SqlStore]:
+    """``unanalyzed_store``, connected as a tenant's own role (migrate --tenant-role):
+    its statements pass the row-level security policies, which the superuser of the
+    other fixture bypasses."""
+    schema = await fresh_pg_schema()
+    role = f"mp_plans_{uuid.uuid4().hex[:8]}"
+    async with open_store(postgres_url, schema=schema) as owner:
+        await grant_tenant_role(owner, role, "default")
+    store = await open_store(make_url(postgres_url).set(username=role), schema=schema)
+    try:
+        yield store
+    finally:
+        await store.close()
+        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
+        await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+def _live(plan: str) -> str:
+    """``plan`` without the subtrees PostgreSQL knows never run (under a ``One-Time
+    Filter: false``: a first checkpoint's update of a head it has just inserted)."""
+    kept: list[str] = []
+    dead_at: int | None = None
+    for line in plan.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if dead_at is not None and indent >= dead_at:
+            continue
+        dead_at = indent if line.strip() == "One-Time Filter: false" else None
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def _indexes(plan: str) -> list[str]:
+    return [using or bitmap for using, bitmap in re.findall(
+        r"(?:Index Scan|Index Only Scan) using (\w+)|Bitmap Index Scan on (\w+)", plan)]
+
+
+@pytest.mark.postgres
+async def test_row_level_security_by_role_leaves_every_plan_as_it_was(
+        unanalyzed_store: SqlStore, unanalyzed_tenant_store: SqlStore,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The policies' tenant, ``(SELECT meshpoint_tenant(current_user))``, is an
+    InitPlan run once per statement, and an index condition like any bound value:
+    as a tenant's role, every statement reads the same indexes, in the same order,
+    as without the policies, and none scans a table."""
+    bare = await unanalyzed_store.run(await _by_key_workload(unanalyzed_store, monkeypatch))
+    held = await unanalyzed_tenant_store.run(
+        await _by_key_workload(unanalyzed_tenant_store, monkeypatch))
+    assert held.keys() == bare.keys()
+    for sql, plan in held.items():
+        plan, bare[sql] = _live(plan), _live(bare[sql])
+        # (the policies' InitPlans: one per table the statement reads or writes)
+        assert "agent_" not in sql or plan.count("InitPlan") > bare[sql].count(
+            "InitPlan"), plan
+        assert not re.search(r"Seq Scan on agent_", plan), plan
+        assert _indexes(plan) == _indexes(bare[sql]), f"{sql}\n{plan}\n\n{bare[sql]}"
 
 
 @contextlib.contextmanager

@@ -8,20 +8,27 @@ connection."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, event, text
 from sqlalchemy.engine import make_url
 
-from meshpoint.errors import ConfigurationError, StoreError, UnknownTaskError
+from meshpoint.errors import (
+    ConfigurationError,
+    StoreError,
+    TenantRoleError,
+    UnknownTaskError,
+)
 from meshpoint.store import SqlStore, open_store
-from meshpoint.store.postgres_tenancy import grant_runtime_role
+from meshpoint.store.postgres_tenancy import grant_runtime_role, grant_tenant_role
 from meshpoint.store.schema import metadata
-from tests.conftest import fresh_pg_schema, pg_execute_async
+from tests.conftest import fresh_pg_schema, pg_execute_async, service_missing
 from tests.integration.test_store import AGENT, fan_out
+from tests.pg_server import PrivatePostgres, why_not_available
 
 pytestmark = pytest.mark.postgres
 
@@ -89,8 +96,9 @@ async def test_every_table_has_row_security_enabled_and_forced_and_the_role_owns
                          params={"schema": tenancy.schema})
     assert {p.tablename for p in policies} == set(metadata.tables)
     for p in policies:
-        for clause in (p.qual, p.with_check):
-            assert "current_setting('meshpoint.tenant_id'::text, true)" in clause, p
+        for clause in (p.qual, p.with_check):  # once per statement: an InitPlan
+            assert "= ( SELECT meshpoint_tenant(CURRENT_USER) AS meshpoint_tenant)" in \
+                clause, p
     role = (await raw(acme, "SELECT rolsuper, rolbypassrls, rolcreaterole FROM pg_roles "
                             "WHERE rolname = current_user"))[0]
     assert not role.rolsuper and not role.rolbypassrls and not role.rolcreaterole
@@ -203,7 +211,15 @@ async def test_a_role_that_owns_or_could_own_the_tables_is_not_made_the_runtime_
                 (f"ALTER TABLE {schema}.agent_checkpoints OWNER TO {owner_group}; "
                  f"GRANT {owner_group} TO {role}",
                  f"ALTER TABLE {schema}.agent_checkpoints OWNER TO postgres; "
-                 f"REVOKE {owner_group} FROM {role}", "'agent_checkpoints'")):
+                 f"REVOKE {owner_group} FROM {role}", "'agent_checkpoints'"),
+                # Whoever owns the mapping of roles, or the function the policies
+                # call, decides every role's tenant.
+                (f"ALTER TABLE {schema}.meshpoint_tenant_roles OWNER TO {role}",
+                 f"ALTER TABLE {schema}.meshpoint_tenant_roles OWNER TO postgres",
+                 "'meshpoint_tenant_roles'"),
+                (f"ALTER FUNCTION {schema}.meshpoint_tenant(name) OWNER TO {role}",
+                 f"ALTER FUNCTION {schema}.meshpoint_tenant(name) OWNER TO postgres",
+                 "'meshpoint_tenant()'")):
             await pg_execute_async(setup)
             with pytest.raises(ConfigurationError,
                                match="could switch row-level security off") as refused:
@@ -216,3 +232,315 @@ async def test_a_role_that_owns_or_could_own_the_tables_is_not_made_the_runtime_
         await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
         await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE {role}; "
                                f"DROP ROLE {owner_group}")
+
+
+# -- a role per tenant ---------------------------------------------------------------------
+
+class Isolated:
+    """A fresh schema migrated by the owner, whose tenants ``acme`` and ``globex``
+    each have a role of their own (``meshpoint migrate --tenant-role``)."""
+
+    def __init__(self, owner_url: str, schema: str, roles: dict[str, str]) -> None:
+        self.owner_url = owner_url
+        self.schema = schema
+        self.roles = roles  # tenant -> role
+
+    def url(self, tenant: str) -> str:
+        return make_url(self.owner_url).set(username=self.roles[tenant]).render_as_string(
+            hide_password=False)
+
+    def open(self, tenant: str, **options: Any) -> Any:
+        return open_store(self.url(tenant), schema=self.schema, tenant_id=tenant,
+                          migrate=False, **options)
+
+
+@pytest.fixture
+async def isolated(postgres_url: str) -> AsyncIterator[Isolated]:
+    schema = await fresh_pg_schema()
+    suffix = uuid.uuid4().hex[:8]
+    roles = {"acme": f"mp_acme_{suffix}", "globex": f"mp_globex_{suffix}"}
+    owner = await open_store(postgres_url, schema=schema)
+    try:
+        for tenant, role in roles.items():
+            await grant_tenant_role(owner, role, tenant)
+        yield Isolated(postgres_url, schema, roles)
+    finally:
+        await owner.close()
+        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
+        for role in roles.values():
+            await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+async def globex_paused(isolated: Isolated) -> None:
+    """globex's task g1, paused on three peers, with its conversation."""
+    async with isolated.open("globex") as globex:
+        await globex.checkpoint_task(fan_out("g1"), AGENT)
+        await globex.resolve_peer_sub_task("g1/sub-1", "globex's own answer")
+
+
+#: The attack of the issue, as raw SQL on the runtime's own connection: name another
+#: tenant for the session, read its conversation, resolve its sub-task.
+ATTACK = ("SELECT set_config('meshpoint.tenant_id', 'globex', false)",
+          "SELECT * FROM agent_session_events WHERE logical_task_id = 'g1'",
+          "UPDATE agent_peer_sub_tasks SET status = 'resolved', resolved_by = 'answer', "
+          "result = '\"forged\"' WHERE sub_task_id = 'g1/sub-0' RETURNING sub_task_id")
+
+
+async def attack(store: SqlStore) -> tuple[list[Any], list[Any]]:
+    """ATTACK through ``store``'s pool (one connection): what it read, what it resolved."""
+    await raw(store, ATTACK[0])  # for the session: every later transaction keeps it
+    read = await raw(store, ATTACK[1])
+    resolved = await raw(store, ATTACK[2], write=True)
+    return read, resolved
+
+
+async def test_a_tenants_role_cannot_act_as_another_tenant_whatever_it_sets(
+        isolated: Isolated) -> None:
+    """Connected as acme's role, setting meshpoint.tenant_id to globex (for the
+    session, as the issue did) reads none of globex's conversation and resolves none
+    of its sub-tasks; no write into globex is admitted; and globex's task is as it
+    was. acme's store, on that same connection, still works as acme."""
+    await globex_paused(isolated)
+    async with isolated.open("acme", pool_size=1) as acme:
+        await acme.checkpoint_task(fan_out("a1"), AGENT)
+        read, resolved = await attack(acme)
+        assert (read, resolved) == ([], [])
+        for table in metadata.tables:  # nothing of globex's in any table, even named
+            assert await raw(acme, f"SELECT * FROM {table} WHERE tenant_id = 'globex'") \
+                == [], table
+        with pytest.raises(StoreError, match="row-level security"):
+            await raw(acme, "INSERT INTO agent_ended_tasks VALUES ('globex', 't', 'x', 0)",
+                      write=True)
+        assert [r.tenant_id for r in await raw(
+            acme, "SELECT tenant_id FROM agent_paused_tasks")] == ["acme"]
+        await acme.resolve_peer_sub_task("a1/sub-0", "acme's answer")  # still acme's
+        with pytest.raises(UnknownTaskError):
+            await acme.for_tenant("globex").restore_task("g1")
+    async with isolated.open("globex") as globex:
+        sub = await globex.get_peer_sub_task("g1/sub-0")
+        assert (sub.status, sub.result) == ("pending", None)
+        assert (await globex.restore_task("g1")).context.session_events == \
+            fan_out("g1").session_events
+        assert (await globex.history.verify_task("g1")).ok
+
+
+async def test_a_shared_runtime_role_keeps_a_correct_runtime_on_its_tenant_only(
+        tenancy: Tenancy, acme: SqlStore) -> None:
+    """What the shared role does not guarantee, shown: the same attack through a role
+    every tenant shares reads and resolves the other tenant's rows. Its policies hold
+    a runtime that sets its own tenant (a mistake, a bug in a query) to that tenant;
+    a runtime that names another on purpose is that tenant. (docs/store.md)"""
+    globex = acme.for_tenant("globex")
+    await globex.checkpoint_task(fan_out("g1"), AGENT)
+    read, resolved = await attack(acme)
+    assert len(read) == 1 and len(resolved) == 1
+    assert (await globex.get_peer_sub_task("g1/sub-0")).status == "resolved"
+
+
+async def test_a_store_refuses_to_run_as_a_tenant_its_role_is_not(
+        isolated: Isolated, postgres_url: str) -> None:
+    with pytest.raises(TenantRoleError, match=(
+            f"role '{isolated.roles['acme']}' is the role of tenant 'acme': a store of tenant "
+            "'globex' cannot run as it")):
+        await open_store(isolated.url("acme"), schema=isolated.schema, tenant_id="globex",
+                         migrate=False)
+    with pytest.raises(TenantRoleError, match="the role of tenant 'acme'"):  # default tenant
+        await open_store(isolated.url("acme"), schema=isolated.schema)
+    async with open_store(postgres_url, schema=isolated.schema) as owner:
+        with pytest.raises(ConfigurationError, match="isolates tenants by role"):
+            await grant_runtime_role(owner, f"mp_shared_{uuid.uuid4().hex[:8]}")
+        with pytest.raises(ConfigurationError, match="is the role of tenant 'acme' already"):
+            await grant_tenant_role(owner, isolated.roles["acme"], "globex")
+        await grant_tenant_role(owner, isolated.roles["acme"], "acme")  # the same: fine
+        shared = f"mp_shared_{uuid.uuid4().hex[:8]}"
+        await pg_execute_async(f"CREATE ROLE {shared} LOGIN; GRANT USAGE ON SCHEMA "
+                               f"{isolated.schema} TO {shared}; GRANT SELECT ON ALL TABLES "
+                               f"IN SCHEMA {isolated.schema} TO {shared}")
+        try:
+            with pytest.raises(TenantRoleError, match=f"role '{shared}' may act as no tenant"):
+                await open_store(make_url(postgres_url).set(username=shared),
+                                 schema=isolated.schema, tenant_id="acme", migrate=False)
+        finally:
+            await pg_execute_async(f"DROP OWNED BY {shared}; DROP ROLE {shared}")
+        # The owner may switch row security off anyway: it works as any tenant.
+        assert (await owner.for_tenant("acme").stats()).total == 0
+
+
+async def test_the_store_works_whole_as_a_tenants_role(isolated: Isolated) -> None:
+    """Every kind of operation, fast paths and portable bodies, the LangGraph saver's
+    tables too, keyed on the role."""
+    for fast in (True, False):
+        async with isolated.open("acme", fast_paths=fast) as store:
+            ctx = fan_out("t1")
+            await store.checkpoint_task(ctx, AGENT)
+            for n in range(3):
+                await store.resolve_peer_sub_task(f"t1/sub-{n}", "x", lease_owner="i-1")
+            ctx = (await store.restore_task("t1", lease_owner="i-1")).context
+            ctx.current_invocation_id = "inv-2"
+            ctx.register_peer_sub_task("t1/again", {"peer_agent_name": "p"})
+            await store.checkpoint_task(ctx, AGENT, lease_owner="i-1")
+            assert await store.reset_timeout_deadline("t1/again", timeout_s=30) is not None
+            assert (await store.stats()).total == 1
+            await store.cleanup_task("t1")
+            assert (await store.history.verify_task("t1")).ok
+            assert await store.forget_ended_tasks(AGENT, older_than_s=0) == 1
+            await store.history.purge()
+    from meshpoint.integrations.langgraph import MeshpointSaver
+
+    async with isolated.open("acme") as store:
+        saver = MeshpointSaver(store)
+        config = {"configurable": {"thread_id": "th", "checkpoint_ns": ""}}
+        from langgraph.checkpoint.base import empty_checkpoint
+
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = {"messages": ["hi"]}
+        checkpoint["channel_versions"] = {"messages": "1"}
+        saved = await saver.aput(config, checkpoint, {}, {"messages": "1"})  # type: ignore[arg-type]
+        assert (await saver.aget_tuple(saved)) is not None
+
+
+# -- the runtime role's password --------------------------------------------------------
+
+async def test_the_runtime_roles_password_never_reaches_the_server(
+        postgres_url: str) -> None:
+    """`migrate --runtime-role` with a password sends a SCRAM-SHA-256 verifier computed
+    here: no statement or bound value the client sends holds the password (before, it
+    travelled in clear, and ``ALTER ROLE ... PASSWORD 'the password'`` was a statement
+    the server logs), and the server stores that verifier as it is."""
+    password = f"pw-{uuid.uuid4().hex}"
+    schema = await fresh_pg_schema()
+    role = f"mp_rls_{uuid.uuid4().hex[:10]}"
+    sent: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
+               executemany: bool) -> None:
+        sent.append(f"{statement} {parameters!r}")
+
+    owner = await open_store(postgres_url, schema=schema)
+    engine = owner._db.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        await grant_runtime_role(owner, role, password=password)
+        event.remove(engine, "before_cursor_execute", record)
+        assert any("ALTER ROLE" in s for s in sent), sent
+        assert not [s for s in sent if password in s]
+        stored = (await raw(owner, "SELECT rolpassword FROM pg_authid WHERE rolname = :r",
+                            params={"r": role}))[0].rolpassword
+        assert stored.startswith("SCRAM-SHA-256$4096:") and password not in stored
+        assert any(stored.split("$", 1)[1].split(":", 1)[1] in s for s in sent)  # ours
+    finally:
+        await owner.close()
+        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
+        await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+@pytest.fixture
+def scram_postgres() -> Iterator[PrivatePostgres]:
+    """A PostgreSQL of this test's own whose every login checks a SCRAM password (the
+    shared server trusts 127.0.0.1, so a login there proves nothing)."""
+    why = why_not_available()
+    if why is not None:
+        service_missing(f"a private PostgreSQL cannot be started: {why}")
+    server = PrivatePostgres([], ["local all all scram-sha-256",
+                                  "host all all 127.0.0.1/32 scram-sha-256"],
+                             superuser_password="owner-pw")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_the_runtime_role_logs_in_with_its_password_under_scram(
+        scram_postgres: PrivatePostgres) -> None:
+    import asyncpg
+
+    password = "correct horse \u00e9table"  # not ASCII: SASLprep'd, as clients do
+    async with open_store(scram_postgres.url()) as owner:
+        await grant_runtime_role(owner, "mp_runtime", password=password)
+    async with open_store(scram_postgres.url("mp_runtime", password), tenant_id="acme",
+                          migrate=False) as store:
+        await store.checkpoint_task(fan_out("a1"), AGENT)
+        assert (await store.restore_task("a1")).context.task_id == "a1"
+    with pytest.raises(asyncpg.InvalidPasswordError):
+        await asyncpg.connect(host="127.0.0.1", port=scram_postgres.port, user="mp_runtime",
+                              password=password + "x", database="postgres")
+
+
+# -- the migration's lock ------------------------------------------------------------------
+
+async def test_the_runtime_role_holding_the_migration_lock_hangs_no_store(
+        tenancy: Tenancy) -> None:
+    """Any role may take an advisory lock: the runtime role takes the one migrations
+    take, and keeps it. Before, every ``open_store(migrate=True)`` then waited for it
+    for ever. Now a store whose schema is up to date opens without it, and a
+    migration that needs it gives up after ``migration_lock_timeout_s``, naming the
+    role and process that hold it."""
+    import asyncpg
+
+    from meshpoint.errors import MigrationLockError
+    from meshpoint.store.engine import downgrade
+    from meshpoint.store.postgres_migration_lock import MIGRATION_LOCK_KEY
+
+    dsn = tenancy.role_url.replace("postgresql+asyncpg://", "postgresql://")
+    squatter = await asyncpg.connect(dsn, server_settings={"search_path": tenancy.schema})
+    try:
+        await squatter.execute(f"SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})")
+        pid = await squatter.fetchval("SELECT pg_backend_pid()")
+        store = await asyncio.wait_for(open_store(  # up to date: no lock needed
+            tenancy.role_url, schema=tenancy.schema, tenant_id="acme"), 60)
+        await store.checkpoint_task(fan_out("a1"), AGENT)
+        await store.close()
+        await squatter.execute(f"SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})")
+        owner = await open_store(tenancy.owner_url, schema=tenancy.schema)
+        await downgrade(owner._db, "-1")  # now a store must migrate, under the lock
+        await owner.close()
+        await squatter.execute(f"SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})")
+        with pytest.raises(MigrationLockError) as held:
+            await asyncio.wait_for(open_store(tenancy.owner_url, schema=tenancy.schema,
+                                              migration_lock_timeout_s=0.5), 60)
+        message = str(held.value)
+        assert tenancy.role in message and f"pid {pid}" in message, message
+        assert "migration_lock_timeout_s" in message, message
+    finally:
+        await squatter.close()
+    store = await open_store(tenancy.owner_url, schema=tenancy.schema)  # free again
+    await store.close()
+
+
+async def test_migrate_sets_up_a_role_per_tenant(postgres_url: str) -> None:
+    """``meshpoint migrate --tenant-role ROLE=TENANT`` (repeatable), each role's
+    password from ``--tenant-password-env ROLE=VAR``, sent as a verifier."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    schema = await fresh_pg_schema()
+    suffix = uuid.uuid4().hex[:8]
+    acme, globex = f"mp_acme_{suffix}", f"mp_globex_{suffix}"
+    try:
+        done = await asyncio.to_thread(subprocess.run, [
+            sys.executable, "-m", "meshpoint.cli", "migrate", "--url", postgres_url,
+            "--schema", schema, "--tenant-role", f"{acme}=acme", "--tenant-role",
+            f"{globex}=globex", "--tenant-password-env", f"{acme}=ACME_PW", "--json"],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "ACME_PW": "acme-secret"})
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["tenant_roles"] == {acme: "acme", globex: "globex"}
+        async with open_store(postgres_url, schema=schema) as owner:
+            mapped = await raw(owner, "SELECT role_name, tenant_id FROM "
+                                      "meshpoint_tenant_roles ORDER BY tenant_id")
+            assert [tuple(r) for r in mapped] == [(acme, "acme"), (globex, "globex")]
+            (secret,) = await raw(owner, "SELECT rolpassword FROM pg_authid WHERE "
+                                         "rolname = :r", params={"r": acme})
+            assert secret.rolpassword.startswith("SCRAM-SHA-256$")
+        role_url = make_url(postgres_url).set(username=acme)
+        async with open_store(role_url, schema=schema, tenant_id="acme") as store:
+            await store.checkpoint_task(fan_out("a1"), AGENT)
+        with pytest.raises(TenantRoleError):
+            await open_store(role_url, schema=schema, tenant_id="globex")
+    finally:
+        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
+        for role in (acme, globex):
+            await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE IF EXISTS {role}")

@@ -211,3 +211,33 @@ def test_an_agents_event_log_and_reconstruction(tmp_path: Path) -> None:
     assert not plain.events and not plain.recovery.reconstruct
     with pytest.raises(ConfigurationError, match=r"events: Input should be a valid boolean"):
         load_config(write(tmp_path, MINIMAL + "  worker:\n    events: sometimes\n"))
+
+
+async def test_the_store_sections_limits_reach_the_store(tmp_path: Path) -> None:
+    """``store: max_decompressed_bytes`` bounds what the opened store inflates (a
+    context past it is refused when written, naming the key), and
+    ``migration_lock_timeout_s`` is checked as a positive time."""
+    from meshpoint import TaskExecutionContext
+    from meshpoint.errors import InvalidArgumentError
+
+    config = load_config(write(tmp_path, MINIMAL.replace(
+        "store: sqlite:///mesh.db", f"store:\n  url: sqlite:///{tmp_path}/m.db\n"
+        "  max_decompressed_bytes: 4096\n  migration_lock_timeout_s: 5")))
+    assert (config.store.max_decompressed_bytes, config.store.migration_lock_timeout_s) == (
+        4096, 5.0)
+    defaults = load_config(write(tmp_path, MINIMAL)).store
+    assert (defaults.max_decompressed_bytes, defaults.migration_lock_timeout_s) == (
+        64 << 20, 60.0)
+    store = await config.open_store()
+    try:
+        ctx = TaskExecutionContext("t1", {"notes": "x" * 20_000})
+        ctx.current_invocation_id = "inv"
+        ctx.register_peer_sub_task("t1/a", {"peer_agent_name": "p"})
+        with pytest.raises(InvalidArgumentError, match=r"max_decompressed_bytes \(4096"):
+            await store.checkpoint_task(ctx, "coordinator")
+    finally:
+        await store.close()
+    with pytest.raises(ConfigurationError, match="migration_lock_timeout_s"):
+        load_config(write(tmp_path, MINIMAL.replace(
+            "store: sqlite:///mesh.db", "store:\n  url: sqlite:///m.db\n"
+            "  migration_lock_timeout_s: 0")))

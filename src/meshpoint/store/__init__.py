@@ -22,10 +22,17 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
+from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from meshpoint.errors import ConfigurationError, SchemaError
 from meshpoint.history import HistoryOptions
 from meshpoint.store.base import TIMEOUT_RESULT, Store
-from meshpoint.store.engine import Database, check_schema, migrate, parse_url
+from meshpoint.store.engine import (
+    MIGRATION_LOCK_TIMEOUT_S,
+    Database,
+    check_schema,
+    migrate,
+    parse_url,
+)
 from meshpoint.store.records import (
     CheckpointReceipt,
     Lease,
@@ -103,6 +110,12 @@ class StoreOpener:
         check_id("tenant_id", opts["tenant_id"], max_len=64)
         if opts["pool_size"] < 1:
             raise ConfigurationError(f"pool_size must be at least 1, got {opts['pool_size']}")
+        if opts["max_decompressed_bytes"] < 1:
+            raise ConfigurationError("max_decompressed_bytes must be at least 1, got "
+                                     f"{opts['max_decompressed_bytes']}")
+        if not opts["migration_lock_timeout_s"] > 0:
+            raise ConfigurationError("migration_lock_timeout_s must be positive, got "
+                                     f"{opts['migration_lock_timeout_s']}")
         if not opts["migrate"]:
             _check_sqlite_file_exists(self._url)
         db = open_database(self._url, busy_timeout_s=opts["busy_timeout_s"],
@@ -110,12 +123,15 @@ class StoreOpener:
                            tls=opts["tls"])
         try:
             if opts["migrate"]:
-                await migrate(db)
+                await migrate(db, lock_timeout_s=opts["migration_lock_timeout_s"])
             else:
                 await check_schema(db)
+            # A role of one tenant (PostgreSQL, migration 0012) runs no other's store.
+            await db.check_tenant(opts["tenant_id"])
             return SqlStore(db, tenant_id=opts["tenant_id"], clock=opts["clock"],
                             compress_threshold_bytes=opts["compress_threshold_bytes"],
-                            fast_paths=opts["fast_paths"], history=opts["history"])
+                            fast_paths=opts["fast_paths"], history=opts["history"],
+                            max_decompressed_bytes=opts["max_decompressed_bytes"])
         except BaseException:
             await db.dispose()
             raise
@@ -137,18 +153,29 @@ def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = Tr
                busy_timeout_s: float = 30.0, pool_size: int = 5,
                compress_threshold_bytes: int = 16_384, fast_paths: bool = True,
                history: HistoryOptions | None = None,
-               tls: TlsConfig | None = None) -> StoreOpener:
+               tls: TlsConfig | None = None,
+               migration_lock_timeout_s: float = MIGRATION_LOCK_TIMEOUT_S,
+               max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> StoreOpener:
     """Open the checkpoint store at ``url`` for ``tenant_id``.
 
     ``migrate`` brings the schema up to date first (under an advisory lock on
-    PostgreSQL, so instances may start together); with ``migrate=False`` an
+    PostgreSQL, so instances may start together, waited for
+    ``migration_lock_timeout_s`` at most: then
+    :class:`~meshpoint.errors.MigrationLockError` names the session holding it; a
+    schema already up to date takes no lock); with ``migrate=False`` an
     out-of-date schema raises :class:`~meshpoint.errors.SchemaError`, and so does a
     SQLite path that names no file (which is then not created).
+    On PostgreSQL, a role that row-level security would not let act as
+    ``tenant_id`` (a tenant's own role, mapped to another: ``meshpoint migrate
+    --tenant-role``) is refused with :class:`~meshpoint.errors.TenantRoleError`.
     ``schema`` selects a PostgreSQL schema (``search_path``). ``clock`` returns
     epoch seconds and drives deadlines and leases; hosts sharing a database need
     synchronised clocks. ``busy_timeout_s`` bounds how long a write waits for a
     lock (SQLite) or a connection attempt takes (PostgreSQL). Contexts larger than
-    ``compress_threshold_bytes`` are stored zlib-compressed. ``fast_paths=False``
+    ``compress_threshold_bytes`` are stored zlib-compressed, and no stored blob is
+    inflated past ``max_decompressed_bytes`` (a context or history snapshot that
+    would be is refused: :class:`~meshpoint.errors.DecompressionLimitError` on read,
+    InvalidArgumentError on write). ``fast_paths=False``
     runs every operation's portable body, even where the dialect has a faster one
     (:mod:`meshpoint.store.hooks`): slower, and meant for tests and benchmarks.
     ``history`` says how the checkpoint history is kept (signing and encryption
@@ -162,4 +189,6 @@ def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = Tr
     return StoreOpener(url, tenant_id=tenant_id, migrate=migrate, schema=schema, clock=clock,
                        busy_timeout_s=busy_timeout_s, pool_size=pool_size,
                        compress_threshold_bytes=compress_threshold_bytes,
-                       fast_paths=fast_paths, history=history, tls=tls)
+                       fast_paths=fast_paths, history=history, tls=tls,
+                       migration_lock_timeout_s=migration_lock_timeout_s,
+                       max_decompressed_bytes=max_decompressed_bytes)

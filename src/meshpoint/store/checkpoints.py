@@ -10,13 +10,13 @@ record (:mod:`meshpoint.history`), hashed and signed.
 from __future__ import annotations
 
 import hashlib
-import zlib
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from sqlalchemy import Connection
 
 from meshpoint import _json
+from meshpoint.compression import check_inflatable, compress
 from meshpoint.context import CheckpointDict, TaskExecutionContext
 from meshpoint.errors import (
     CheckpointConflictError,
@@ -78,6 +78,7 @@ class CheckpointPlan:
     planned: PlannedRecord | None
     history: HistoryOptions
     compress_threshold: int
+    max_inflate: int
 
     def with_head(self, head: HistoryHead) -> CheckpointPlan:
         """The same checkpoint, its record chained to ``head`` instead (the id of an
@@ -92,7 +93,8 @@ class CheckpointPlan:
             status=self.status, phase=None, doc=self.doc,
             context_sha256=self.params["p_sha256"], session_event_count=self.event_count,
             head=head, now=self.params["p_now"], options=self.history,
-            compress_threshold=self.compress_threshold, snapshot_context=self.context)
+            compress_threshold=self.compress_threshold, max_inflate=self.max_inflate,
+            snapshot_context=self.context)
 
     def committed(self, ctx: TaskExecutionContext, version: int) -> CheckpointReceipt:
         """Tell ``ctx`` what is stored now, and the receipt."""
@@ -112,7 +114,7 @@ def plan_checkpoint(ctx: TaskExecutionContext, agent_name: str, *, keys: dict[st
                     status: str, default_timeout_s: float, expires_at: float | None,
                     lease_owner: str | None, holder: str | None, hold_lease_s: float,
                     now: float, history: HistoryOptions,
-                    compress_threshold: int) -> CheckpointPlan:
+                    compress_threshold: int, max_inflate: int) -> CheckpointPlan:
     """Plan a checkpoint of ``ctx`` (see the module docstring); ``keys`` are the
     store's (its tenant)."""
     check_id("agent_name", agent_name)
@@ -132,7 +134,9 @@ def plan_checkpoint(ctx: TaskExecutionContext, agent_name: str, *, keys: dict[st
         seal_context(history.encryption, context, keys["p_tenant"], ctx.task_id)
     raw = _json.dump_bytes(context)
     compressed = len(raw) > compress_threshold
-    blob = zlib.compress(raw, 1) if compressed else raw
+    if compressed:
+        check_inflatable(len(raw), max_inflate, f"the context of task {ctx.task_id!r}")
+    blob = compress(raw) if compressed else raw
     # One set of parameters for every statement of either path; the sub-tasks,
     # invocations and new events also travel as JSON arrays (for fast paths).
     params = {
@@ -157,7 +161,7 @@ def plan_checkpoint(ctx: TaskExecutionContext, agent_name: str, *, keys: dict[st
         tenant_id=keys["p_tenant"], task_id=ctx.task_id, agent_name=agent_name,
         status=status, doc=doc, context=context, params=params, event_count=event_count,
         context_bytes=len(blob), compressed=compressed, planned=None, history=history,
-        compress_threshold=compress_threshold)
+        compress_threshold=compress_threshold, max_inflate=max_inflate)
     if not history.enabled:
         return replace(plan, params={**params, **record_params(None)})
     # A first checkpoint starts a chain; a resumed task's goes on from its head.

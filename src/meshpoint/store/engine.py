@@ -113,9 +113,15 @@ class Database:
                    one_statement: bool, short: bool, tenant: str | None) -> R:
         raise NotImplementedError
 
-    def before_migration(self, sync_conn: Connection, direction: str) -> None:
+    def before_migration(self, sync_conn: Connection, direction: str,
+                         lock_timeout_s: float) -> None:
         """Called in the migration's transaction before Alembic runs (PostgreSQL
-        takes a lock there so that many instances may start at once)."""
+        takes a lock there so that many instances may start at once, waiting
+        ``lock_timeout_s`` for it at most)."""
+
+    async def check_tenant(self, tenant_id: str) -> None:
+        """Raise TenantRoleError if this database would not let the connected role
+        act as ``tenant_id`` (PostgreSQL's tenant roles; SQLite has no roles)."""
 
     async def dispose(self) -> None:
         self.closed = True
@@ -136,11 +142,16 @@ def head_revision() -> str:
     return head
 
 
-def _alembic(db: Database, direction: str, revision: str) -> Callable[[Connection], None]:
+#: How long a migration waits for the lock another session holds, by default.
+MIGRATION_LOCK_TIMEOUT_S = 60.0
+
+
+def _alembic(db: Database, direction: str, revision: str,
+             lock_timeout_s: float) -> Callable[[Connection], None]:
     def body(sync_conn: Connection) -> None:
         from alembic import command
 
-        db.before_migration(sync_conn, direction)
+        db.before_migration(sync_conn, direction, lock_timeout_s)
         config = alembic_config()
         config.attributes["connection"] = sync_conn
         getattr(command, direction)(config, revision)
@@ -148,16 +159,24 @@ def _alembic(db: Database, direction: str, revision: str) -> Callable[[Connectio
     return body
 
 
-async def migrate(db: Database, revision: str = "head") -> None:
-    """Bring the database's schema up to ``revision`` (default: the newest)."""
+async def migrate(db: Database, revision: str = "head", *,
+                  lock_timeout_s: float = MIGRATION_LOCK_TIMEOUT_S) -> None:
+    """Bring the database's schema up to ``revision`` (default: the newest). A schema
+    already at the newest is left alone without taking the migrations' lock (which
+    any role can hold: a runtime role holding it stops no store that needs no
+    migration); otherwise the lock is waited for ``lock_timeout_s`` at most
+    (MigrationLockError)."""
+    if revision == "head" and await current_revision(db) == head_revision():
+        return
     with translate(f"migrating the schema to {revision}"):
-        await db.run(_alembic(db, "upgrade", revision), write=True)
+        await db.run(_alembic(db, "upgrade", revision, lock_timeout_s), write=True)
 
 
-async def downgrade(db: Database, revision: str) -> None:
+async def downgrade(db: Database, revision: str, *,
+                    lock_timeout_s: float = MIGRATION_LOCK_TIMEOUT_S) -> None:
     """Take the schema down to ``revision`` (``"base"`` drops every meshpoint table)."""
     with translate(f"downgrading the schema to {revision}"):
-        await db.run(_alembic(db, "downgrade", revision), write=True)
+        await db.run(_alembic(db, "downgrade", revision, lock_timeout_s), write=True)
 
 
 def _current_revision(sync_conn: Connection) -> str | None:

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, exc
 
+from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from meshpoint.errors import (
     CheckpointConflictError,
     IntegrityError,
@@ -226,13 +227,15 @@ class HistoryStore:
                  read: Callable[[str, Callable[[Connection], Any]], Awaitable[Any]],
                  write: Callable[[str, Callable[[Connection], Any]], Awaitable[Any]],
                  clock: Callable[[], float] = time.time,
-                 compress_threshold: int = 16_384) -> None:
+                 compress_threshold: int = 16_384,
+                 max_inflate: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> None:
         self.tenant_id = tenant_id
         self.options = options
         self._read = read
         self._write = write
         self._clock = clock
         self._compress_threshold = compress_threshold
+        self._max_inflate = max_inflate
 
     def _keys(self, **extra: Any) -> dict[str, Any]:
         return {"p_tenant": self.tenant_id, **extra}
@@ -358,7 +361,8 @@ class HistoryStore:
             raise UnknownHistoryError(task_id)
         return records, verify_chain(task_id, records,
                                      None if head is None else stored_head(head),
-                                     self.options, snapshots=True)
+                                     self.options, snapshots=True,
+                                     max_inflate=self._max_inflate)
 
     async def task_ids(self, *, after: str = "", limit: int = 1000) -> list[str]:
         """The tenant's tasks that have a history, by id, after ``after`` (paging)."""

@@ -62,9 +62,10 @@ from meshpoint.errors import (
 )
 from meshpoint.store import history_queries as hq
 from meshpoint.store import queries as q
-from meshpoint.store.engine import Database
+from meshpoint.store.engine import Database, translate
 from meshpoint.store.hooks import PORTABLE, FastPaths, Portable
-from meshpoint.store.postgres_tenancy import SET_TENANT, session_function
+from meshpoint.store.postgres_migration_lock import take_migration_lock
+from meshpoint.store.postgres_tenancy import SET_TENANT, check_tenant_role, session_function
 from meshpoint.store.records import Resolution
 from meshpoint.store.rows import (
     EventRow,
@@ -81,7 +82,6 @@ from meshpoint.tls import URL_PARAMETERS, TlsConfig, postgres_ssl
 
 R = TypeVar("R")
 T, S, I, E = q.T, q.S, q.I, q.E  # noqa: E741
-_MIGRATION_LOCK = 0x6D657368  # "mesh": the advisory lock id migrations take
 ONLY = ("postgresql",)
 
 # -- the statements of the fast paths -------------------------------------------------
@@ -533,11 +533,13 @@ class PostgresDatabase(Database):
                 result = await conn.run_sync(body)
                 return result
 
-    def before_migration(self, sync_conn: Connection, direction: str) -> None:
-        """Migrations run under an advisory lock, so instances may start together; an
-        upgrade creates the schema ``schema=`` selected if it does not exist yet, so a
-        fresh database needs no manual step."""
-        sync_conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+    def before_migration(self, sync_conn: Connection, direction: str,
+                         lock_timeout_s: float) -> None:
+        """Migrations run under an advisory lock, so instances may start together,
+        waited for ``lock_timeout_s`` at most (MigrationLockError naming its holder);
+        an upgrade creates the schema ``schema=`` selected if it does not exist yet, so
+        a fresh database needs no manual step."""
+        take_migration_lock(sync_conn, lock_timeout_s)
         if direction != "upgrade":
             return
         if sync_conn.exec_driver_sql("SELECT current_schema()").scalar() is not None:
@@ -545,6 +547,11 @@ class PostgresDatabase(Database):
         path = str(sync_conn.exec_driver_sql("SHOW search_path").scalar() or "")
         if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", path):
             sync_conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{path}"')
+
+    async def check_tenant(self, tenant_id: str) -> None:
+        with translate(f"checking that this role may act as tenant {tenant_id!r}"):
+            await self.run(lambda conn: check_tenant_role(conn, tenant_id), write=False,
+                           tenant=tenant_id)
 
     def _return_parked(self) -> None:
         if self._parked is not None:

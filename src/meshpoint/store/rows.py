@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import math
-import zlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from meshpoint import _json
+from meshpoint.compression import inflate
 from meshpoint.context import CheckpointDict, ParallelCalls, TaskExecutionContext
 from meshpoint.errors import (
     CorruptCheckpointError,
+    DecompressionLimitError,
     InvalidArgumentError,
     LeaseNotHeldError,
     UnknownTaskError,
@@ -272,13 +273,20 @@ def sub_task(row: SubTaskRow) -> PeerSubTask:
         resolved_by=row.resolved_by, result=row.result)
 
 
-def decode_context(task: TaskRow) -> dict[str, Any]:
-    """Decompress, verify and parse a paused task's context column."""
+def decode_context(task: TaskRow, *, max_inflate: int) -> dict[str, Any]:
+    """Decompress (at most ``max_inflate`` bytes: DecompressionLimitError past it),
+    verify and parse a paused task's context column."""
     task_id = task.logical_task_id
     try:
         raw = bytes(task.context)
         if task.context_encoding == "zlib":
-            raw = zlib.decompress(raw)
+            what = f"the context of task {task_id!r}"
+            try:
+                raw = inflate(raw, max_inflate, what, task_id=task_id)
+            except DecompressionLimitError:
+                raise  # says which task, and the limit
+            except CorruptCheckpointError as error:
+                raise ValueError(str(error).removeprefix(what + " ")) from None
         elif task.context_encoding != "json":
             raise ValueError(f"unknown context encoding {task.context_encoding!r}")
         if hashlib.sha256(raw).hexdigest() != task.context_sha256:
@@ -286,7 +294,7 @@ def decode_context(task: TaskRow) -> dict[str, Any]:
         doc = _json.loads(raw)
         if type(doc) is not dict:
             raise ValueError("it is not a JSON object")
-    except (ValueError, zlib.error) as error:
+    except ValueError as error:
         raise CorruptCheckpointError(
             f"the stored context of task {task_id!r} is corrupt ({error}); it was not used. "
             "Restore the row from a backup or cancel the task", task_id=task_id) from None
@@ -310,16 +318,18 @@ def join_events(task_id: str, event_rows: Sequence[EventRow]) -> list[Any]:
     return events
 
 
-def restored(task_id: str, rows: RestoreRows, lease_owner: str | None) -> RestoredTask:
-    """A paused task as a live context, from the rows a restore read. Raises
-    UnknownTaskError if the task is not stored and, with ``lease_owner``,
-    LeaseNotHeldError unless that owner holds its resume lease."""
+def restored(task_id: str, rows: RestoreRows, lease_owner: str | None, *,
+             max_inflate: int) -> RestoredTask:
+    """A paused task as a live context, from the rows a restore read (its context
+    inflated to ``max_inflate`` bytes at most). Raises UnknownTaskError if the task
+    is not stored and, with ``lease_owner``, LeaseNotHeldError unless that owner
+    holds its resume lease."""
     task = rows.task
     if task is None:
         raise UnknownTaskError(task_id)
     if lease_owner is not None and task.owner != lease_owner:
         raise LeaseNotHeldError(task_id, lease_owner, task.status)
-    doc = decode_context(task)
+    doc = decode_context(task, max_inflate=max_inflate)
     events = join_events(task.logical_task_id, rows.events)
     if len(events) != task.session_event_count:
         raise CorruptCheckpointError(

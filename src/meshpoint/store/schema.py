@@ -373,5 +373,19 @@ graph_writes = Table(
     Column("digest", String(64), nullable=False),
 )
 
+#: PostgreSQL only (migration 0012): which database role is which tenant's, for a
+#: deployment that isolates tenants by role (``meshpoint migrate --tenant-role``).
+#: Not tenant data: it has no row-level security and no grant to any runtime role;
+#: the policies read it through ``meshpoint_tenant(current_user)``, which runs as
+#: its owner. Kept apart from ``metadata`` (every table there is a tenant's, created
+#: on both databases and granted to the runtime role).
+roles_metadata = MetaData()
+tenant_roles = Table(
+    "meshpoint_tenant_roles",
+    roles_metadata,
+    Column("role_name", String(63), primary_key=True),
+    Column("tenant_id", String(64), nullable=False),
+)
+
 #: Tables holding a paused task's live state, children first (the delete order).
 LIVE_TABLES = (peer_sub_tasks, parallel_invocations, session_events, paused_tasks)

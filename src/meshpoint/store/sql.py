@@ -25,6 +25,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from meshpoint import _json
 from meshpoint._retry import retried
+from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from meshpoint.context import ParallelCalls, TaskExecutionContext
 from meshpoint.encryption import is_envelope
 from meshpoint.errors import (
@@ -113,24 +114,26 @@ class SqlStore(Store):
     def __init__(self, db: Database, *, tenant_id: str,
                  clock: Callable[[], float] = time.time,
                  compress_threshold_bytes: int = 16_384, fast_paths: bool = True,
-                 owns_db: bool = True, history: HistoryOptions | None = None) -> None:
+                 owns_db: bool = True, history: HistoryOptions | None = None,
+                 max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> None:
         check_id("tenant_id", tenant_id, max_len=64)
         self._db = db
         self.tenant_id = tenant_id
         self._clock = clock
         self._compress_threshold = compress_threshold_bytes
+        self._max_inflate = max_decompressed_bytes
         self._fast = db.fast_paths if fast_paths else NO_FAST_PATHS
         self._owns_db = owns_db
         self._history = HistoryOptions() if history is None else history
         #: The checkpoint history of this tenant (seed 001's operations).
         self.history = HistoryStore(
             tenant_id=tenant_id, options=self._history, clock=clock,
-            compress_threshold=compress_threshold_bytes,
+            compress_threshold=compress_threshold_bytes, max_inflate=max_decompressed_bytes,
             read=lambda doing, body: self._read(doing, body, short=False),
             write=lambda doing, body: self._write(doing, body))
         self._verified = VerifiedRestore(
             tenant_id=tenant_id, options=self._history, clock=clock,
-            compress_threshold=compress_threshold_bytes,
+            compress_threshold=compress_threshold_bytes, max_inflate=max_decompressed_bytes,
             read=lambda doing, body: self._read(doing, body, short=False),
             write=lambda doing, body: self._write(doing, body))
 
@@ -152,14 +155,16 @@ class SqlStore(Store):
         """A view of the same database for another tenant, sharing this store's pool."""
         return SqlStore(self._db, tenant_id=tenant_id, clock=self._clock,
                         compress_threshold_bytes=self._compress_threshold,
-                        fast_paths=self.fast_paths, owns_db=False, history=self._history)
+                        fast_paths=self.fast_paths, owns_db=False, history=self._history,
+                        max_decompressed_bytes=self._max_inflate)
 
     def with_history(self, history: HistoryOptions) -> SqlStore:
         """A view of the same database and tenant keeping the history as ``history``
         says (other keys, say, to verify with), sharing this store's pool."""
         return SqlStore(self._db, tenant_id=self.tenant_id, clock=self._clock,
                         compress_threshold_bytes=self._compress_threshold,
-                        fast_paths=self.fast_paths, owns_db=False, history=history)
+                        fast_paths=self.fast_paths, owns_db=False, history=history,
+                        max_decompressed_bytes=self._max_inflate)
 
     @property
     def closed(self) -> bool:
@@ -258,7 +263,7 @@ class SqlStore(Store):
             default_timeout_s=default_timeout_s, expires_at=expires_at,
             lease_owner=lease_owner, holder=holder, hold_lease_s=hold_lease_s,
             now=self._clock(), history=self._history,
-            compress_threshold=self._compress_threshold)
+            compress_threshold=self._compress_threshold, max_inflate=self._max_inflate)
         params = plan.params
 
         async def fast() -> int | Portable:
@@ -525,8 +530,10 @@ class SqlStore(Store):
             # must not pass for the former: a record of the task says it had one.
             rows = rows._replace(latest=await self._read(doing, lambda conn: (
                 hq.GET_HISTORY.first(conn, {**keys, "p_limit": 1}))))
-        result = restored(task_id, rows, lease_owner) if not (history and verify) \
-            else await self._verified.restore(task_id, rows, lease_owner)
+        if history and verify:
+            result = await self._verified.restore(task_id, rows, lease_owner)
+        else:
+            result = restored(task_id, rows, lease_owner, max_inflate=self._max_inflate)
         ctx = result.context
         if is_envelope(ctx.security_context) or is_envelope(ctx.history):
             sealed: dict[str, Any] = {"security_context": ctx.security_context,

@@ -44,6 +44,7 @@ import orjson
 from sqlalchemy import Connection
 
 from meshpoint import _json
+from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from meshpoint.errors import (
     CorruptCheckpointError,
     IntegrityError,
@@ -107,6 +108,8 @@ class VerifiedRestore:
     write: Callable[[str, Callable[[Connection], Any]], Awaitable[Any]]
     clock: Callable[[], float] = time.time
     compress_threshold: int = 16_384
+    #: The store's max_decompressed_bytes: no context or snapshot inflates past it.
+    max_inflate: int = DEFAULT_MAX_DECOMPRESSED_BYTES
 
     def _keys(self, **extra: Any) -> dict[str, Any]:
         return {"p_tenant": self.tenant_id, **extra}
@@ -119,7 +122,8 @@ class VerifiedRestore:
         if lease_owner is not None and task.owner != lease_owner:
             raise LeaseNotHeldError(task_id, lease_owner, task.status)
         if rows.head is None and rows.latest is None:
-            return restored(task_id, rows, lease_owner)  # checkpointed without a history
+            # checkpointed without a history
+            return restored(task_id, rows, lease_owner, max_inflate=self.max_inflate)
         if lease_owner is not None:
             self._check_can_sign(task_id, rows)
         why = self._latest_problem(rows)
@@ -132,7 +136,8 @@ class VerifiedRestore:
                 live_problem = "the live row is not the state its last record describes"
             else:
                 try:
-                    result = restored(task_id, rows, lease_owner)
+                    result = restored(task_id, rows, lease_owner,
+                                      max_inflate=self.max_inflate)
                 except CorruptCheckpointError as error:
                     live_problem = str(error)
                 else:
@@ -181,7 +186,8 @@ class VerifiedRestore:
                               context_sha256=hashlib.sha256(context_raw).hexdigest(),
                               session_event_count=snapshot["session_event_count"])
         try:
-            result = restored(task_id, rows._replace(task=fixed), lease_owner)
+            result = restored(task_id, rows._replace(task=fixed), lease_owner,
+                              max_inflate=self.max_inflate)
         except CorruptCheckpointError as error:
             return await self._block(task_id, rows, f"{problem}; and {error}", lease_owner)
         result.context.history_head = head_of(latest, rows.head)
@@ -198,7 +204,7 @@ class VerifiedRestore:
                        else bytes(row.snapshot),
                        snapshot_encoding=None if row is None else row.snapshot_encoding)
         try:
-            raw, why = checked_snapshot(read)
+            raw, why = checked_snapshot(read, max_inflate=self.max_inflate)
             if raw is None:
                 raise ValueError(why or "the record has no snapshot")
             snapshot = orjson.loads(raw)
@@ -231,7 +237,8 @@ class VerifiedRestore:
                                        lambda conn: read_chain(conn, keys))
         # Columns outside the hash decide nothing here: a walk for a restore skips them.
         report = verify_chain(task_id, stored, None if head is None else stored_head(head),
-                              self.options, snapshots=True, columns=False)
+                              self.options, snapshots=True, columns=False,
+                              max_inflate=self.max_inflate)
         if report.ok and intact_is_news:  # the last record changed meanwhile: retry
             raise IntegrityError(f"{why} (but the chain now verifies: restore again)",
                                  task_id=task_id)
@@ -281,7 +288,8 @@ class VerifiedRestore:
                                    "problem": problem}}}},
             context_sha256=sha, session_event_count=count,
             head=_parent_head(parent, good), now=now, options=self.options,
-            compress_threshold=self.compress_threshold, snapshot_context=context)
+            compress_threshold=self.compress_threshold, snapshot_context=context,
+            max_inflate=self.max_inflate)
         params = self._keys(
             p_task=task_id, p_agent=task.agent_name, p_owner=lease_owner, p_now=now,
             p_context=raw, p_encoding="json", p_sha256=sha, p_event_count=count,
@@ -308,7 +316,7 @@ class VerifiedRestore:
         rewound = await self.read(f"restoring task {task_id!r}", lambda conn: RestoreRows(
             q.GET_TASK.first(conn, params), q.GET_EVENTS.rows(conn, params),
             q.GET_INVOCATIONS.rows(conn, params), q.GET_TASK_SUB_TASKS.rows(conn, params)))
-        result = restored(task_id, rewound, lease_owner)
+        result = restored(task_id, rewound, lease_owner, max_inflate=self.max_inflate)
         result.context.history_head = planned.head(planned.document["metrics"]["tokens"]["total"])
         return result
 
@@ -344,7 +352,8 @@ class VerifiedRestore:
                         "extensions": {"restarted": reason}}}},
                 context_sha256=sha, session_event_count=len(events), head=head, now=now,
                 options=self.options, compress_threshold=self.compress_threshold,
-                snapshot_context=context) if self.options.enabled else None
+                snapshot_context=context, max_inflate=self.max_inflate,
+            ) if self.options.enabled else None
             params = self._keys(
                 p_task=task_id, p_agent=agent_name, p_owner=lease_owner, p_now=now,
                 p_context=raw, p_encoding="json", p_sha256=sha, p_event_count=len(events),
@@ -383,7 +392,8 @@ class VerifiedRestore:
                                               "integrity_blocked", {"problem": problem}, now))
 
         await self.write(f"blocking task {task_id!r}", body)
-        raise TaskBlockedError(task_id, problem, a2a_context=_a2a_context(task))
+        raise TaskBlockedError(task_id, problem,
+                               a2a_context=_a2a_context(task, self.max_inflate))
 
     async def _log(self, task_id: str, agent: str, kind: str, detail: dict[str, Any]) -> None:
         now = self.clock()
@@ -430,13 +440,13 @@ def _event(params: dict[str, Any], task_id: str, agent: str, kind: str,
             "p_state": None, "p_now": now}
 
 
-def _a2a_context(task: TaskRow) -> dict[str, Any]:
+def _a2a_context(task: TaskRow, max_inflate: int) -> dict[str, Any]:
     """The task's addressing from its live row, if that still decodes (to tell its
     caller it is blocked); empty otherwise."""
     from meshpoint.store.rows import decode_context
 
     try:
-        value = decode_context(task).get("a2a_context")
+        value = decode_context(task, max_inflate=max_inflate).get("a2a_context")
     except CorruptCheckpointError:
         return {}
     return value if isinstance(value, dict) else {}
