@@ -26,7 +26,9 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     │   │   ├── LeaseNotHeldError         the caller does not hold the task's resume lease
     │   │   └── ThreadSupersededError     another writer continued the LangGraph thread first
     │   ├── CorruptCheckpointError  a stored row does not decode; it was not used
-    │   │   └── IntegrityError      a history record or its chain fails verification
+    │   │   ├── IntegrityError      a history record or its chain fails verification
+    │   │   └── UnreadableValueError  a stored value is sealed under a key not held
+    │   │                             (also a KeyMissingError)
     │   └── TaskBlockedError        a task whose history cannot be trusted is blocked
     ├── BrokerError                 the message broker refused or failed an operation
     │   └── BrokerClosedError       the broker was closed
@@ -263,6 +265,13 @@ class KeyMissingError(ConfigurationError):
     the key ring (it was never configured, or was deleted on purpose: crypto-
     shredding). Nothing was written, and nothing is ever stored or shown in plain
     text instead."""
+
+
+class UnreadableValueError(CorruptCheckpointError, KeyMissingError):
+    """A stored value is encrypted under a key this process does not hold: its
+    tenant's keys were shredded, or never given to this process. The row is handled
+    as any corrupt row (a task whose state cannot be read is not resumed; a listing
+    shows the value as ``{"$unreadable": reason}``); nothing is shown in clear."""
 
 
 class BrokerError(MeshpointError):

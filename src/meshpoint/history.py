@@ -46,7 +46,7 @@ import uuid_utils
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from meshpoint._json import dump_bytes
-from meshpoint.encryption import EncryptionKeys, is_envelope
+from meshpoint.encryption import EncryptionKeys, check_families, is_envelope
 from meshpoint.errors import InvalidArgumentError, KeyMissingError
 from meshpoint.integrity import (
     GENESIS,
@@ -122,9 +122,12 @@ class HistoryOptions:
     store writes and verifies nothing of it). ``signing``: the Ed25519 key ring that
     signs records and heads; with a key configured, unsigned records fail
     verification unless ``require_signatures=False``. ``encryption``: the AES-GCM
-    key ring; with one, the security context is always encrypted, and so are the
-    record fields ``encrypt_fields`` names (dotted paths, e.g.
-    ``recovery.continuation_prompt``; ``snapshot`` encrypts the whole snapshot).
+    key ring; with one, every column of the store that carries user content is
+    encrypted (:mod:`meshpoint.store.sealing`: the live context, the conversation,
+    calls, snapshots, the event log, LangGraph's rows) except the families
+    ``encrypt_exclude`` names, and so are the record fields ``encrypt_fields`` names
+    (dotted paths, e.g. ``recovery.continuation_prompt``; the security context is
+    always).
     ``prices``: the price table of the cost attribution. ``retention``: the policy
     of chains whose task and agent set none. ``agent_retention``: policies by agent
     name, for a purge: the chains of an agent's tasks whose records carry no policy
@@ -139,6 +142,7 @@ class HistoryOptions:
     require_signatures: bool | None = None
     encryption: EncryptionKeys | None = None
     encrypt_fields: tuple[str, ...] = ()
+    encrypt_exclude: frozenset[str] = frozenset()
     prices: Prices = field(default_factory=Prices)
     retention: str | None = None
     agent_retention: Mapping[str, str] = field(default_factory=dict)
@@ -152,6 +156,7 @@ class HistoryOptions:
                 parse_retention(policy)
             except InvalidArgumentError as error:
                 raise InvalidArgumentError(f"agent_retention[{agent!r}]: {error}") from None
+        object.__setattr__(self, "encrypt_exclude", check_families(self.encrypt_exclude))
         for path in self.encrypt_fields:
             if path != "snapshot" and path.split(".", 1)[0] not in (
                     "execution_state", "context_summary", "metrics", "recovery",
@@ -181,6 +186,10 @@ class HistoryOptions:
         if "hold" in policies:
             return "hold"
         return next((p for p in policies if p), None)
+
+    def seals(self, family: str) -> bool:
+        """Whether the store encrypts ``family``'s columns (see ``encrypt_exclude``)."""
+        return self.encryption is not None and family not in self.encrypt_exclude
 
     @property
     def signatures_required(self) -> bool:
@@ -295,7 +304,7 @@ def plan_record(*, tenant_id: str, task_id: str, agent_name: str, status: str,
         snapshot_doc: Any = {"context": snapshot_context, "active_peer_sub_tasks": subs,
                              "parallel_tool_calls": invocations,
                              "session_event_count": session_event_count}
-        if "snapshot" in options.encrypt_fields:
+        if "snapshot" in options.encrypt_fields or options.seals("snapshots"):
             snapshot_doc = encryption_keys(options).encrypt(
                 snapshot_doc, tenant=tenant_id,
                 aad={"task": task_id, "record": checkpoint_id, "field": "snapshot"})

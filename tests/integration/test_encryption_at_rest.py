@@ -1,0 +1,208 @@
+"""Encryption at rest of every column that carries user content (docs/security.md §4),
+on a SQLite file and on PostgreSQL (fast paths and portable bodies): a marker written
+through each path rests nowhere in clear, a ciphertext moved to another row or column
+does not decrypt, rotation keeps everything readable and shredding makes all of it
+unreadable without stopping an instance."""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Connection, LargeBinary
+
+from meshpoint import a2a
+from meshpoint.encryption import EncryptionKeys
+from meshpoint.events import EventStore
+from meshpoint.history import HistoryOptions
+from meshpoint.llm.base import ModelResponse, ToolCall, ToolSpec
+from meshpoint.runtime import Agent, LocalTool, Peer
+from meshpoint.store import SqlStore
+from meshpoint.store.schema import metadata
+from tests.integration.mesh import ManualPeer, Mesh, eventually
+
+pytestmark = pytest.mark.portable_too
+
+
+class MarkerModel:
+    """A model whose every output carries the test's marker: turn 1 says something and
+    calls a peer, a plain tool and the approval tool twice; turn 2 calls the approval
+    tool once more (so the results of turn 1 rest in a checkpoint); turn 3 answers."""
+
+    name = "marker"
+
+    def __init__(self, mark: str) -> None:
+        self.mark = mark
+
+    async def complete(self, messages: list[dict[str, Any]],
+                       tools: list[ToolSpec]) -> ModelResponse:
+        m = self.mark
+        turns = sum(1 for message in messages if message.get("role") == "assistant")
+        if turns == 0:
+            return ModelResponse(text=f"{m}-reply", tool_calls=(
+                ToolCall("c1", "ask_researcher", {"query": f"{m}-peer-request"}),
+                ToolCall("c2", "lookup", {"query": f"{m}-lookup"}),
+                ToolCall("c3", "send", {"query": f"{m}-tool-arg"}),
+                ToolCall("c4", "send", {"query": f"{m}-tool-arg-2"})))
+        if turns == 1:
+            return ModelResponse(text=None, tool_calls=(
+                ToolCall("c5", "send", {"query": f"{m}-second-round"}),))
+        return ModelResponse(text=f"{m}-final-answer")
+
+
+def marker_agent(mark: str) -> Agent:
+    lookup = LocalTool("lookup", "Look it up.", lambda args: f"{mark}-local-result")
+    send = LocalTool("send", "Send it (needs a human).", lambda args: f"sent {args['query']}",
+                     needs_approval=True)
+    return Agent("coordinator", MarkerModel(mark), tools=[lookup, send],
+                 peers=[Peer("researcher")], events=True)
+
+
+class AtRest:
+    """Everything the database holds, as bytes and text: the SQLite file and its WAL
+    (before and after a checkpoint of the WAL), or every row of every table of the
+    PostgreSQL schema as text."""
+
+    def __init__(self, store: SqlStore, backend: str, path: Path | None,
+                 schema: str | None) -> None:
+        self.store, self.backend, self.path, self.schema = store, backend, path, schema
+
+    async def texts(self) -> list[tuple[str, bytes]]:
+        if self.path is not None:
+            wal = Path(f"{self.path}-wal")
+            found = [("db file", self.path.read_bytes()),
+                     ("-wal", wal.read_bytes() if wal.exists() else b"")]
+            conn = sqlite3.connect(self.path)  # copies the WAL into the file
+            try:
+                conn.execute("PRAGMA wal_checkpoint(FULL)").fetchone()
+            finally:
+                conn.close()
+            found.append(("db file after a WAL checkpoint", self.path.read_bytes()))
+            return found
+
+        def dump(conn: Connection) -> list[tuple[str, bytes]]:
+            out = []
+            for table in metadata.sorted_tables:
+                # The row as text, and its bytea columns with their printable bytes
+                # as they are (a row's text shows bytea as hex).
+                binary = [f"encode(t.{c.name}, 'escape')" for c in table.c
+                          if isinstance(c.type, LargeBinary)]
+                rows = conn.exec_driver_sql(
+                    f"SELECT concat_ws(' ', t::text, {', '.join(binary) or 'NULL'}) "
+                    f"FROM {self.schema}.{table.name} t").all()
+                out.append((table.name, "\n".join(r[0] for r in rows).encode()))
+            return out
+
+        return await self.store.run(dump)
+
+    async def where(self, marker: str) -> list[str]:
+        """Where ``marker`` rests in clear."""
+        return [name for name, data in await self.texts() if marker.encode() in data]
+
+
+@pytest.fixture
+async def at_rest(live_store: SqlStore, backend: str, store_url: str,
+                  store_options: dict[str, object]) -> AsyncIterator[AtRest]:
+    path = Path(store_url.removeprefix("sqlite:///")) if backend == "sqlite" else None
+    schema = None if backend == "sqlite" else str(store_options["schema"])
+    yield AtRest(live_store, backend, path, schema)
+
+
+@pytest.mark.parametrize("encrypted", [True, False], ids=["encrypted", "clear"])
+async def test_a_marker_written_through_every_path_rests_nowhere_in_clear(
+        live_store: SqlStore, at_rest: AtRest, encrypted: bool) -> None:
+    """A request, a model reply, a tool argument, a local tool's result, a peer's
+    request and answer, an approval's edited arguments and a human's reply, event
+    payloads, a LangGraph state value, write and metadata, and the history's
+    snapshots: with the tenant's encryption on, none of them is in the SQLite file
+    or its WAL (before or after a WAL checkpoint) or in any PostgreSQL row's text.
+    ``clear`` runs the same with encryption off, to prove the test sees each one."""
+    mark = f"mk{uuid.uuid4().hex[:12]}"
+    keys = EncryptionKeys.generate("default")
+    store = live_store.with_history(HistoryOptions(encryption=keys if encrypted else None))
+    seen: dict[str, list[str]] = {}
+
+    async def look(*paths: str) -> None:
+        for path in paths:
+            seen[path] = seen.get(path, []) + await at_rest.where(f"{mark}-{path}")
+
+    mesh = await Mesh(store).start()
+    try:
+        peer = await ManualPeer(mesh, "researcher").start()
+        await mesh.run(marker_agent(mark))
+        request_id = await mesh.client.submit("coordinator", f"{mark}-request")
+        pending = await mesh.client.wait_input(request_id, timeout_s=10)
+        task_id = mesh.client.task_id("coordinator", request_id)
+        await eventually(lambda: len(peer.requests) == 1, what="the peer's request")
+        await look("request", "reply", "peer-request", "lookup", "local-result",
+                   "tool-arg", "tool-arg-2")
+
+        await peer.answer(next(iter(peer.requests)), f"{mark}-peer-answer")
+        first, _second = sorted(pending, key=lambda p: p["function_call_id"])
+        await mesh.client.approve(task_id, first["call_id"], {"query": f"{mark}-edited"})
+
+        async def answered() -> bool:
+            subs = await store.get_peer_sub_tasks_for_task(task_id)
+            return sum(s.status == "resolved" for s in subs) == 2
+
+        await eventually(answered, what="the peer's answer and the approval recorded")
+        await look("peer-answer", "edited")
+
+        # The human replies to the other call: the join completes, the task resumes,
+        # and its second round pauses again with the first round's results stored.
+        await mesh.client.reply(task_id, f"{mark}-human-reply")
+        pending = await mesh.client.wait_input(request_id, timeout_s=10)
+        assert [p["arguments"] for p in pending] == [{"query": f"{mark}-second-round"}]
+        await look("human-reply", "second-round")
+        await mesh.client.approve(task_id, pending[0]["call_id"])
+        answer = await mesh.client.wait(request_id, timeout_s=10)
+        assert answer.status.state is a2a.TaskState.COMPLETED
+        assert f"{mark}-final-answer" in str(answer.status.message.text)  # type: ignore
+    finally:
+        await mesh.close()
+
+    async with EventStore(store) as log:
+        log.log_event("coordinator", task_id, "step_complete", step_name="note",
+                      input_data={"in": f"{mark}-event-input"},
+                      output_data=f"{mark}-event-output",
+                      state_snapshot={"s": f"{mark}-event-state"})
+    # The runtime's own events hold the final answer (its model step's output).
+    await look("event-input", "event-output", "event-state", "final-answer")
+    await _langgraph_paths(store, mark)
+    await look("lg-value", "lg-write", "lg-meta")
+
+    if encrypted:
+        assert {path: where for path, where in seen.items() if where} == {}
+    else:
+        assert [path for path, where in seen.items() if not where] == []
+
+
+async def _langgraph_paths(store: SqlStore, mark: str) -> None:
+    """A LangGraph state value, a pending write and a metadata value, through the saver."""
+    pytest.importorskip("langgraph")
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from meshpoint.integrations.langgraph import MeshpointSaver
+
+    saver = MeshpointSaver(store)
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = {"notes": [f"{mark}-lg-value"]}
+    checkpoint["channel_versions"] = {"notes": saver.get_next_version(None)}
+    config = await saver.aput({"configurable": {"thread_id": "lg-1", "checkpoint_ns": ""}},
+                              checkpoint, {"source": "input", "step": -1,
+                                           "note": f"{mark}-lg-meta"},
+                              dict(checkpoint["channel_versions"]))
+    await saver.aput_writes(config, [("notes", f"{mark}-lg-write")], "task-1")
+    got = await saver.aget_tuple(config)
+    assert got is not None and got.checkpoint["channel_values"]["notes"] == [
+        f"{mark}-lg-value"]
+    assert got.metadata["note"] == f"{mark}-lg-meta"  # type: ignore[typeddict-item]
+    assert [w[2] for w in got.pending_writes or ()] == [f"{mark}-lg-write"]
+    found = [t async for t in saver.alist(None, filter={"note": f"{mark}-lg-meta"})]
+    assert [t.config for t in found] == [got.config]
+    assert [t async for t in saver.alist(None, filter={"note": "other"})] == []
+
