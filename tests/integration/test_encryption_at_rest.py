@@ -13,16 +13,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, LargeBinary
+from sqlalchemy import Connection, LargeBinary, Table, select, update
 
 from meshpoint import a2a
+from meshpoint.context import TaskExecutionContext
 from meshpoint.encryption import EncryptionKeys
+from meshpoint.errors import CorruptCheckpointError
 from meshpoint.events import EventStore
 from meshpoint.history import HistoryOptions
 from meshpoint.llm.base import ModelResponse, ToolCall, ToolSpec
 from meshpoint.runtime import Agent, LocalTool, Peer
 from meshpoint.store import SqlStore
-from meshpoint.store.schema import metadata
+from meshpoint.store.schema import events as events_table
+from meshpoint.store.schema import (
+    graph_blobs,
+    graph_checkpoints,
+    graph_writes,
+    metadata,
+    parallel_invocations,
+    paused_tasks,
+    peer_sub_tasks,
+    session_events,
+)
+from meshpoint.store.sealing import UNREADABLE
 from tests.integration.mesh import ManualPeer, Mesh, eventually
 
 pytestmark = pytest.mark.portable_too
@@ -206,3 +219,140 @@ async def _langgraph_paths(store: SqlStore, mark: str) -> None:
     assert [t.config for t in found] == [got.config]
     assert [t async for t in saver.alist(None, filter={"note": "other"})] == []
 
+
+
+# -- a ciphertext moved to another row or column -----------------------------------------
+
+
+def paused_task(task_id: str, secret: str) -> TaskExecutionContext:
+    """A task waiting on two peers, with a result known at its checkpoint: a value of
+    each sealed column, each holding ``secret``."""
+    ctx = TaskExecutionContext(task_id, {"session_id": secret})
+    ctx.current_invocation_id = "turn-1"
+    ctx.append_session_event({"role": "user", "content": f"{secret} request"})
+    ctx.begin_parallel_calls("turn-1", ["a", "b", "local"])
+    ctx.record_parallel_result("turn-1", "local", f"{secret} local result")
+    for call in ("a", "b"):
+        ctx.register_peer_sub_task(f"{task_id}/{call}", {
+            "invocation_id": "turn-1", "function_call_id": call,
+            "peer_agent_name": "researcher", "query": f"{secret} {call}"})
+    return ctx
+
+
+async def swap(store: SqlStore, table: Table, columns: tuple[str, ...],
+               first: dict[str, Any], second: dict[str, Any]) -> None:
+    """Swap ``columns`` between two rows of ``table`` (each named by column values),
+    as anyone who can write the database can."""
+    def body(conn: Connection) -> None:
+        def where(key: dict[str, Any]) -> list[Any]:
+            return [table.c[name] == value for name, value in key.items()]
+
+        picked = [table.c[name] for name in columns]
+        a = conn.execute(select(*picked).where(*where(first))).one()
+        b = conn.execute(select(*picked).where(*where(second))).one()
+        conn.execute(update(table).where(*where(first)).values(dict(zip(columns, b,
+                                                                        strict=True))))
+        conn.execute(update(table).where(*where(second)).values(dict(zip(columns, a,
+                                                                         strict=True))))
+
+    await store.run(body, write=True)
+
+
+@pytest.fixture
+async def sealing(store: SqlStore) -> SqlStore:
+    """The test's store with encryption on (two tenants' keys) and no history, so
+    that only the encryption stands between a moved ciphertext and its reader."""
+    keys = EncryptionKeys.generate("default", "globex")
+    return store.with_history(HistoryOptions(enabled=False, encryption=keys))
+
+
+async def test_a_live_rows_ciphertext_moved_to_another_row_or_column_does_not_decrypt(
+        sealing: SqlStore) -> None:
+    await sealing.checkpoint_task(paused_task("t1", "acme-one"), "coordinator")
+    await sealing.checkpoint_task(paused_task("t2", "acme-two"), "coordinator")
+    await sealing.resolve_peer_sub_task("t1/a", "answer for one")
+    await sealing.resolve_peer_sub_task("t2/a", "answer for two")
+    T, E, I, S = paused_tasks, session_events, parallel_invocations, peer_sub_tasks  # noqa: E741
+    one, two = {"logical_task_id": "t1"}, {"logical_task_id": "t2"}
+    attacks = [
+        # the whole stored context, its checksum and encoding with it
+        (T, ("context", "context_encoding", "context_sha256"), one, two),
+        (E, ("data",), one, two),  # the conversations
+        (I, ("results",), one, two),  # the results known at the checkpoint
+        (S, ("correlation_data",), {"sub_task_id": "t1/b"}, {"sub_task_id": "t2/b"}),
+        (S, ("result",), {"sub_task_id": "t1/a"}, {"sub_task_id": "t2/a"}),
+    ]
+    for table, columns, first, second in attacks:
+        await swap(sealing, table, columns, first, second)
+        with pytest.raises(CorruptCheckpointError, match="does not decrypt"):
+            await sealing.restore_task("t1")
+        await swap(sealing, table, columns, first, second)  # put back
+        assert (await sealing.restore_task("t1")).context.task_id == "t1"
+    # A listing shows a moved value as unreadable, never the other row's.
+    await swap(sealing, S, ("result",), {"sub_task_id": "t1/a"}, {"sub_task_id": "t2/a"})
+    moved = await sealing.get_peer_sub_task("t1/a")
+    assert set(moved.result) == {UNREADABLE} and "does not decrypt" in moved.result[UNREADABLE]
+    # Another column of the same row: the request copied over the answer.
+    await sealing.run(lambda conn: conn.execute(update(S).where(S.c.sub_task_id == "t2/a")
+                                                .values(result=S.c.correlation_data)),
+                      write=True)
+    assert set((await sealing.get_peer_sub_task("t2/a")).result) == {UNREADABLE}
+    # Another tenant: the task's rows moved to globex, whose key differs.
+    await sealing.run(lambda conn: [conn.execute(update(t).where(
+        t.c.logical_task_id == "t2").values(tenant_id="globex")) for t in (T, E, I, S)],
+        write=True)
+    with pytest.raises(CorruptCheckpointError, match="does not decrypt"):
+        await sealing.for_tenant("globex").restore_task("t2")
+
+
+async def test_an_event_payload_moved_to_another_event_or_column_does_not_decrypt(
+        sealing: SqlStore) -> None:
+    async with EventStore(sealing) as log:
+        first = log.log_event("coordinator", "t1", "step_start", input_data="one's input",
+                              output_data="one's output")
+        second = log.log_event("coordinator", "t2", "step_start", input_data="two's input")
+    V = events_table
+    await swap(sealing, V, ("input_data",), {"event_id": first}, {"event_id": second})
+    await sealing.run(lambda conn: conn.execute(update(V).where(V.c.event_id == first)
+                                                .values(state_snapshot=V.c.output_data)),
+                      write=True)
+    read = {e.event_id: e for e in await EventStore(sealing).get_events()}
+    for event_id in (first, second):
+        assert set(read[event_id].input_data) == {UNREADABLE}
+    assert set(read[first].state_snapshot) == {UNREADABLE}
+    assert read[first].output_data == "one's output"  # where it was sealed, it opens
+
+
+async def test_a_langgraph_rows_ciphertext_moved_to_another_thread_does_not_decrypt(
+        sealing: SqlStore) -> None:
+    """Two threads holding the same checkpoint id (as copy_thread makes them): a row's
+    digest leaves the thread out, so only the encryption binds a row to its thread."""
+    pytest.importorskip("langgraph")
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from meshpoint.integrations.langgraph import MeshpointSaver
+
+    saver = MeshpointSaver(sealing)
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_versions"] = {"notes": saver.get_next_version(None)}
+    for thread in ("one", "two"):
+        checkpoint["channel_values"] = {"notes": [f"{thread}'s note"]}
+        config = await saver.aput({"configurable": {"thread_id": thread, "checkpoint_ns": ""}},
+                                  checkpoint, {"source": "input", "step": -1, "who": thread},
+                                  dict(checkpoint["channel_versions"]))
+        await saver.aput_writes(config, [("notes", f"{thread}'s write")], "task-1")
+    one = {"thread_id": "one"}
+    two = {"thread_id": "two"}
+    for table, columns in ((graph_checkpoints, ("data", "digest")),
+                           (graph_blobs, ("data", "digest")),
+                           (graph_writes, ("data", "digest"))):
+        await swap(sealing, table, columns, one, two)
+        with pytest.raises(CorruptCheckpointError, match="does not decrypt"):
+            await MeshpointSaver(sealing).aget_tuple({"configurable": {"thread_id": "one"}})
+        await swap(sealing, table, columns, one, two)
+    # The metadata (what a filter and prune read), moved: prune refuses, lists skip it.
+    await swap(sealing, graph_checkpoints, ("metadata",), one, two)
+    with pytest.raises(CorruptCheckpointError, match="does not decrypt"):
+        await saver.aprune(["one"])
+    got = await saver.aget_tuple({"configurable": {"thread_id": "one"}})
+    assert got is not None and got.metadata["who"] == "one"  # type: ignore[typeddict-item]

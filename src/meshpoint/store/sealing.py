@@ -95,8 +95,8 @@ class Sealer:
         """``value`` (JSON) as stored in ``column`` of the row keyed by ``row``: its
         envelope if ``family`` is sealed, else itself. KeyMissingError (nothing is
         written) if the tenant has no active key."""
-        if self.keys is None or family in self.exclude:
-            return value
+        if value is None or self.keys is None or family in self.exclude:
+            return value  # None: SQL NULL, which says nothing a row's kind does not
         return self.keys.encrypt(value, tenant=self.tenant_id, aad=self._aad(column, row))
 
     def open(self, value: Any, column: str, *, strict: bool = True, **row: str) -> Any:
