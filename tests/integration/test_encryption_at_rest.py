@@ -6,6 +6,7 @@ unreadable without stopping an instance."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
@@ -18,9 +19,15 @@ from sqlalchemy import Connection, LargeBinary, Table, select, update
 from meshpoint import a2a
 from meshpoint.context import TaskExecutionContext
 from meshpoint.encryption import EncryptionKeys
-from meshpoint.errors import CorruptCheckpointError
+from meshpoint.errors import (
+    CorruptCheckpointError,
+    IntegrityError,
+    TaskBlockedError,
+    UnreadableValueError,
+)
 from meshpoint.events import EventStore
 from meshpoint.history import HistoryOptions
+from meshpoint.llm import ScriptedModel
 from meshpoint.llm.base import ModelResponse, ToolCall, ToolSpec
 from meshpoint.runtime import Agent, LocalTool, Peer
 from meshpoint.store import SqlStore
@@ -356,3 +363,125 @@ async def test_a_langgraph_rows_ciphertext_moved_to_another_thread_does_not_decr
         await saver.aprune(["one"])
     got = await saver.aget_tuple({"configurable": {"thread_id": "one"}})
     assert got is not None and got.metadata["who"] == "one"  # type: ignore[typeddict-item]
+
+
+# -- rotation and shredding ------------------------------------------------------------------
+
+
+async def write_everything(store: SqlStore, task_id: str, thread: str, secret: str) -> None:
+    """A value of every sealed column: a paused task (context, conversation, calls,
+    invocation results, its record's snapshot), an answer, an event, a LangGraph
+    checkpoint with a value, a write and metadata."""
+    await store.checkpoint_task(paused_task(task_id, secret), "coordinator")
+    await store.resolve_peer_sub_task(f"{task_id}/a", f"{secret} answer")
+    async with EventStore(store) as log:
+        log.log_event("coordinator", task_id, "step_start", input_data=f"{secret} event")
+    pytest.importorskip("langgraph")
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from meshpoint.integrations.langgraph import MeshpointSaver
+
+    saver = MeshpointSaver(store)
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = {"notes": [f"{secret} note"]}
+    checkpoint["channel_versions"] = {"notes": saver.get_next_version(None)}
+    config = await saver.aput({"configurable": {"thread_id": thread, "checkpoint_ns": ""}},
+                              checkpoint, {"source": "input", "step": -1, "who": secret},
+                              dict(checkpoint["channel_versions"]))
+    await saver.aput_writes(config, [("notes", f"{secret} write")], "task-1")
+
+
+async def read_everything(store: SqlStore, task_id: str, thread: str, secret: str) -> None:
+    from meshpoint.integrations.langgraph import MeshpointSaver
+
+    ctx = (await store.restore_task(task_id)).context
+    assert ctx.a2a_context == {"session_id": secret}
+    assert ctx.session_events == [{"role": "user", "content": f"{secret} request"}]
+    assert ctx.active_peer_sub_tasks[f"{task_id}/b"]["query"] == f"{secret} b"
+    assert ctx.parallel_tool_calls["turn-1"].results == {
+        "local": f"{secret} local result", "a": f"{secret} answer"}
+    assert (await store.get_peer_sub_task(f"{task_id}/a")).result == f"{secret} answer"
+    [event] = await EventStore(store).get_events(thread_id=task_id)
+    assert event.input_data == f"{secret} event"
+    got = await MeshpointSaver(store).aget_tuple({"configurable": {"thread_id": thread}})
+    assert got is not None and got.checkpoint["channel_values"]["notes"] == [f"{secret} note"]
+    assert got.metadata["who"] == secret  # type: ignore[typeddict-item]
+    assert [w[2] for w in got.pending_writes or ()] == [f"{secret} write"]
+
+
+async def test_rotation_keeps_every_family_readable_and_shredding_makes_each_unreadable(
+        store: SqlStore) -> None:
+    keys = EncryptionKeys.generate("default")
+    before = store.with_history(HistoryOptions(encryption=keys))
+    await write_everything(before, "t1", "thread-1", "first")
+    rotated, new_id = keys.rotated("default")
+    after = store.with_history(HistoryOptions(encryption=rotated))
+    await write_everything(after, "t2", "thread-2", "second")
+    # The rotated ring reads what either key sealed; each value names its key.
+    await read_everything(after, "t1", "thread-1", "first")
+    await read_everything(after, "t2", "thread-2", "second")
+    kids = await store.run(lambda conn: {
+        row.logical_task_id: json.loads(row.data)["$encrypted"]["kid"]
+        if isinstance(row.data, str) else row.data["$encrypted"]["kid"]
+        for row in conn.execute(select(session_events))})
+    assert kids == {"t1": "k1", "t2": new_id}
+
+    # Shredded: every family unreadable, a clear error or marker, never clear text.
+    shredded = store.with_history(HistoryOptions(encryption=rotated.shredded("default")))
+    with pytest.raises(UnreadableValueError, match="holds no encryption key"):
+        await shredded.restore_task("t2", verify=False)
+    with pytest.raises(IntegrityError, match="cannot be read"):
+        await shredded.restore_task("t2")  # a reader: nothing is changed
+    sub = await shredded.get_peer_sub_task("t2/a")
+    assert set(sub.correlation_data) == {UNREADABLE} and set(sub.result) == {UNREADABLE}
+    assert all(set(s.correlation_data) == {UNREADABLE}
+               for s in await shredded.next_deadlines())
+    [event] = await EventStore(shredded).get_events(thread_id="t2")
+    assert set(event.input_data) == {UNREADABLE}
+    from meshpoint.integrations.langgraph import MeshpointSaver
+
+    with pytest.raises(UnreadableValueError, match=r"agent_langgraph_checkpoints\.data"):
+        await MeshpointSaver(shredded).aget_tuple({"configurable": {"thread_id": "thread-2"}})
+    # The history still verifies (it hashes what is stored), its snapshot is lost.
+    assert (await shredded.history.verify_task("t2")).ok
+    # The holder of the lease handles the task as any corrupt one: blocked.
+    assert await shredded.take_resume_lease("t2", "ops", 30, statuses=("waiting_peers",))
+    with pytest.raises(TaskBlockedError, match="cannot be read"):
+        await shredded.restore_task("t2", lease_owner="ops")
+    assert [t.status for t in await shredded.list_paused_tasks()
+            if t.task_id == "t2"] == ["blocked"]
+
+
+async def test_an_instance_that_lost_a_key_blocks_what_it_cannot_read_and_serves_the_rest(
+        live_store: SqlStore) -> None:
+    """An instance whose key ring lost the key a paused task was sealed with: the
+    task's answer is recorded, the task is blocked as any corrupt task, and the
+    instance goes on serving new tasks (sealed with the key it holds)."""
+    keys = EncryptionKeys.generate("default")
+    rotated, new_id = keys.rotated("default")
+    lost = EncryptionKeys(keys={"default": {new_id: rotated.keys["default"][new_id]}},
+                          active={"default": new_id})
+    mesh = await Mesh(live_store.with_history(HistoryOptions(encryption=keys))).start()
+    try:
+        peer = await ManualPeer(mesh, "researcher").start()
+        agent = Agent("coordinator", ScriptedModel(), peers=[Peer("researcher", timeout_s=30)])
+        [old] = await mesh.run(agent)
+        await mesh.client.submit("coordinator", "Look into it")
+        await eventually(lambda: len(peer.requests) == 1, what="the peer's request")
+        await old.stop()
+        mesh.store = live_store.with_history(HistoryOptions(encryption=lost))
+        [instance] = await mesh.run(agent)
+        await peer.answer(next(iter(peer.requests)), "found it")
+
+        async def blocked() -> bool:
+            return [t.status for t in await mesh.store.list_paused_tasks()] == ["blocked"]
+
+        await eventually(blocked, what="the unreadable task blocked")
+        request_id = await mesh.client.submit("coordinator", "Look into this instead")
+        await eventually(lambda: len(peer.requests) == 2, what="the new task's request")
+        await peer.answer(list(peer.requests)[-1], "found that")
+        answer = await mesh.client.wait(request_id, timeout_s=10)
+        assert answer.status.state is a2a.TaskState.COMPLETED
+        assert len(mesh.events("blocked")) == 1 and instance.running
+    finally:
+        await mesh.close()

@@ -390,13 +390,18 @@ class VerifiedRestore:
     def _event(self, params: dict[str, Any], task_id: str, agent: str, kind: str,
                detail: dict[str, Any], now: float) -> dict[str, Any]:
         """The parameters of an event-log row saying what happened to the task, its
-        payload sealed as the event log seals it."""
+        payload sealed as the event log seals it; in clear if the tenant has no key
+        left to seal with (its keys shredded: the task is blocked all the same, and
+        the payload is the store's own account, ids and reasons, not content)."""
         from meshpoint.history import new_checkpoint_id
 
-        return seal_event_row(self.sealer, {
-            **params, "p_event_id": new_checkpoint_id(), "p_agent": agent, "p_task": task_id,
-            "p_event_type": kind, "p_step": None, "p_input": None, "p_output": detail,
-            "p_state": None, "p_now": now})
+        row = {**params, "p_event_id": new_checkpoint_id(), "p_agent": agent,
+               "p_task": task_id, "p_event_type": kind, "p_step": None, "p_input": None,
+               "p_output": detail, "p_state": None, "p_now": now}
+        try:
+            return seal_event_row(self.sealer, row)
+        except KeyMissingError:
+            return row
 
 
 def _parent_head(head: Any, good: StoredRecord) -> Any:
