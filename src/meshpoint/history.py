@@ -382,21 +382,6 @@ def seal_context(keys: EncryptionKeys, context: dict[str, Any], tenant_id: str,
                                          aad={"task": task_id, "field": name})
 
 
-def open_context(options: HistoryOptions, context: dict[str, Any], tenant_id: str,
-                 task_id: str) -> None:
-    """Decrypt what :func:`seal_context` encrypted, in place (KeyMissingError without
-    the key ring or the key; IntegrityError if tampered with or moved)."""
-    for name in SEALED_CONTEXT_FIELDS:
-        value = context.get(name)
-        if is_envelope(value):
-            if options.encryption is None:
-                raise KeyMissingError(f"task {task_id!r}: its {name} is stored encrypted "
-                                      "and this store has no encryption key ring "
-                                      "(history.encryption)")
-            context[name] = options.encryption.decrypt(
-                value, tenant=tenant_id, aad={"task": task_id, "field": name})
-
-
 def encryption_keys(options: HistoryOptions) -> EncryptionKeys:
     if options.encryption is None:
         raise KeyMissingError("the history is configured to encrypt fields but has no "

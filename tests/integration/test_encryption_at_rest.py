@@ -10,6 +10,7 @@ import json
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -452,16 +453,20 @@ async def test_rotation_keeps_every_family_readable_and_shredding_makes_each_unr
             if t.task_id == "t2"] == ["blocked"]
 
 
+@pytest.mark.parametrize("exclude", [(), ("context",)], ids=["all", "context-in-clear"])
 async def test_an_instance_that_lost_a_key_blocks_what_it_cannot_read_and_serves_the_rest(
-        live_store: SqlStore) -> None:
+        live_store: SqlStore, exclude: tuple[str, ...]) -> None:
     """An instance whose key ring lost the key a paused task was sealed with: the
     task's answer is recorded, the task is blocked as any corrupt task, and the
-    instance goes on serving new tasks (sealed with the key it holds)."""
+    instance goes on serving new tasks (sealed with the key it holds). With the
+    context left in clear, what is still sealed in it (its security context and
+    history annotations) is what cannot be read."""
     keys = EncryptionKeys.generate("default")
     rotated, new_id = keys.rotated("default")
     lost = EncryptionKeys(keys={"default": {new_id: rotated.keys["default"][new_id]}},
                           active={"default": new_id})
-    mesh = await Mesh(live_store.with_history(HistoryOptions(encryption=keys))).start()
+    options = HistoryOptions(encryption=keys, encrypt_exclude=frozenset(exclude))
+    mesh = await Mesh(live_store.with_history(options)).start()
     try:
         peer = await ManualPeer(mesh, "researcher").start()
         agent = Agent("coordinator", ScriptedModel(), peers=[Peer("researcher", timeout_s=30)])
@@ -469,7 +474,7 @@ async def test_an_instance_that_lost_a_key_blocks_what_it_cannot_read_and_serves
         await mesh.client.submit("coordinator", "Look into it")
         await eventually(lambda: len(peer.requests) == 1, what="the peer's request")
         await old.stop()
-        mesh.store = live_store.with_history(HistoryOptions(encryption=lost))
+        mesh.store = live_store.with_history(replace(options, encryption=lost))
         [instance] = await mesh.run(agent)
         await peer.answer(next(iter(peer.requests)), "found it")
 

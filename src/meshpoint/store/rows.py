@@ -382,6 +382,7 @@ def restored(task_id: str, rows: RestoreRows, lease_owner: str | None,
     if lease_owner is not None and task.owner != lease_owner:
         raise LeaseNotHeldError(task_id, lease_owner, task.status)
     doc = decode_context(task, sealer)
+    sealer.open_context_fields(doc, task_id)
     events = join_events(task.logical_task_id, rows.events, sealer)
     if len(events) != task.session_event_count:
         raise CorruptCheckpointError(

@@ -53,6 +53,7 @@ from meshpoint.errors import (
     KeyMissingError,
     UnreadableValueError,
 )
+from meshpoint.history import SEALED_CONTEXT_FIELDS
 
 #: The key of what a lenient read gives for a value it cannot open.
 UNREADABLE = "$unreadable"
@@ -114,6 +115,23 @@ class Sealer:
             if strict:
                 raise refusal from None
             return {UNREADABLE: str(refusal)}
+
+    def open_context_fields(self, context: dict[str, Any], task_id: str) -> None:
+        """Open, in place, the fields of a stored context the history seals on their
+        own whatever the families (its security context and history annotations:
+        :func:`meshpoint.history.seal_context`, bound to their task and field);
+        strict, as :meth:`open`."""
+        for name in SEALED_CONTEXT_FIELDS:
+            value = context.get(name)
+            if not is_envelope(value):
+                continue
+            try:
+                if self.keys is None:
+                    raise KeyMissingError(_NO_RING)
+                context[name] = self.keys.decrypt(value, tenant=self.tenant_id,
+                                                  aad={"task": task_id, "field": name})
+            except (KeyMissingError, IntegrityError) as error:
+                raise _refusal(error, f"{CONTEXT} ({name})", {"task": task_id}) from None
 
     # -- bytes -------------------------------------------------------------------------
 

@@ -26,7 +26,6 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from meshpoint import _json
 from meshpoint._retry import retried
 from meshpoint.context import ParallelCalls, TaskExecutionContext
-from meshpoint.encryption import is_envelope
 from meshpoint.errors import (
     CheckpointConflictError,
     InvalidArgumentError,
@@ -41,7 +40,6 @@ from meshpoint.history import (
     END_PHASES,
     HistoryHead,
     HistoryOptions,
-    open_context,
 )
 from meshpoint.store import history_queries as hq
 from meshpoint.store import queries as q
@@ -540,12 +538,6 @@ class SqlStore(Store):
         result = restored(task_id, rows, lease_owner, self.sealer) \
             if not (history and verify) \
             else await self._verified.restore(task_id, rows, lease_owner)
-        ctx = result.context
-        if is_envelope(ctx.security_context) or is_envelope(ctx.history):
-            sealed: dict[str, Any] = {"security_context": ctx.security_context,
-                                      "history": ctx.history}
-            open_context(self._history, sealed, self.tenant_id, task_id)
-            ctx.security_context, ctx.history = sealed["security_context"], sealed["history"]
         return result
 
     async def restart_task(self, ctx: TaskExecutionContext, agent_name: str, *,
