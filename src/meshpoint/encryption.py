@@ -210,8 +210,10 @@ class EncryptionKeys:
         start = len(SEALED_PREFIX) + 1
         size = data[start - 1] if len(data) >= start else 0
         key_id = data[start:start + size].decode(errors="replace")
-        cipher = self._held(tenant, key_id, aad)
         nonce_at = start + size
+        if len(data) < nonce_at + _NONCE_BYTES + 16:  # 16: the tag
+            raise _tampered(key_id, aad)  # cut short
+        cipher = self._held(tenant, key_id, aad)
         try:
             return cipher.decrypt(data[nonce_at:nonce_at + _NONCE_BYTES],
                                   data[nonce_at + _NONCE_BYTES:], _aad(tenant, aad))

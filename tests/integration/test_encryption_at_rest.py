@@ -490,3 +490,20 @@ async def test_an_instance_that_lost_a_key_blocks_what_it_cannot_read_and_serves
         assert len(mesh.events("blocked")) == 1 and instance.running
     finally:
         await mesh.close()
+
+
+async def test_a_family_left_out_by_name_rests_in_clear_and_only_it(
+        live_store: SqlStore, at_rest: AtRest) -> None:
+    """``history.encryption.exclude: [events]``: the event log's payloads are stored in
+    clear (searchable by SQL), every other family is still sealed."""
+    mark = f"mk{uuid.uuid4().hex[:12]}"
+    keys = EncryptionKeys.generate("default")
+    partial = live_store.with_history(HistoryOptions(
+        encryption=keys, encrypt_exclude=frozenset({"events"})))
+    await partial.checkpoint_task(paused_task("t1", f"{mark}-task"), "coordinator")
+    async with EventStore(partial) as log:
+        log.log_event("coordinator", "t1", "step_start", input_data=f"{mark}-event")
+    assert await at_rest.where(f"{mark}-event")
+    assert await at_rest.where(f"{mark}-task") == []
+    [event] = await EventStore(partial).get_events()
+    assert event.input_data == f"{mark}-event"

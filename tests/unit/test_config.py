@@ -91,6 +91,9 @@ def test_shorthands_defaults_and_local_tools(tmp_path: Path) -> None:
      "history.retention: retention policy 'weeks:3': use days:N"),
     (MINIMAL.replace("flights: {}", "flights: {retention: bogus}"),
      "agents.flights.retention: retention policy 'bogus': use days:N"),
+    (MINIMAL + "history: {encryption: {keyring: k.json, exclude: [events, logs]}}\n",
+     "history.encryption.exclude: encryption exclude: 'logs' is not a family "
+     "of columns (they are context, conversation, calls, snapshots, events, langgraph)"),
     ("agents: [1, 2\n", "not valid YAML"),
     ("- just\n- a list\n", "expected a mapping of keys"),
     (MINIMAL + "  tooly:\n    tools: [{name: t, function: 'no_such_module:f'}]\n", None),
@@ -211,3 +214,14 @@ def test_an_agents_event_log_and_reconstruction(tmp_path: Path) -> None:
     assert not plain.events and not plain.recovery.reconstruct
     with pytest.raises(ConfigurationError, match=r"events: Input should be a valid boolean"):
         load_config(write(tmp_path, MINIMAL + "  worker:\n    events: sometimes\n"))
+
+
+def test_encryption_leaves_the_families_it_is_told_in_clear(tmp_path: Path) -> None:
+    from meshpoint.encryption import EncryptionKeys, save_keyring
+
+    save_keyring(EncryptionKeys.generate("default"), tmp_path / "keys.json")
+    text = MINIMAL + (f"history: {{encryption: {{keyring: {tmp_path / 'keys.json'}, "
+                      "exclude: [events, langgraph]}}\n")
+    options = load_config(write(tmp_path, text)).history.options()
+    assert options.encrypt_exclude == {"events", "langgraph"}
+    assert options.seals("conversation") and not options.seals("events")
