@@ -31,6 +31,7 @@ from meshpoint.history import HistoryOptions
 from meshpoint.llm import ScriptedModel
 from meshpoint.llm.base import ModelResponse, ToolCall, ToolSpec
 from meshpoint.runtime import Agent, LocalTool, Peer
+from meshpoint.runtime.approvals import Approve, Reply, decide
 from meshpoint.store import SqlStore
 from meshpoint.store.schema import events as events_table
 from meshpoint.store.schema import (
@@ -44,6 +45,7 @@ from meshpoint.store.schema import (
     session_events,
 )
 from meshpoint.store.sealing import UNREADABLE
+from tests.conftest import snapshot
 from tests.integration.mesh import ManualPeer, Mesh, eventually
 
 pytestmark = pytest.mark.portable_too
@@ -507,3 +509,26 @@ async def test_a_family_left_out_by_name_rests_in_clear_and_only_it(
     assert await at_rest.where(f"{mark}-task") == []
     [event] = await EventStore(partial).get_events()
     assert event.input_data == f"{mark}-event"
+
+
+@pytest.mark.parametrize("answer", [Approve(call_id="t1/send", arguments={"query": "edited"}),
+                                    Reply(text="do this instead")], ids=["approve", "reply"])
+async def test_an_answer_given_without_the_key_ring_is_refused_and_writes_nothing(
+        store: SqlStore, answer: Approve | Reply) -> None:
+    """``meshpoint tasks approve --url`` (no config, so no key ring) on a tenant whose
+    calls are sealed: the approval cannot be read, so nothing is decided, and no
+    decision is written in clear beside the sealed rows."""
+    sealing = store.with_history(HistoryOptions(encryption=EncryptionKeys.generate("default")))
+    ctx = TaskExecutionContext("t1", {})
+    ctx.current_invocation_id = "turn-1"
+    ctx.register_peer_sub_task("t1/send", {
+        "invocation_id": "turn-1", "function_call_id": "c1",
+        "approval": {"tool": "send", "description": "Send it", "parameters": {},
+                     "arguments": {"query": "the secret draft"}}})
+    await sealing.checkpoint_task(ctx, "coordinator", status="input_required")
+    before = await snapshot(store)
+    with pytest.raises(UnreadableValueError, match="no encryption key ring"):
+        await decide(store, "t1", answer, by="alice")
+    assert await snapshot(store) == before
+    decided = await decide(sealing, "t1", answer, by="alice")  # with the ring, it is
+    assert decided.completing is not None
