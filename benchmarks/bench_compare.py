@@ -7,16 +7,18 @@ For SQLite (a file, WAL, synchronous=NORMAL on both sides) and PostgreSQL:
 
 1. **Write and read of one pause.** The payload is a conversation of 20 messages
    of about 500 B and 3 pending sub-tasks. meshpoint writes it with
-   ``checkpoint_task`` (with the checkpoint history, the default; without it; and
-   with it signed) and reads it with ``restore_task`` (verified against the
-   history, the default, and not); LangGraph's ``SqliteSaver`` / ``PostgresSaver``
+   ``checkpoint_task`` (with the checkpoint history, the default; without it; with
+   it signed; and with the tenant's encryption at rest on, every column carrying
+   user content sealed) and reads it with ``restore_task`` (verified against the
+   history, the default, and not; and encrypted); LangGraph's ``SqliteSaver`` / ``PostgresSaver``
    with ``put`` (channels ``messages`` and ``sub_tasks``) and ``get_tuple``. Each
    run is a new task / thread. On PostgreSQL meshpoint connects as a runtime role
    held by row-level security, as ``serve`` does. Reported: p50/p99/max and the
-   ratio meshpoint / LangGraph. Also timed in the same turns: the Python part of
-   a write with the history on alone (``plan_checkpoint``: the context copied and
-   checked, the join, the record's document, its RFC 8785 form, hash and
-   snapshot; no I/O), against the whole of LangGraph's ``put``.
+   ratio meshpoint / LangGraph, and what encryption adds (encrypted / not, both with
+   the history). Also timed in the same turns: the Python part of a write with the
+   history on alone (``plan_checkpoint``: the context copied and checked, the join,
+   the record's document, its RFC 8785 form, hash and snapshot; no I/O), and with
+   encryption on, against the whole of LangGraph's ``put``.
 2. **Storage of a growing conversation.** One task, 500 turns; each turn adds one
    message (~500 B) and pauses. meshpoint appends the new event; LangGraph stores a
    new version of the ``messages`` channel. Reported: the tables' size after the
@@ -59,11 +61,13 @@ from sqlalchemy.engine import make_url
 
 from meshpoint import TaskExecutionContext, open_store
 from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
+from meshpoint.encryption import EncryptionKeys
 from meshpoint.history import DISABLED, HistoryOptions
 from meshpoint.integrity import SigningKeys
 from meshpoint.store import SqlStore
 from meshpoint.store.checkpoints import plan_checkpoint
 from meshpoint.store.postgres_tenancy import grant_runtime_role
+from meshpoint.store.sealing import Sealer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_store import percentiles
@@ -125,7 +129,12 @@ def plan(history: HistoryOptions, ctx: TaskExecutionContext | None = None) -> An
         ctx or meshpoint_context(uuid.uuid4().hex), "bench", keys={"p_tenant": "default"},
         status="waiting_peers", default_timeout_s=600.0, expires_at=None, lease_owner=None,
         holder=None, hold_lease_s=30.0, now=time.time(), history=history,
+        sealer=Sealer("default", history.encryption, history.encrypt_exclude),
         compress_threshold=16_384, max_inflate=DEFAULT_MAX_DECOMPRESSED_BYTES)
+
+
+#: The tenant's encryption at rest on (a key ring for the stores' tenant).
+ENCRYPTED = HistoryOptions(encryption=EncryptionKeys.generate("default"))
 
 
 # -- LangGraph -------------------------------------------------------------------------
@@ -175,34 +184,38 @@ async def atimed(samples: list[float], call: Callable[[], Any]) -> Any:
 
 async def write_read(store: SqlStore, lg: LangGraphSide, runs: int,
                      progress: Progress, label: str) -> dict[str, Any]:
-    """Pause writes on three meshpoint stores of one database, interleaved with
-    LangGraph's ``put``: with the checkpoint history (the default), without it, and
-    with it signed (Ed25519); then reads: ``restore_task`` verified against the
-    history (the default) and not, interleaved with ``get_tuple``."""
+    """Pause writes on four meshpoint stores of one database, interleaved with
+    LangGraph's ``put``: with the checkpoint history (the default), without it, with
+    it signed (Ed25519), and with the tenant's encryption at rest on; then reads:
+    ``restore_task`` verified against the history (the default), not, and of the
+    encrypted tasks, interleaved with ``get_tuple``."""
     prefix = uuid.uuid4().hex[:8]
     sides: dict[str, SqlStore] = {
         "meshpoint_write": store,
         "meshpoint_write_no_history": store.with_history(DISABLED),
         "meshpoint_write_signed": store.with_history(HistoryOptions(
-            signing=SigningKeys.generate("bench")))}
-    job = progress.add_task(f"{label}: write and read, every side", total=6 * runs)
+            signing=SigningKeys.generate("bench"))),
+        "meshpoint_write_encrypted": store.with_history(ENCRYPTED)}
+    job = progress.add_task(f"{label}: write and read, every side", total=11 * runs)
     samples: dict[str, list[float]] = {name: [] for name in (
-        *sides, "langgraph_put", "meshpoint_plan", "meshpoint_restore",
-        "meshpoint_restore_unverified", "langgraph_get_tuple")}
+        *sides, "langgraph_put", "meshpoint_plan", "meshpoint_plan_encrypted",
+        "meshpoint_restore", "meshpoint_restore_unverified", "meshpoint_restore_encrypted",
+        "langgraph_get_tuple")}
     warm = meshpoint_context(f"{prefix}-warm")
     for name, side in sides.items():
         await side.checkpoint_task(meshpoint_context(f"{prefix}-warm-{name}"), "bench")
     lg.put(f"{prefix}-warm", [message(n) for n in range(20)], sub_tasks("w"), 0)
     # Interleaved, so that every side sees the same machine weather, and in turns
     # going first, so that none always runs right after another's write.
-    order = [*sides, "langgraph_put", "meshpoint_plan"]
+    order = [*sides, "langgraph_put", "meshpoint_plan", "meshpoint_plan_encrypted"]
+    plans = {"meshpoint_plan": HistoryOptions(), "meshpoint_plan_encrypted": ENCRYPTED}
     for n in range(runs):
         msgs, subs = [message(i) for i in range(20)], sub_tasks(f"{prefix}-{n}")
         shift = n % len(order)
         for name in order[shift:] + order[:shift]:
-            if name == "meshpoint_plan":
-                ctx = meshpoint_context(f"{prefix}-{n}-plan")
-                timed(samples[name], lambda ctx=ctx: plan(HistoryOptions(), ctx))
+            if name in plans:
+                ctx = meshpoint_context(f"{prefix}-{n}-{name}")
+                timed(samples[name], lambda ctx=ctx, name=name: plan(plans[name], ctx))
                 continue
             if name == "langgraph_put":
                 timed(samples[name], lambda n=n, msgs=msgs, subs=subs: lg.put(
@@ -211,8 +224,9 @@ async def write_read(store: SqlStore, lg: LangGraphSide, runs: int,
             ctx = meshpoint_context(f"{prefix}-{n}-{name}")
             await atimed(samples[name], lambda ctx=ctx, side=sides[name]: (
                 side.checkpoint_task(ctx, "bench")))
-        progress.advance(job, 4)
-    reads = ["meshpoint_restore", "meshpoint_restore_unverified", "langgraph_get_tuple"]
+        progress.advance(job, len(order))
+    reads = ["meshpoint_restore", "meshpoint_restore_unverified",
+             "meshpoint_restore_encrypted", "langgraph_get_tuple"]
     for n in range(runs):
         task_id = f"{prefix}-{n}-meshpoint_write"
         shift = n % len(reads)
@@ -220,10 +234,14 @@ async def write_read(store: SqlStore, lg: LangGraphSide, runs: int,
             if name == "langgraph_get_tuple":
                 got = timed(samples[name], lambda n=n: lg.get(f"{prefix}-{n}"))
                 assert len(got.checkpoint["channel_values"]["messages"]) == 20
+            elif name == "meshpoint_restore_encrypted":
+                await atimed(samples[name], lambda n=n: sides[
+                    "meshpoint_write_encrypted"].restore_task(
+                        f"{prefix}-{n}-meshpoint_write_encrypted"))
             else:
                 await atimed(samples[name], lambda t=task_id, v=name == "meshpoint_restore": (
                     store.restore_task(t, verify=v)))
-        progress.advance(job, 2)
+        progress.advance(job, len(reads))
     for n in range(runs):
         for name, side in sides.items():
             await side.cleanup_task(f"{prefix}-{n}-{name}")
@@ -236,9 +254,16 @@ async def write_read(store: SqlStore, lg: LangGraphSide, runs: int,
             ("write", "meshpoint_write", "langgraph_put"),
             ("write_no_history", "meshpoint_write_no_history", "langgraph_put"),
             ("write_signed", "meshpoint_write_signed", "langgraph_put"),
+            ("write_encrypted", "meshpoint_write_encrypted", "langgraph_put"),
             ("plan", "meshpoint_plan", "langgraph_put"),
+            ("plan_encrypted", "meshpoint_plan_encrypted", "langgraph_put"),
             ("read", "meshpoint_restore", "langgraph_get_tuple"),
-            ("read_unverified", "meshpoint_restore_unverified", "langgraph_get_tuple")):
+            ("read_unverified", "meshpoint_restore_unverified", "langgraph_get_tuple"),
+            ("read_encrypted", "meshpoint_restore_encrypted", "langgraph_get_tuple"),
+            # what encryption at rest adds, everything else alike
+            ("encryption_write", "meshpoint_write_encrypted", "meshpoint_write"),
+            ("encryption_plan", "meshpoint_plan_encrypted", "meshpoint_plan"),
+            ("encryption_read", "meshpoint_restore_encrypted", "meshpoint_restore")):
         out[f"{what}_ratio_p50"] = round(out[ours]["p50"] / out[theirs]["p50"], 3)
         out[f"{what}_ratio_p99"] = round(out[ours]["p99"] / out[theirs]["p99"], 3)
     return out
@@ -505,16 +530,33 @@ def table(results: dict[str, Any], turns: int) -> str:
                 ("pause write, history off", "meshpoint_write_no_history",
                  "write_no_history"),
                 ("pause write, history signed", "meshpoint_write_signed", "write_signed"),
+                ("pause write, history on, encrypted at rest", "meshpoint_write_encrypted",
+                 "write_encrypted"),
                 ("of a write (history on), planning alone: Python, no I/O",
-                 "meshpoint_plan", "plan")):
+                 "meshpoint_plan", "plan"),
+                ("of a write (history on, encrypted), planning alone",
+                 "meshpoint_plan_encrypted", "plan_encrypted")):
             lines.append(f"| {backend} | {what} p50 / p99 ms | {pair(w[key])} | "
                          f"{pair(w['langgraph_put'])} | {w[f'{ratio}_ratio_p50']:.2f}, "
                          f"{w[f'{ratio}_ratio_p99']:.2f} |")
         for what, key, ratio in (("read, verified (default)", "meshpoint_restore", "read"),
                                  ("read, not verified", "meshpoint_restore_unverified",
-                                  "read_unverified")):
+                                  "read_unverified"),
+                                 ("read, verified, encrypted at rest",
+                                  "meshpoint_restore_encrypted", "read_encrypted")):
             lines.append(f"| {backend} | {what} p50 / p99 ms | {pair(w[key])} | "
                          f"{pair(w['langgraph_get_tuple'])} | {w[f'{ratio}_ratio_p50']:.2f}, "
+                         f"{w[f'{ratio}_ratio_p99']:.2f} |")
+        for what, ours, theirs, ratio in (
+                ("pause write", "meshpoint_write_encrypted", "meshpoint_write",
+                 "encryption_write"),
+                ("planning (Python)", "meshpoint_plan_encrypted", "meshpoint_plan",
+                 "encryption_plan"),
+                ("read", "meshpoint_restore_encrypted", "meshpoint_restore",
+                 "encryption_read")):
+            lines.append(f"| {backend} | encryption at rest: {what}, on vs off p50 / p99 ms | "
+                         f"{pair(w[ours])} vs {pair(w[theirs])} | | "
+                         f"on / off {w[f'{ratio}_ratio_p50']:.2f}, "
                          f"{w[f'{ratio}_ratio_p99']:.2f} |")
         s = r["storage_bytes"]
         lines.append(f"| {backend} | storage after {turns} turns | "

@@ -70,6 +70,17 @@ def _policy(value: str | None) -> str | None:
     return value
 
 
+def _families(value: list[str]) -> list[str]:
+    """Families of encrypted columns, checked when the file is read."""
+    from meshpoint.encryption import check_families
+
+    try:
+        check_families(value)
+    except InvalidArgumentError as error:
+        raise ValueError(str(error)) from None
+    return value
+
+
 #: ``days:N``, ``last:N`` or ``hold`` (:func:`meshpoint.history.parse_retention`).
 RetentionPolicy = Annotated[str | None, AfterValidator(_policy)]
 
@@ -309,12 +320,16 @@ class SigningConfig(_Strict):
 
 
 class EncryptionConfig(_Strict):
-    """AES-GCM encryption at rest of the history (:mod:`meshpoint.encryption`)."""
+    """AES-GCM encryption at rest (:mod:`meshpoint.encryption`): every column that
+    carries user content (:mod:`meshpoint.store.sealing`), and history fields."""
 
     #: The key ring file (``meshpoint keys rotate`` writes it).
     keyring: str
     #: Record fields to encrypt besides the security context (dotted paths).
     fields: list[str] = Field(default_factory=list)
+    #: Families of columns left in clear (context, conversation, calls, snapshots,
+    #: events, langgraph); none by default.
+    exclude: Annotated[list[str], AfterValidator(_families)] = Field(default_factory=list)
 
 
 class HistoryConfig(_Strict):
@@ -347,6 +362,7 @@ class HistoryConfig(_Strict):
             encryption=None if self.encryption is None else load_keyring(
                 self.encryption.keyring),
             encrypt_fields=tuple(self.encryption.fields) if self.encryption else (),
+            encrypt_exclude=frozenset(self.encryption.exclude if self.encryption else ()),
             prices=Prices(self.prices, self.currency), retention=self.retention)
 
 

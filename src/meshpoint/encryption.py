@@ -16,6 +16,11 @@ every key it still holds decrypts, so rotating (``meshpoint keys rotate``) means
 adding a key and making it active. A value encrypted under a key the ring no longer
 holds raises :class:`~meshpoint.errors.KeyMissingError`: never plaintext, never a
 silent placeholder.
+
+The same keys seal the store's columns that carry user content
+(:mod:`meshpoint.store.sealing`): a JSON value as the envelope above, and bytes (a
+context blob, a LangGraph row) in a binary form, :data:`SEALED_PREFIX`, the key id's
+length and the key id, the nonce, then the ciphertext and its tag.
 """
 
 from __future__ import annotations
@@ -34,11 +39,37 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from meshpoint.errors import ConfigurationError, IntegrityError, KeyMissingError
+from meshpoint.errors import (
+    ConfigurationError,
+    IntegrityError,
+    InvalidArgumentError,
+    KeyMissingError,
+)
 
 #: The key of an encrypted value's envelope.
 ENVELOPE = "$encrypted"
 ALGORITHM = "A256GCM"
+#: The first bytes of a value sealed as bytes: no JSON text and no zlib stream
+#: starts with a NUL, so sealed bytes are never taken for a value stored in clear.
+SEALED_PREFIX = b"\x00mpe1"
+_NONCE_BYTES = 12
+#: The families of columns a tenant's encryption covers, each of which a deployment
+#: may leave in clear by name (``history.encryption.exclude``); what each holds is in
+#: :mod:`meshpoint.store.sealing`.
+FAMILIES = ("context", "conversation", "calls", "snapshots", "events", "langgraph")
+
+
+def check_families(names: Any) -> frozenset[str]:
+    """``names`` as a set of families; InvalidArgumentError naming one that is not."""
+    unknown = [names] if isinstance(names, str) else [
+        name for name in names if name not in FAMILIES]
+    if unknown:
+        raise InvalidArgumentError(
+            f"encryption exclude: {unknown[0]!r} is not a list of families of columns "
+            f"(they are {', '.join(FAMILIES)})" if isinstance(names, str) else
+            f"encryption exclude: {', '.join(map(repr, unknown))} is not a family of "
+            f"columns (they are {', '.join(FAMILIES)})")
+    return frozenset(names)
 
 
 def is_envelope(value: Any) -> TypeGuard[dict[str, Any]]:
@@ -59,8 +90,17 @@ class EncryptionKeys:
 
     keys: Mapping[str, Mapping[str, bytes]] = field(default_factory=dict)
     active: Mapping[str, str] = field(default_factory=dict)
+    #: An AESGCM object per (tenant, key id), built once: a checkpoint seals several
+    #: values, and building one costs about as much as sealing a small value.
+    _ciphers: Mapping[tuple[str, str], AESGCM] = field(
+        init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
+        for tenant, ring in self.keys.items():
+            for key_id in ring:
+                if not 0 < len(key_id.encode()) < 256:
+                    raise ConfigurationError(f"tenant {tenant!r}: encryption key id "
+                                             f"{key_id!r:.80} must have 1 to 255 bytes")
         for tenant, key_id in self.active.items():
             if key_id not in self.keys.get(tenant, {}):
                 raise ConfigurationError(f"tenant {tenant!r}: the active encryption key "
@@ -70,6 +110,9 @@ class EncryptionKeys:
                 if len(key) != 32:
                     raise ConfigurationError(f"tenant {tenant!r}: encryption key {key_id!r} "
                                              f"has {len(key)} bytes, not 32 (AES-256)")
+        object.__setattr__(self, "_ciphers", {
+            (tenant, key_id): AESGCM(key)
+            for tenant, ring in self.keys.items() for key_id, key in ring.items()})
 
     def __repr__(self) -> str:
         # Key ids only: the keys themselves are raw bytes a log would keep.
@@ -135,15 +178,9 @@ class EncryptionKeys:
     def encrypt(self, value: Any, *, tenant: str, aad: Mapping[str, str]) -> dict[str, Any]:
         """The envelope of ``value`` (any JSON value) under ``tenant``'s active key;
         ``aad`` (tenant, task, record id, field) is bound to it."""
-        key_id = self.active.get(tenant)
-        if key_id is None:
-            raise KeyMissingError(
-                f"tenant {tenant!r} has no active encryption key, and the history is "
-                "configured to encrypt: add one (meshpoint keys rotate --tenant "
-                f"{tenant}); nothing was written")
-        nonce = secrets.token_bytes(12)
-        ciphertext = AESGCM(self.keys[tenant][key_id]).encrypt(
-            nonce, orjson.dumps(value), _aad(tenant, aad))
+        key_id, cipher = self._active(tenant)
+        nonce = secrets.token_bytes(_NONCE_BYTES)
+        ciphertext = cipher.encrypt(nonce, orjson.dumps(value), _aad(tenant, aad))
         return {ENVELOPE: {"alg": ALGORITHM, "kid": key_id,
                            "nonce": base64.b64encode(nonce).decode(),
                            "ct": base64.b64encode(ciphertext).decode()}}
@@ -155,21 +192,72 @@ class EncryptionKeys:
         ``aad`` (tampered, or moved from another tenant, task, record or field)."""
         body = envelope[ENVELOPE]
         key_id = str(body.get("kid"))
-        key = self.keys.get(tenant, {}).get(key_id)
-        if key is None:
+        cipher = self._held(tenant, key_id, aad)
+        try:
+            plain = cipher.decrypt(base64.b64decode(body["nonce"]),
+                                   base64.b64decode(body["ct"]), _aad(tenant, aad))
+        except (InvalidTag, KeyError, ValueError):
+            raise _tampered(key_id, aad) from None
+        return orjson.loads(plain)
+
+    def encrypt_bytes(self, data: bytes, *, tenant: str, aad: Mapping[str, str]) -> bytes:
+        """``data`` sealed under ``tenant``'s active key, ``aad`` bound to it (the
+        binary form: see the module docstring)."""
+        key_id, cipher = self._active(tenant)
+        kid = key_id.encode()
+        nonce = secrets.token_bytes(_NONCE_BYTES)
+        return b"".join((SEALED_PREFIX, bytes((len(kid),)), kid, nonce,
+                         cipher.encrypt(nonce, data, _aad(tenant, aad))))
+
+    def decrypt_bytes(self, data: bytes, *, tenant: str, aad: Mapping[str, str]) -> bytes:
+        """What :meth:`encrypt_bytes` sealed; KeyMissingError or IntegrityError as
+        :meth:`decrypt` raises them."""
+        start = len(SEALED_PREFIX) + 1
+        size = data[start - 1] if len(data) >= start else 0
+        key_id = data[start:start + size].decode(errors="replace")
+        nonce_at = start + size
+        if len(data) < nonce_at + _NONCE_BYTES + 16:  # 16: the tag
+            raise _tampered(key_id, aad)  # cut short
+        cipher = self._held(tenant, key_id, aad)
+        try:
+            return cipher.decrypt(data[nonce_at:nonce_at + _NONCE_BYTES],
+                                  data[nonce_at + _NONCE_BYTES:], _aad(tenant, aad))
+        except (InvalidTag, ValueError):
+            raise _tampered(key_id, aad) from None
+
+    def _active(self, tenant: str) -> tuple[str, AESGCM]:
+        key_id = self.active.get(tenant)
+        if key_id is None:
+            raise KeyMissingError(
+                f"tenant {tenant!r} has no active encryption key, and the store is "
+                "configured to encrypt: add one (meshpoint keys rotate --tenant "
+                f"{tenant}); nothing was written")
+        return key_id, self._ciphers[(tenant, key_id)]
+
+    def _held(self, tenant: str, key_id: str, aad: Mapping[str, str]) -> AESGCM:
+        cipher = self._ciphers.get((tenant, key_id))
+        if cipher is None:
             raise KeyMissingError(
                 f"tenant {tenant!r} holds no encryption key {key_id!r}: the field "
-                f"{aad.get('field')!r} cannot be read (its key was never given to this "
+                f"{_what(aad)!r} cannot be read (its key was never given to this "
                 "process, or was deleted)")
-        try:
-            plain = AESGCM(key).decrypt(base64.b64decode(body["nonce"]),
-                                        base64.b64decode(body["ct"]), _aad(tenant, aad))
-        except (InvalidTag, KeyError, ValueError):
-            raise IntegrityError(
-                f"the encrypted field {aad.get('field')!r} does not decrypt with key "
-                f"{key_id!r} for this tenant, task and record (tampered, or moved here "
-                "from another row)", task_id=aad.get("task")) from None
-        return orjson.loads(plain)
+        return cipher
+
+
+def is_sealed(data: bytes) -> bool:
+    """Whether ``data`` is in the binary sealed form (:meth:`EncryptionKeys.encrypt_bytes`)."""
+    return data[:len(SEALED_PREFIX)] == SEALED_PREFIX
+
+
+def _what(aad: Mapping[str, str]) -> str | None:
+    return aad.get("field") or aad.get("column")
+
+
+def _tampered(key_id: str, aad: Mapping[str, str]) -> IntegrityError:
+    return IntegrityError(
+        f"the encrypted field {_what(aad)!r} does not decrypt with key {key_id!r} for "
+        "this tenant and row (tampered, or moved here from another row or column)",
+        task_id=aad.get("task"))
 
 
 def _aad(tenant: str, aad: Mapping[str, str]) -> bytes:

@@ -30,7 +30,9 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     │   │   └── ThreadSupersededError     another writer continued the LangGraph thread first
     │   ├── CorruptCheckpointError  a stored row does not decode; it was not used
     │   │   ├── IntegrityError      a history record or its chain fails verification
-    │   │   └── DecompressionLimitError  a stored blob inflates past the store's limit
+    │   │   ├── DecompressionLimitError  a stored blob inflates past the store's limit
+    │   │   └── UnreadableValueError  a stored value is sealed under a key not held
+    │   │                             (also a KeyMissingError)
     │   └── TaskBlockedError        a task whose history cannot be trusted is blocked
     ├── BrokerError                 the message broker refused or failed an operation
     │   └── BrokerClosedError       the broker was closed
@@ -295,6 +297,13 @@ class TenantRoleError(ConfigurationError):
     """The store's database role may not act as the store's tenant: the database
     isolates tenants by role (``meshpoint migrate --tenant-role ROLE=TENANT``) and this
     role is mapped to another tenant, or to none. The message says which."""
+
+
+class UnreadableValueError(CorruptCheckpointError, KeyMissingError):
+    """A stored value is encrypted under a key this process does not hold: its
+    tenant's keys were shredded, or never given to this process. The row is handled
+    as any corrupt row (a task whose state cannot be read is not resumed; a listing
+    shows the value as ``{"$unreadable": reason}``); nothing is shown in clear."""
 
 
 class BrokerError(MeshpointError):

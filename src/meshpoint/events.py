@@ -44,10 +44,11 @@ from typing import Any, TypeVar, cast
 from sqlalchemy import Connection, exc
 
 from meshpoint._json import INT_MAX, INT_MIN
-from meshpoint.errors import InvalidArgumentError, StoreError
+from meshpoint.errors import InvalidArgumentError, KeyMissingError, StoreError
 from meshpoint.history import new_checkpoint_id
 from meshpoint.store import event_queries as eq
 from meshpoint.store.rows import check_id, check_limit, is_text
+from meshpoint.store.sealing import CLEAR, Sealer, open_event_payload, seal_event_row
 
 logger = logging.getLogger("meshpoint.events")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -195,6 +196,9 @@ class EventStore:
             raise InvalidArgumentError("flush_interval_s must be > 0, batch >= 1 and "
                                        "max_buffered >= batch")
         self.store = store
+        #: How the store encrypts payloads (store/sealing.py): sealed when written,
+        #: opened when read (a payload whose key is gone reads as unreadable).
+        self._sealer: Sealer = getattr(store, "sealer", CLEAR)
         self.flush_interval_s = flush_interval_s
         self.batch = batch
         self._buffer: collections.deque[dict[str, Any]] = collections.deque(
@@ -332,8 +336,18 @@ class EventStore:
         cannot store is dropped (logged and counted in ``refused``) and never holds
         back the others. A row written before a retry is not written twice: the
         insert skips an event id already stored."""
+        # Sealed here, off the callers' path, once per attempt (a batch put back in
+        # the buffer is sealed again: a fresh nonce, the same event id). Without the
+        # tenant's key nothing can be written, and nothing is written in clear.
+        try:
+            sealed = [seal_event_row(self._sealer, row) for row in rows]
+        except KeyMissingError as error:
+            self.refused += len(rows)
+            logger.error("%d event(s) are dropped: %s", len(rows), error)
+            return 0
+
         def write(conn: Connection) -> None:
-            eq.INSERT_EVENT.execute_many(conn, rows)
+            eq.INSERT_EVENT.execute_many(conn, sealed)
 
         try:
             await self.store.transaction(write, write=True, doing="writing events")
@@ -406,10 +420,14 @@ class EventStore:
         statement = eq.GET_LOG_EVENTS_DESC if newest_first else eq.GET_LOG_EVENTS
         rows = await self.store.transaction(lambda conn: statement.rows(conn, params),
                                             doing="reading events")
+        def payload(value: Any, param: str, event_id: str) -> Any:
+            return open_event_payload(self._sealer, value, param, event_id)
+
         return [Event(event_id=r.event_id, agent_id=r.agent_name, thread_id=r.logical_task_id,
                       event_type=r.event_type, step_name=r.step_name,
-                      input_data=r.input_data, output_data=r.output_data,
-                      state_snapshot=r.state_snapshot,
+                      input_data=payload(r.input_data, "p_input", r.event_id),
+                      output_data=payload(r.output_data, "p_output", r.event_id),
+                      state_snapshot=payload(r.state_snapshot, "p_state", r.event_id),
                       timestamp=datetime.fromtimestamp(r.created_at, UTC)) for r in rows]
 
     async def get_latest_event(self, **filters: Any) -> Event | None:

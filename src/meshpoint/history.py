@@ -46,7 +46,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from meshpoint._json import dump_bytes
 from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES, check_inflatable, compress
-from meshpoint.encryption import EncryptionKeys, is_envelope
+from meshpoint.encryption import EncryptionKeys, check_families, is_envelope
 from meshpoint.errors import InvalidArgumentError, KeyMissingError
 from meshpoint.integrity import (
     GENESIS,
@@ -124,10 +124,12 @@ class HistoryOptions:
     verifier's public key), an unsigned record or head fails verification unless
     ``require_signatures=False`` opts out, and a store that requires signatures but
     holds no active private key writes no record (KeyMissingError): every verifier
-    would reject it. ``encryption``: the AES-GCM
-    key ring; with one, the security context is always encrypted, and so are the
-    record fields ``encrypt_fields`` names (dotted paths, e.g.
-    ``recovery.continuation_prompt``; ``snapshot`` encrypts the whole snapshot).
+    would reject it. ``encryption``: the AES-GCM key ring; with one, every column of
+    the store that carries user content is encrypted (:mod:`meshpoint.store.sealing`:
+    the live context, the conversation, calls, snapshots, the event log, LangGraph's
+    rows) except the families ``encrypt_exclude`` names, and so are the record fields
+    ``encrypt_fields`` names (dotted paths, e.g. ``recovery.continuation_prompt``; the
+    security context is always).
     ``prices``: the price table of the cost attribution. ``retention``: the policy
     of chains whose task and agent set none. ``agent_retention``: policies by agent
     name, for a purge: the chains of an agent's tasks whose records carry no policy
@@ -142,6 +144,7 @@ class HistoryOptions:
     require_signatures: bool | None = None
     encryption: EncryptionKeys | None = None
     encrypt_fields: tuple[str, ...] = ()
+    encrypt_exclude: frozenset[str] = frozenset()
     prices: Prices = field(default_factory=Prices)
     retention: str | None = None
     agent_retention: Mapping[str, str] = field(default_factory=dict)
@@ -155,6 +158,7 @@ class HistoryOptions:
                 parse_retention(policy)
             except InvalidArgumentError as error:
                 raise InvalidArgumentError(f"agent_retention[{agent!r}]: {error}") from None
+        object.__setattr__(self, "encrypt_exclude", check_families(self.encrypt_exclude))
         for path in self.encrypt_fields:
             if path != "snapshot" and path.split(".", 1)[0] not in (
                     "execution_state", "context_summary", "metrics", "recovery",
@@ -184,6 +188,10 @@ class HistoryOptions:
         if "hold" in policies:
             return "hold"
         return next((p for p in policies if p), None)
+
+    def seals(self, family: str) -> bool:
+        """Whether the store encrypts ``family``'s columns (see ``encrypt_exclude``)."""
+        return self.encryption is not None and family not in self.encrypt_exclude
 
     @property
     def signatures_required(self) -> bool:
@@ -330,7 +338,7 @@ def plan_record(*, tenant_id: str, task_id: str, agent_name: str, status: str,
         snapshot_doc: Any = {"context": snapshot_context, "active_peer_sub_tasks": subs,
                              "parallel_tool_calls": invocations,
                              "session_event_count": session_event_count}
-        if "snapshot" in options.encrypt_fields:
+        if "snapshot" in options.encrypt_fields or options.seals("snapshots"):
             snapshot_doc = encryption_keys(options).encrypt(
                 snapshot_doc, tenant=tenant_id,
                 aad={"task": task_id, "record": checkpoint_id, "field": "snapshot"})
@@ -408,21 +416,6 @@ def seal_context(keys: EncryptionKeys, context: dict[str, Any], tenant_id: str,
         if name in context and not is_envelope(context[name]):
             context[name] = keys.encrypt(context[name], tenant=tenant_id,
                                          aad={"task": task_id, "field": name})
-
-
-def open_context(options: HistoryOptions, context: dict[str, Any], tenant_id: str,
-                 task_id: str) -> None:
-    """Decrypt what :func:`seal_context` encrypted, in place (KeyMissingError without
-    the key ring or the key; IntegrityError if tampered with or moved)."""
-    for name in SEALED_CONTEXT_FIELDS:
-        value = context.get(name)
-        if is_envelope(value):
-            if options.encryption is None:
-                raise KeyMissingError(f"task {task_id!r}: its {name} is stored encrypted "
-                                      "and this store has no encryption key ring "
-                                      "(history.encryption)")
-            context[name] = options.encryption.decrypt(
-                value, tenant=tenant_id, aad={"task": task_id, "field": name})
 
 
 def encryption_keys(options: HistoryOptions) -> EncryptionKeys:

@@ -4,7 +4,7 @@ implemented and detected, run twice: the release the ``test`` extra pins
 (``langgraph-checkpoint-conformance`` 0.0.2, the newest on PyPI: three extended
 capabilities, prune, copy_thread and delete_for_runs, 81 tests) and LangGraph's source
 (``tests/vendor/langgraph_conformance``, see its README: a fourth, delta channel
-history, 89 tests).
+history, 89 tests). Each runs with the tenant's encryption off and on.
 
 A FULL over no detected extended capability would be a pass of nothing, so the test
 also asserts how many of the suite's tests ran and that each extended capability was
@@ -27,6 +27,8 @@ import importlib
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.conformance.capabilities import DetectedCapabilities
 
+from meshpoint.encryption import EncryptionKeys
+from meshpoint.history import HistoryOptions
 from meshpoint.integrations.langgraph import MeshpointSaver
 from meshpoint.store import open_store
 from tests.conftest import BACKEND_OPTIONS, fresh_pg_schema, pg_execute_async
@@ -38,21 +40,26 @@ SUITES = {"release": ("langgraph.checkpoint.conformance", 81),
           "source": ("tests.vendor.langgraph_conformance", 89)}
 
 
-@pytest.fixture
+@pytest.fixture(params=["clear", "encrypted"])
 async def open_saver(backend: str, request: pytest.FixtureRequest,
                      tmp_path: Any) -> AsyncIterator[Any]:
     """A factory of savers, each on a fresh database (a SQLite file, or a PostgreSQL
-    schema dropped afterwards), as the suite wants one per capability."""
+    schema dropped afterwards), as the suite wants one per capability; ``encrypted``:
+    with the tenant's encryption on, every row of the saver sealed."""
     schemas: list[str] = []
     counter = iter(range(1000))
+    history = HistoryOptions(encryption=EncryptionKeys.generate("default")) \
+        if request.param == "encrypted" else None
 
     async def factory() -> MeshpointSaver:
         if backend == "sqlite":
-            return await MeshpointSaver.open(f"sqlite:///{tmp_path}/c{next(counter)}.db")
+            return await MeshpointSaver.open(f"sqlite:///{tmp_path}/c{next(counter)}.db",
+                                             history=history)
         url = request.getfixturevalue("postgres_url")
         schema = await fresh_pg_schema()
         schemas.append(schema)
-        store = await open_store(url, schema=schema, **BACKEND_OPTIONS[backend])
+        store = await open_store(url, schema=schema, history=history,
+                                 **BACKEND_OPTIONS[backend])
         return MeshpointSaver(store, owns_store=True)
 
     yield factory

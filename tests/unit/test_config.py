@@ -91,6 +91,9 @@ def test_shorthands_defaults_and_local_tools(tmp_path: Path) -> None:
      "history.retention: retention policy 'weeks:3': use days:N"),
     (MINIMAL.replace("flights: {}", "flights: {retention: bogus}"),
      "agents.flights.retention: retention policy 'bogus': use days:N"),
+    (MINIMAL + "history: {encryption: {keyring: k.json, exclude: [events, logs]}}\n",
+     "history.encryption.exclude: encryption exclude: 'logs' is not a family "
+     "of columns (they are context, conversation, calls, snapshots, events, langgraph)"),
     ("agents: [1, 2\n", "not valid YAML"),
     ("- just\n- a list\n", "expected a mapping of keys"),
     (MINIMAL + "  tooly:\n    tools: [{name: t, function: 'no_such_module:f'}]\n", None),
@@ -241,3 +244,14 @@ async def test_the_store_sections_limits_reach_the_store(tmp_path: Path) -> None
         load_config(write(tmp_path, MINIMAL.replace(
             "store: sqlite:///mesh.db", "store:\n  url: sqlite:///m.db\n"
             "  migration_lock_timeout_s: 0")))
+
+
+def test_encryption_leaves_the_families_it_is_told_in_clear(tmp_path: Path) -> None:
+    from meshpoint.encryption import EncryptionKeys, save_keyring
+
+    save_keyring(EncryptionKeys.generate("default"), tmp_path / "keys.json")
+    text = MINIMAL + (f"history: {{encryption: {{keyring: {tmp_path / 'keys.json'}, "
+                      "exclude: [events, langgraph]}}\n")
+    options = load_config(write(tmp_path, text)).history.options()
+    assert options.encrypt_exclude == {"events", "langgraph"}
+    assert options.seals("conversation") and not options.seals("events")

@@ -15,15 +15,24 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from meshpoint._json import Undecodable
-from meshpoint.encryption import EncryptionKeys, is_envelope, load_keyring, save_keyring
+from meshpoint.encryption import (
+    EncryptionKeys,
+    is_envelope,
+    is_sealed,
+    load_keyring,
+    save_keyring,
+)
 from meshpoint.errors import (
     ConfigurationError,
+    CorruptCheckpointError,
     IntegrityError,
     InvalidArgumentError,
     KeyMissingError,
+    UnreadableValueError,
 )
 from meshpoint.history import HistoryOptions, Prices, parse_retention, plan_record
 from meshpoint.integrity import SigningKeys, _plain, canonical, chain_hash, private_seed
+from meshpoint.store.sealing import RESULT, UNREADABLE, Sealer
 from meshpoint.verification import StoredHead, StoredRecord, verify_chain
 
 json_values = st.recursive(
@@ -128,6 +137,50 @@ def test_encrypted_values_open_only_where_they_were_sealed() -> None:
         keys.shredded("acme").decrypt(envelope, tenant="acme", aad=where)
     with pytest.raises(KeyMissingError, match="no active encryption key"):
         keys.encrypt("x", tenant="initech", aad=where)
+
+
+def test_sealed_bytes_open_only_in_their_row_and_column() -> None:
+    keys = EncryptionKeys.generate("acme", "globex")
+    where = {"column": "agent_paused_tasks.context", "task": "t1"}
+    sealed = keys.encrypt_bytes(b'{"secret": 1}', tenant="acme", aad=where)
+    assert is_sealed(sealed) and b"secret" not in sealed
+    assert not is_sealed(b'{"secret": 1}') and not is_sealed(b"x\x9c")  # JSON, zlib
+    assert keys.decrypt_bytes(sealed, tenant="acme", aad=where) == b'{"secret": 1}'
+    for tenant, aad in (("globex", where), ("acme", {**where, "task": "t2"}),
+                        ("acme", {**where, "column": "agent_session_events.data"})):
+        with pytest.raises(IntegrityError, match="does not decrypt"):
+            keys.decrypt_bytes(sealed, tenant=tenant, aad=aad)
+    flipped = bytearray(sealed)
+    flipped[-1] ^= 1
+    with pytest.raises(IntegrityError, match="does not decrypt"):
+        keys.decrypt_bytes(bytes(flipped), tenant="acme", aad=where)
+    with pytest.raises(KeyMissingError, match="no encryption key 'k1'"):
+        keys.shredded("acme").decrypt_bytes(sealed, tenant="acme", aad=where)
+    for cut in (sealed[:5], sealed[:9], sealed[:-17]):  # never an IndexError
+        with pytest.raises(IntegrityError, match="does not decrypt"):
+            keys.decrypt_bytes(cut, tenant="acme", aad=where)
+
+
+def test_a_sealer_seals_what_its_families_say_and_reads_clear_values_as_they_are() -> None:
+    keys = EncryptionKeys.generate("acme")
+    sealer = Sealer("acme", keys, frozenset({"events"}))
+    sealed = sealer.seal("calls", {"answer": "42"}, RESULT, sub_task="s1")
+    assert is_envelope(sealed)
+    assert sealer.open(sealed, RESULT, sub_task="s1") == {"answer": "42"}
+    assert sealer.seal("events", "in clear", RESULT, sub_task="s1") == "in clear"
+    assert sealer.seal("calls", None, RESULT, sub_task="s1") is None
+    assert sealer.open("written before", RESULT, sub_task="s1") == "written before"
+    with pytest.raises(CorruptCheckpointError, match="does not decrypt"):
+        sealer.open(sealed, RESULT, sub_task="s2")
+    assert set(sealer.open(sealed, RESULT, strict=False, sub_task="s2")) == {UNREADABLE}
+    keyless = Sealer("acme")
+    with pytest.raises(UnreadableValueError, match="no encryption key ring") as caught:
+        keyless.open(sealed, RESULT, sub_task="s1")
+    assert isinstance(caught.value, KeyMissingError)  # and a CorruptCheckpointError
+    unreadable = keyless.open(sealed, RESULT, strict=False, sub_task="s1")
+    assert "42" not in json.dumps(unreadable)
+    with pytest.raises(InvalidArgumentError, match="'logs' is not a family"):
+        HistoryOptions(encrypt_exclude=frozenset({"logs"}))
 
 
 def test_rotation_keeps_old_keys_and_the_ring_file_round_trips(tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ from meshpoint.errors import (
     StoreError,
     UnknownSubTaskError,
     UnknownTaskError,
+    UnreadableValueError,
 )
 from meshpoint.llm.base import ToolCall
 from meshpoint.runtime import wire
@@ -56,6 +57,7 @@ from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.tasks import DeadLetters, LeaseOwners
 from meshpoint.store.base import Store
 from meshpoint.store.records import PeerSubTask, Resolution
+from meshpoint.store.sealing import UNREADABLE
 
 logger = logging.getLogger("meshpoint.runtime")
 
@@ -255,6 +257,8 @@ async def decide(store: Store, task_id: str, answer: Answer, *, by: str,
     who = answer.by or by
     if isinstance(answer, Reply):
         subs = await store.get_peer_sub_tasks_for_task(task_id)
+        for sub in subs:
+            _check_readable(sub)
         waiting = [s for s in subs if s.status == "pending" and _is_approval(s)]
         if not waiting:
             raise NotPendingError(f"task {task_id!r} is not waiting for a human's input")
@@ -308,6 +312,7 @@ async def _pending_approval(store: Store, task_id: str, call_id: str) -> PeerSub
     if sub.task_id != task_id:
         await store.get_peer_sub_tasks_for_task(task_id)  # UnknownTaskError first
         raise NotPendingError(f"call {call_id!r} is not a call of task {task_id!r}")
+    _check_readable(sub)
     if not _is_approval(sub):
         raise NotPendingError(
             f"call {call_id!r} of task {task_id!r} is a call to a peer, not one waiting "
@@ -315,6 +320,16 @@ async def _pending_approval(store: Store, task_id: str, call_id: str) -> PeerSub
     if sub.status != "pending":
         raise _already_answered(sub)
     return sub
+
+
+def _check_readable(sub: PeerSubTask) -> None:
+    """UnreadableValueError for a call whose correlation data the store could not
+    open (its key is not held: a process without the key ring, or a shredded tenant):
+    nothing is decided, and nothing written in clear beside sealed rows."""
+    reason = sub.correlation_data.get(UNREADABLE)
+    if reason is not None:
+        raise UnreadableValueError(f"call {sub.sub_task_id!r} of task {sub.task_id!r} "
+                                   f"cannot be answered: {reason}", task_id=sub.task_id)
 
 
 def _is_approval(sub: PeerSubTask) -> bool:

@@ -2,21 +2,18 @@
 
 :func:`plan_checkpoint` checks a checkpoint's arguments and builds, once, the
 parameters every path of :meth:`SqlStore.checkpoint_task` runs with: the task row
-(its context sealed and compressed as configured), its join's sub-tasks and
+(its context compressed and sealed as configured), its join's sub-tasks and
 invocations, the conversation events new since the last checkpoint, and the history
 record (:mod:`meshpoint.history`), hashed and signed.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from sqlalchemy import Connection
 
-from meshpoint import _json
-from meshpoint.compression import check_inflatable, compress
 from meshpoint.context import CheckpointDict, TaskExecutionContext
 from meshpoint.errors import (
     CheckpointConflictError,
@@ -28,8 +25,9 @@ from meshpoint.history import HistoryHead, HistoryOptions, PlannedRecord, plan_r
 from meshpoint.store import queries as q
 from meshpoint.store.history import record_params
 from meshpoint.store.records import CheckpointReceipt
-from meshpoint.store.rows import check_id, check_timeout, check_ttl, plan_join
+from meshpoint.store.rows import check_id, check_timeout, check_ttl, encode_context, plan_join
 from meshpoint.store.schema import CHECKPOINT_STATUSES
+from meshpoint.store.sealing import CONVERSATION, CORRELATION, RESULTS, Sealer
 
 #: Keys of the checkpoint dict that are stored in tables of their own.
 SPLIT_KEYS = ("active_peer_sub_tasks", "parallel_tool_calls", "session_events",
@@ -113,10 +111,10 @@ class CheckpointPlan:
 def plan_checkpoint(ctx: TaskExecutionContext, agent_name: str, *, keys: dict[str, Any],
                     status: str, default_timeout_s: float, expires_at: float | None,
                     lease_owner: str | None, holder: str | None, hold_lease_s: float,
-                    now: float, history: HistoryOptions,
+                    now: float, history: HistoryOptions, sealer: Sealer,
                     compress_threshold: int, max_inflate: int) -> CheckpointPlan:
     """Plan a checkpoint of ``ctx`` (see the module docstring); ``keys`` are the
-    store's (its tenant)."""
+    store's (its tenant), ``sealer`` its encryption of columns."""
     check_id("agent_name", agent_name)
     check_checkpoint_args(status, default_timeout_s, lease_owner, holder, hold_lease_s)
     doc = ctx.checkpoint_delta()  # validates and copies before any I/O
@@ -130,38 +128,43 @@ def plan_checkpoint(ctx: TaskExecutionContext, agent_name: str, *, keys: dict[st
             f"says {first_new} events are already stored: a resumed task is checkpointed "
             "again with lease_owner=, by the holder of its resume lease")
     context = {k: v for k, v in doc.items() if k not in SPLIT_KEYS}
+    task_id = ctx.task_id
     if history.encryption is not None:
-        seal_context(history.encryption, context, keys["p_tenant"], ctx.task_id)
-    raw = _json.dump_bytes(context)
-    compressed = len(raw) > compress_threshold
-    if compressed:
-        check_inflatable(len(raw), max_inflate, f"the context of task {ctx.task_id!r}")
-    blob = compress(raw) if compressed else raw
+        seal_context(history.encryption, context, keys["p_tenant"], task_id)
+    # Encoded once, sealed where the store encrypts (store/sealing.py): every path
+    # writes these values as they are.
+    encoded = encode_context(context, sealer, task_id, compress_threshold, max_inflate)
     # One set of parameters for every statement of either path; the sub-tasks,
     # invocations and new events also travel as JSON arrays (for fast paths).
     params = {
-        **keys, "p_task": ctx.task_id, "p_agent": agent_name, "p_status": status,
+        **keys, "p_task": task_id, "p_agent": agent_name, "p_status": status,
         "p_owner": lease_owner, "p_invocation": doc["current_invocation_id"],
-        "p_context": blob, "p_encoding": "zlib" if compressed else "json",
-        "p_sha256": hashlib.sha256(raw).hexdigest(), "p_event_count": event_count,
-        "p_now": now, "p_expires_at": expires_at, "p_events": new_events,
+        "p_context": encoded.blob, "p_encoding": encoded.encoding,
+        "p_sha256": encoded.sha256, "p_event_count": event_count,
+        "p_now": now, "p_expires_at": expires_at,
+        "p_events": sealer.seal("conversation", new_events, CONVERSATION, task=task_id,
+                                seq=str(first_new)) if new_events else new_events,
         "p_first": first_new, "p_holder": holder,
         "p_hold_until": None if holder is None else now + hold_lease_s,
         "p_has_events": bool(new_events),
         "p_subs": [{"sub_task_id": sub_task_id, "invocation_id": corr["invocation_id"],
                     "function_call_id": corr["function_call_id"],
                     "peer_agent_name": corr.get("peer_agent_name"),
-                    "peer_task_id": corr.get("peer_task_id"), "correlation_data": corr,
+                    "peer_task_id": corr.get("peer_task_id"),
+                    "correlation_data": sealer.seal("calls", corr, CORRELATION,
+                                                    task=task_id, sub_task=sub_task_id),
                     "timeout_s": timeout_s, "timeout_deadline": now + timeout_s}
                    for sub_task_id, corr, timeout_s in subs],
         "p_invs": [{"invocation_id": inv, "total_expected": calls.total,
                     "completed_count": calls.completed, "call_order": calls.call_order,
-                    "results": calls.results} for inv, calls in invocations.items()]}
+                    "results": sealer.seal("calls", calls.results, RESULTS, task=task_id,
+                                           invocation=inv)}
+                   for inv, calls in invocations.items()]}
     plan = CheckpointPlan(
-        tenant_id=keys["p_tenant"], task_id=ctx.task_id, agent_name=agent_name,
+        tenant_id=keys["p_tenant"], task_id=task_id, agent_name=agent_name,
         status=status, doc=doc, context=context, params=params, event_count=event_count,
-        context_bytes=len(blob), compressed=compressed, planned=None, history=history,
-        compress_threshold=compress_threshold, max_inflate=max_inflate)
+        context_bytes=len(encoded.blob), compressed=encoded.compressed, planned=None,
+        history=history, compress_threshold=compress_threshold, max_inflate=max_inflate)
     if not history.enabled:
         return replace(plan, params={**params, **record_params(None)})
     # A first checkpoint starts a chain; a resumed task's goes on from its head.

@@ -22,6 +22,7 @@ from typing import Any
 
 from meshpoint.store.records import Resolution
 from meshpoint.store.rows import RestoreRows
+from meshpoint.store.sealing import Sealer
 from meshpoint.store.statement import Statement
 
 
@@ -57,12 +58,13 @@ class FastPaths:
         return PORTABLE
 
     async def resolve_one(self, params: Callable[[], dict[str, Any]],
-                          lease_owner: str | None) -> Resolution | Portable | None:
+                          lease_owner: str | None,
+                          sealer: Sealer) -> Resolution | Portable | None:
         """Resolve one sub-task as :meth:`SqlStore.resolve_peer_sub_task` does: its
-        :class:`Resolution`, ``None`` if it was already resolved; raise
-        UnknownSubTaskError for an unknown one. ``params()`` builds the parameters,
-        reading the clock: call it when the statement is about to run, so that a
-        lease granted starts no earlier than it is."""
+        :class:`Resolution` (its row decoded with ``sealer``), ``None`` if it was
+        already resolved; raise UnknownSubTaskError for an unknown one. ``params()``
+        builds the parameters, reading the clock: call it when the statement is about
+        to run, so that a lease granted starts no earlier than it is."""
         return PORTABLE
 
     async def restore(self, params: dict[str, Any]) -> RestoreRows | Portable:

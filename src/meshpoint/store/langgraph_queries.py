@@ -409,3 +409,16 @@ COPY_THREAD = {table.name: Statement(
 THREAD_EXISTS = Statement(
     "lg_thread_exists", "Whether a thread has a checkpoint.",
     select(literal(1)).where(C.c.tenant_id == tenant, C.c.thread_id == thread).limit(1))
+#: copy_thread with encryption: each row read, sealed again for its new thread, and
+#: inserted (store/sealing.py binds a row's ciphertext to its thread).
+THREAD_ROWS = {table.name: Statement(
+    f"lg_thread_rows_{table.name.removeprefix('agent_langgraph_')}",
+    f"Reads every row of a thread in {table.name}, to copy it.",
+    select(table).where(table.c.tenant_id == tenant, table.c.thread_id == thread))
+    for table in (C, B, W)}
+INSERT_ROW = {table.name: Statement(
+    f"lg_insert_row_{table.name.removeprefix('agent_langgraph_')}",
+    f"Inserts one whole row of {table.name} (a copied row).",
+    table.insert().values({column.name: bindparam(f"p_col_{column.name}", type_=column.type)
+                           for column in table.c}))
+    for table in (C, B, W)}

@@ -77,6 +77,7 @@ from meshpoint.store.rows import (
     TaskRow,
     sub_task,
 )
+from meshpoint.store.sealing import Sealer
 from meshpoint.store.statement import Compiled, Statement
 from meshpoint.tls import URL_PARAMETERS, TlsConfig, postgres_ssl
 
@@ -362,7 +363,8 @@ class PostgresFastPaths(FastPaths):
             raise
 
     async def resolve_one(self, params: Callable[[], dict[str, Any]],
-                          lease_owner: str | None) -> Resolution | Portable | None:
+                          lease_owner: str | None,
+                          sealer: Sealer) -> Resolution | Portable | None:
         dialect = self._db.engine.dialect
         async with self._db.native() as conn:
             values = params()  # once the connection is ours: the clock starts the lease
@@ -384,7 +386,8 @@ class PostgresFastPaths(FastPaths):
         # holder is set only when this resolution completed the join.
         granted = lease_owner if lease_owner is not None and row.holder == lease_owner \
             else None
-        return Resolution(sub_task=sub_task(SubTaskRow(*row[:len(SubTaskRow._fields)])),
+        return Resolution(sub_task=sub_task(SubTaskRow(*row[:len(SubTaskRow._fields)]),
+                                            sealer),
                           completed=row.completed, total=row.total, lease_owner=granted)
 
     async def restore(self, params: dict[str, Any]) -> RestoreRows:

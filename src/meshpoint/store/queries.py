@@ -263,7 +263,8 @@ RECORD_CLAIMED = Statement(
 SUB_TASK_STATUS = Statement(
     "sub_task_status", "Reads a sub-task's status.", select(S.c.status).where(SUB_KEY))
 CALL_STATUS = Statement(
-    "call_status", "Reads the status of a call's sub-task.", select(S.c.status).where(_CALL_KEY))
+    "call_status", "Reads the status and id of a call's sub-task.",
+    select(S.c.status, S.c.sub_task_id).where(_CALL_KEY))
 GET_SUB_TASK = Statement(
     "get_sub_task", "Reads one sub-task.", select(*SUB_COLUMNS).where(SUB_KEY), row=SubTaskRow)
 #: The row lock serialises concurrent resolvers, so exactly one of them reads
@@ -386,7 +387,7 @@ GET_TASK_SUB_TASKS = Statement(
     row=SubTaskRow)
 GET_INVOCATION_RESULTS = Statement(
     "get_invocation_results", "Reads the results recorded on an invocation's sub-tasks.",
-    select(S.c.function_call_id, S.c.result)
+    select(S.c.sub_task_id, S.c.function_call_id, S.c.result)
     .where(S.c.tenant_id == tenant, S.c.logical_task_id == task,
            S.c.invocation_id == invocation, S.c.status == "resolved"))
 

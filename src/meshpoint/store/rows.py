@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from meshpoint import _json
-from meshpoint.compression import inflate
+from meshpoint.compression import check_inflatable, compress, inflate
 from meshpoint.context import CheckpointDict, ParallelCalls, TaskExecutionContext
 from meshpoint.errors import (
     CorruptCheckpointError,
@@ -20,6 +20,15 @@ from meshpoint.errors import (
     UnknownTaskError,
 )
 from meshpoint.store.records import PeerSubTask, RestoredTask
+from meshpoint.store.sealing import (
+    CLEAR,
+    CONTEXT,
+    CONVERSATION,
+    CORRELATION,
+    RESULT,
+    RESULTS,
+    Sealer,
+)
 
 
 class TaskRow(NamedTuple):
@@ -254,8 +263,12 @@ def plan_join(doc: CheckpointDict, status: str, default_timeout_s: float
     return subs, invocations
 
 
-def sub_task(row: SubTaskRow) -> PeerSubTask:
-    corr = row.correlation_data
+def sub_task(row: SubTaskRow, sealer: Sealer = CLEAR, *, strict: bool = False) -> PeerSubTask:
+    """A sub-task from its row, its correlation data and result opened (strictly for
+    a restore, which uses them; else a value that cannot be opened reads as
+    unreadable: see :mod:`meshpoint.store.sealing`)."""
+    corr = sealer.open(row.correlation_data, CORRELATION, strict=strict,
+                       task=row.logical_task_id, sub_task=row.sub_task_id)
     if type(corr) is not dict:
         raise CorruptCheckpointError(
             f"sub-task {row.sub_task_id!r} has correlation data of type "
@@ -269,17 +282,55 @@ def sub_task(row: SubTaskRow) -> PeerSubTask:
         # float(): PostgreSQL's one-statement restore carries the rows as JSON, in
         # which a whole-number deadline comes back as an int.
         correlation_data=corr, timeout_deadline=float(row.timeout_deadline),
-        status=row.status,
-        resolved_by=row.resolved_by, result=row.result)
+        status=row.status, resolved_by=row.resolved_by,
+        result=sealer.open(row.result, RESULT, strict=strict, sub_task=row.sub_task_id))
 
 
-def decode_context(task: TaskRow, *, max_inflate: int) -> dict[str, Any]:
-    """Decompress (at most ``max_inflate`` bytes: DecompressionLimitError past it),
-    verify and parse a paused task's context column."""
+class EncodedContext(NamedTuple):
+    """A context as its task row stores it (``context``, ``context_encoding``,
+    ``context_sha256``)."""
+
+    blob: bytes
+    encoding: str
+    sha256: str
+    compressed: bool
+
+
+def encode_context(context: dict[str, Any], sealer: Sealer, task_id: str,
+                   compress_threshold: int, max_inflate: int) -> EncodedContext:
+    """``context`` as stored: its JSON, zlib-compressed past ``compress_threshold``
+    bytes (refused if it would inflate past ``max_inflate``: it could not be read
+    back), then sealed if the store encrypts contexts (encoding ``sealed+json`` or
+    ``sealed+zlib``). The checksum is of the stored bytes once sealed (a checksum of
+    the plain text would let a reader of the database confirm a guess of it), of
+    the JSON otherwise."""
+    raw = _json.dump_bytes(context)
+    compressed = len(raw) > compress_threshold
+    if compressed:
+        check_inflatable(len(raw), max_inflate, f"the context of task {task_id!r}")
+    blob = compress(raw) if compressed else raw
+    encoding = "zlib" if compressed else "json"
+    if not sealer.seals("context"):
+        return EncodedContext(blob, encoding, hashlib.sha256(raw).hexdigest(), compressed)
+    blob = sealer.seal_bytes("context", blob, CONTEXT, task=task_id)
+    return EncodedContext(blob, f"sealed+{encoding}", hashlib.sha256(blob).hexdigest(),
+                          compressed)
+
+
+def decode_context(task: TaskRow, sealer: Sealer = CLEAR, *,
+                   max_inflate: int) -> dict[str, Any]:
+    """Open, decompress (at most ``max_inflate`` bytes: DecompressionLimitError past
+    it), verify and parse a paused task's context column."""
     task_id = task.logical_task_id
     try:
         raw = bytes(task.context)
-        if task.context_encoding == "zlib":
+        encoding = task.context_encoding
+        if encoding.startswith("sealed+"):
+            if hashlib.sha256(raw).hexdigest() != task.context_sha256:
+                raise ValueError("its SHA-256 does not match the stored checksum")
+            raw = sealer.open_bytes(raw, CONTEXT, task=task_id)
+            encoding = encoding.removeprefix("sealed+")
+        if encoding == "zlib":
             what = f"the context of task {task_id!r}"
             try:
                 raw = inflate(raw, max_inflate, what, task_id=task_id)
@@ -287,9 +338,10 @@ def decode_context(task: TaskRow, *, max_inflate: int) -> dict[str, Any]:
                 raise  # says which task, and the limit
             except CorruptCheckpointError as error:
                 raise ValueError(str(error).removeprefix(what + " ")) from None
-        elif task.context_encoding != "json":
+        elif encoding != "json":
             raise ValueError(f"unknown context encoding {task.context_encoding!r}")
-        if hashlib.sha256(raw).hexdigest() != task.context_sha256:
+        if task.context_encoding in ("json", "zlib") and \
+                hashlib.sha256(raw).hexdigest() != task.context_sha256:
             raise ValueError("its SHA-256 does not match the stored checksum")
         doc = _json.loads(raw)
         if type(doc) is not dict:
@@ -301,14 +353,16 @@ def decode_context(task: TaskRow, *, max_inflate: int) -> dict[str, Any]:
     return doc
 
 
-def join_events(task_id: str, event_rows: Sequence[EventRow]) -> list[Any]:
+def join_events(task_id: str, event_rows: Sequence[EventRow],
+                sealer: Sealer = CLEAR) -> list[Any]:
     """The conversation from its rows (``seq`` order): each holds the JSON array of
     the events one checkpoint appended, starting at event index ``seq``."""
     events: list[Any] = []
     for row in event_rows:
+        data = sealer.open(row.data, CONVERSATION, task=task_id, seq=str(row.seq))
         # An object is one event, as rows were before migration 0002 (an instance of
         # the older version may still write them while a fleet is upgraded).
-        batch = [row.data] if type(row.data) is dict else row.data
+        batch = [data] if type(data) is dict else data
         if type(batch) is not list or row.seq != len(events):
             raise CorruptCheckpointError(
                 f"task {task_id!r} has a conversation row at event {row.seq} that does not "
@@ -318,28 +372,41 @@ def join_events(task_id: str, event_rows: Sequence[EventRow]) -> list[Any]:
     return events
 
 
-def restored(task_id: str, rows: RestoreRows, lease_owner: str | None, *,
-             max_inflate: int) -> RestoredTask:
-    """A paused task as a live context, from the rows a restore read (its context
-    inflated to ``max_inflate`` bytes at most). Raises UnknownTaskError if the task
-    is not stored and, with ``lease_owner``, LeaseNotHeldError unless that owner
-    holds its resume lease."""
+def invocation_results(task_id: str, row: InvocationRow, sealer: Sealer = CLEAR
+                       ) -> dict[str, Any]:
+    """The results an invocation's row holds (strict: they are used)."""
+    results = sealer.open(row.results, RESULTS, task=task_id, invocation=row.invocation_id)
+    if type(results) is not dict:
+        raise CorruptCheckpointError(
+            f"invocation {row.invocation_id!r} of task {task_id!r} has results of type "
+            f"{type(results).__name__}, not an object", task_id=task_id)
+    return dict(results)
+
+
+def restored(task_id: str, rows: RestoreRows, lease_owner: str | None,
+             sealer: Sealer = CLEAR, *, max_inflate: int) -> RestoredTask:
+    """A paused task as a live context, from the rows a restore read (every sealed
+    value opened strictly; its context inflated to ``max_inflate`` bytes at most).
+    Raises UnknownTaskError if the task is not stored and, with ``lease_owner``,
+    LeaseNotHeldError unless that owner holds its resume lease."""
     task = rows.task
     if task is None:
         raise UnknownTaskError(task_id)
     if lease_owner is not None and task.owner != lease_owner:
         raise LeaseNotHeldError(task_id, lease_owner, task.status)
-    doc = decode_context(task, max_inflate=max_inflate)
-    events = join_events(task.logical_task_id, rows.events)
+    doc = decode_context(task, sealer, max_inflate=max_inflate)
+    sealer.open_context_fields(doc, task_id)
+    events = join_events(task.logical_task_id, rows.events, sealer)
     if len(events) != task.session_event_count:
         raise CorruptCheckpointError(
             f"task {task.logical_task_id!r} should have {task.session_event_count} "
             f"conversation events but {len(events)} are stored", task_id=task.logical_task_id)
     parallel: dict[str, dict[str, Any]] = {
-        row.invocation_id: {"call_order": row.call_order, "results": dict(row.results)}
+        row.invocation_id: {"call_order": row.call_order,
+                            "results": invocation_results(task_id, row, sealer)}
         for row in rows.invocations}
     active: dict[str, dict[str, Any]] = {}
-    for item in map(sub_task, rows.sub_tasks):
+    for item in (sub_task(row, sealer, strict=True) for row in rows.sub_tasks):
         if item.status == "pending":
             active[item.sub_task_id] = item.correlation_data
         elif item.status == "resolved" and item.invocation_id in parallel:

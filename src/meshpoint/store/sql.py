@@ -27,7 +27,6 @@ from meshpoint import _json
 from meshpoint._retry import retried
 from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from meshpoint.context import ParallelCalls, TaskExecutionContext
-from meshpoint.encryption import is_envelope
 from meshpoint.errors import (
     CheckpointConflictError,
     InvalidArgumentError,
@@ -42,7 +41,6 @@ from meshpoint.history import (
     END_PHASES,
     HistoryHead,
     HistoryOptions,
-    open_context,
 )
 from meshpoint.store import history_queries as hq
 from meshpoint.store import queries as q
@@ -73,10 +71,12 @@ from meshpoint.store.rows import (
     check_limit,
     check_timeout,
     check_ttl,
+    invocation_results,
     restored,
     sub_task,
 )
 from meshpoint.store.schema import TASK_STATUSES
+from meshpoint.store.sealing import RESULT, Sealer
 from meshpoint.store.statement import Statement
 from meshpoint.store.verified import VerifiedRestore, missing_signing_key
 
@@ -125,6 +125,10 @@ class SqlStore(Store):
         self._fast = db.fast_paths if fast_paths else NO_FAST_PATHS
         self._owns_db = owns_db
         self._history = HistoryOptions() if history is None else history
+        #: How this tenant's columns that carry user content are encrypted at rest
+        #: (:mod:`meshpoint.store.sealing`), for the parts built on the store too.
+        self.sealer = Sealer(tenant_id, self._history.encryption,
+                             self._history.encrypt_exclude)
         #: The checkpoint history of this tenant (seed 001's operations).
         self.history = HistoryStore(
             tenant_id=tenant_id, options=self._history, clock=clock,
@@ -132,7 +136,7 @@ class SqlStore(Store):
             read=lambda doing, body: self._read(doing, body, short=False),
             write=lambda doing, body: self._write(doing, body))
         self._verified = VerifiedRestore(
-            tenant_id=tenant_id, options=self._history, clock=clock,
+            tenant_id=tenant_id, options=self._history, sealer=self.sealer, clock=clock,
             compress_threshold=compress_threshold_bytes, max_inflate=max_decompressed_bytes,
             read=lambda doing, body: self._read(doing, body, short=False),
             write=lambda doing, body: self._write(doing, body))
@@ -262,7 +266,7 @@ class SqlStore(Store):
             ctx, agent_name, keys=self._keys(), status=status,
             default_timeout_s=default_timeout_s, expires_at=expires_at,
             lease_owner=lease_owner, holder=holder, hold_lease_s=hold_lease_s,
-            now=self._clock(), history=self._history,
+            now=self._clock(), history=self._history, sealer=self.sealer,
             compress_threshold=self._compress_threshold, max_inflate=self._max_inflate)
         params = plan.params
 
@@ -342,7 +346,9 @@ class SqlStore(Store):
                                     resolved_by: str = "answer", lease_owner: str | None = None,
                                     lease_ttl_s: float = 30.0) -> Resolution | None:
         check_id("sub_task_id", sub_task_id)
-        value = _json.json_copy(result, "result")
+        # Copied, checked and sealed (bound to its sub-task) once, for either path.
+        value = self.sealer.seal("calls", _json.json_copy(result, "result"), RESULT,
+                                 sub_task=sub_task_id)
         self._check_lease(lease_owner, lease_ttl_s)
         doing = f"resolving sub-task {sub_task_id!r}"
 
@@ -353,7 +359,8 @@ class SqlStore(Store):
                 p_owner=lease_owner,
                 p_lease_until=None if lease_owner is None else now + lease_ttl_s)
 
-        done = await self._retried(doing, lambda: self._fast.resolve_one(params, lease_owner))
+        done = await self._retried(doing, lambda: self._fast.resolve_one(
+            params, lease_owner, self.sealer))
         if not isinstance(done, Portable):
             return done
 
@@ -362,8 +369,8 @@ class SqlStore(Store):
             if row is None:
                 self._raise_if_unknown_sub_task(conn, sub_task_id)
                 return None
-            return advance(conn, self._keys(), self._clock, [sub_task(row)], lease_owner,
-                           lease_ttl_s)[0]
+            return advance(conn, self._keys(), self._clock, [sub_task(row, self.sealer)],
+                           lease_owner, lease_ttl_s)[0]
 
         return await self._write(doing, body)
 
@@ -376,7 +383,7 @@ class SqlStore(Store):
             if row is None:
                 self._raise_if_unknown_sub_task(conn, sub_task_id)
                 return None
-            return sub_task(row)
+            return sub_task(row, self.sealer)
 
         # Not one_statement: the row is decoded after the UPDATE, and a corrupt one must
         # leave the claim rolled back.
@@ -394,21 +401,23 @@ class SqlStore(Store):
         keys = self._keys(p_task=task_id, p_invocation=invocation_id, p_call=function_call_id)
 
         def body(conn: Connection) -> Resolution | None:
+            # The call's sub-task first: its result is sealed bound to that row.
+            call = q.CALL_STATUS.first(conn, keys)
+            if call is None:
+                self._raise_if_unknown_task(conn, task_id)
+                raise UnknownCallError(task_id, invocation_id, function_call_id)
+            if call.status == "pending":
+                raise CheckpointConflictError(
+                    f"call {function_call_id!r} of task {task_id!r} was never claimed: "
+                    "claim it with claim_peer_sub_task first")
             row = q.RECORD_CLAIMED.first(conn, {
-                **keys, "p_resolved_by": "answer", "p_result": copied,
-                "p_now": self._clock()})
+                **keys, "p_resolved_by": "answer", "p_now": self._clock(),
+                "p_result": self.sealer.seal("calls", copied, RESULT,
+                                             sub_task=call.sub_task_id)})
             if row is None:
-                status = q.CALL_STATUS.scalar(conn, keys)
-                if status is None:
-                    self._raise_if_unknown_task(conn, task_id)
-                    raise UnknownCallError(task_id, invocation_id, function_call_id)
-                if status == "pending":
-                    raise CheckpointConflictError(
-                        f"call {function_call_id!r} of task {task_id!r} was never claimed: "
-                        "claim it with claim_peer_sub_task first")
-                return None
-            return advance(conn, self._keys(), self._clock, [sub_task(row)], lease_owner,
-                           lease_ttl_s)[0]
+                return None  # recorded already
+            return advance(conn, self._keys(), self._clock, [sub_task(row, self.sealer)],
+                           lease_owner, lease_ttl_s)[0]
 
         return await self._write(f"recording a result for task {task_id!r}", body)
 
@@ -423,8 +432,9 @@ class SqlStore(Store):
             rows = q.SWEEP_EXPIRED.rows(conn, self._keys(
                 p_agent=agent_name, p_now=self._clock(), p_limit=limit,
                 p_result=TIMEOUT_RESULT))
-            return advance(conn, self._keys(), self._clock, [sub_task(row) for row in rows],
-                           lease_owner, lease_ttl_s, quarantine=True)
+            return advance(conn, self._keys(), self._clock,
+                           [sub_task(row, self.sealer) for row in rows], lease_owner,
+                           lease_ttl_s, quarantine=True)
 
         return await self._write(f"sweeping expired sub-tasks of {agent_name!r}", body,
                                  short=False)
@@ -530,16 +540,10 @@ class SqlStore(Store):
             # must not pass for the former: a record of the task says it had one.
             rows = rows._replace(latest=await self._read(doing, lambda conn: (
                 hq.GET_HISTORY.first(conn, {**keys, "p_limit": 1}))))
-        if history and verify:
-            result = await self._verified.restore(task_id, rows, lease_owner)
-        else:
-            result = restored(task_id, rows, lease_owner, max_inflate=self._max_inflate)
-        ctx = result.context
-        if is_envelope(ctx.security_context) or is_envelope(ctx.history):
-            sealed: dict[str, Any] = {"security_context": ctx.security_context,
-                                      "history": ctx.history}
-            open_context(self._history, sealed, self.tenant_id, task_id)
-            ctx.security_context, ctx.history = sealed["security_context"], sealed["history"]
+        result = restored(task_id, rows, lease_owner, self.sealer,
+                          max_inflate=self._max_inflate) \
+            if not (history and verify) \
+            else await self._verified.restore(task_id, rows, lease_owner)
         return result
 
     async def check_signing_key(self, task_id: str) -> None:
@@ -572,7 +576,7 @@ class SqlStore(Store):
             row = q.GET_SUB_TASK.first(conn, self._keys(p_sub=sub_task_id))
             if row is None:
                 raise UnknownSubTaskError(sub_task_id)
-            return sub_task(row)
+            return sub_task(row, self.sealer)
 
         return await self._read(f"reading sub-task {sub_task_id!r}", body)
 
@@ -582,7 +586,8 @@ class SqlStore(Store):
 
         def body(conn: Connection) -> list[PeerSubTask]:
             self._raise_if_unknown_task(conn, task_id)
-            return [sub_task(row) for row in q.GET_TASK_SUB_TASKS.rows(conn, keys)]
+            return [sub_task(row, self.sealer)
+                    for row in q.GET_TASK_SUB_TASKS.rows(conn, keys)]
 
         return await self._read(f"listing the sub-tasks of task {task_id!r}", body)
 
@@ -597,9 +602,10 @@ class SqlStore(Store):
             if invocation is None:
                 self._raise_if_unknown_task(conn, task_id)
                 raise UnknownInvocationError(task_id, invocation_id)
-            calls = ParallelCalls(list(invocation.call_order), dict(invocation.results))
-            for call, value in q.GET_INVOCATION_RESULTS.rows(conn, keys):
-                calls.results[call] = value
+            calls = ParallelCalls(list(invocation.call_order),
+                                  invocation_results(task_id, invocation, self.sealer))
+            for sub_task_id, call, value in q.GET_INVOCATION_RESULTS.rows(conn, keys):
+                calls.results[call] = self.sealer.open(value, RESULT, sub_task=sub_task_id)
             return calls.ordered_results()
 
         return await self._read(f"reading the results of task {task_id!r}", body)
@@ -704,7 +710,7 @@ class SqlStore(Store):
         params = self._keys(p_agent=agent_name, p_limit=limit)
 
         def body(conn: Connection) -> list[PeerSubTask]:
-            return [sub_task(row) for row in statement.rows(conn, params)]
+            return [sub_task(row, self.sealer) for row in statement.rows(conn, params)]
 
         return await self._read("listing deadlines", body, short=False)
 

@@ -45,6 +45,7 @@ from sqlalchemy import Connection
 
 from meshpoint import _json
 from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
+from meshpoint.encryption import is_envelope
 from meshpoint.errors import (
     CorruptCheckpointError,
     IntegrityError,
@@ -52,11 +53,13 @@ from meshpoint.errors import (
     LeaseNotHeldError,
     TaskBlockedError,
     UnknownTaskError,
+    UnreadableValueError,
 )
 from meshpoint.history import (
     HistoryHead,
     HistoryOptions,
     PlannedRecord,
+    encryption_keys,
     plan_record,
     seal_context,
     sound_annotations,
@@ -80,9 +83,11 @@ from meshpoint.store.rows import (
     RecordRow,
     RestoreRows,
     TaskRow,
+    encode_context,
     join_events,
     restored,
 )
+from meshpoint.store.sealing import CONVERSATION, RESULTS, Sealer, seal_event_row
 from meshpoint.verification import (
     StoredRecord,
     checked_snapshot,
@@ -106,6 +111,8 @@ class VerifiedRestore:
     options: HistoryOptions
     read: Callable[[str, Callable[[Connection], Any]], Awaitable[Any]]
     write: Callable[[str, Callable[[Connection], Any]], Awaitable[Any]]
+    #: The store's encryption of its columns: rows are opened and written with it.
+    sealer: Sealer
     clock: Callable[[], float] = time.time
     compress_threshold: int = 16_384
     #: The store's max_decompressed_bytes: no context or snapshot inflates past it.
@@ -123,7 +130,8 @@ class VerifiedRestore:
             raise LeaseNotHeldError(task_id, lease_owner, task.status)
         if rows.head is None and rows.latest is None:
             # checkpointed without a history
-            return restored(task_id, rows, lease_owner, max_inflate=self.max_inflate)
+            return restored(task_id, rows, lease_owner, self.sealer,
+                            max_inflate=self.max_inflate)
         if lease_owner is not None:
             self._check_can_sign(task_id, rows)
         why = self._latest_problem(rows)
@@ -136,8 +144,14 @@ class VerifiedRestore:
                 live_problem = "the live row is not the state its last record describes"
             else:
                 try:
-                    result = restored(task_id, rows, lease_owner,
+                    result = restored(task_id, rows, lease_owner, self.sealer,
                                       max_inflate=self.max_inflate)
+                except UnreadableValueError as error:
+                    if self.sealer.keys is None:
+                        # This process was given no key ring: a configuration error,
+                        # nothing changed, the task left for an instance that has one.
+                        raise
+                    live_problem = str(error)
                 except CorruptCheckpointError as error:
                     live_problem = str(error)
                 else:
@@ -186,7 +200,7 @@ class VerifiedRestore:
                               context_sha256=hashlib.sha256(context_raw).hexdigest(),
                               session_event_count=snapshot["session_event_count"])
         try:
-            result = restored(task_id, rows._replace(task=fixed), lease_owner,
+            result = restored(task_id, rows._replace(task=fixed), lease_owner, self.sealer,
                               max_inflate=self.max_inflate)
         except CorruptCheckpointError as error:
             return await self._block(task_id, rows, f"{problem}; and {error}", lease_owner)
@@ -208,16 +222,15 @@ class VerifiedRestore:
             if raw is None:
                 raise ValueError(why or "the record has no snapshot")
             snapshot = orjson.loads(raw)
-            if "context" not in snapshot and "snapshot" in self.options.encrypt_fields:
-                from meshpoint.history import encryption_keys
-
+            if is_envelope(snapshot):  # encrypted whole (store/sealing.py, "snapshots")
                 snapshot = encryption_keys(self.options).decrypt(
                     snapshot, tenant=self.tenant_id,
                     aad={"task": record.task_id, "record": record.checkpoint_id,
                          "field": "snapshot"})
             if not isinstance(snapshot, dict) or not isinstance(snapshot.get("context"), dict):
                 raise ValueError("the snapshot is not a task's state")
-        except ValueError as error:
+        except (ValueError, KeyMissingError) as error:
+            # KeyMissingError: its key was shredded; the snapshot is as good as lost.
             raise IntegrityError(f"its snapshot: {error}", task_id=record.task_id,
                                  checkpoint_id=record.checkpoint_id, seq=record.seq) from None
         return dict(snapshot)
@@ -270,11 +283,12 @@ class VerifiedRestore:
             if calls is not None:
                 calls["results"].setdefault(corr.get("function_call_id"), LOST_RESULT)
         count = int(snapshot["session_event_count"])
-        events = join_events(task_id, rows.events)[:count]
+        events = join_events(task_id, rows.events, self.sealer)[:count]
         doc = {**context, "active_peer_sub_tasks": {}, "parallel_tool_calls": invocations,
                "session_events": events, "session_events_persisted": count}
-        raw = _json.dump_bytes(context)
-        sha = hashlib.sha256(raw).hexdigest()
+        encoded = encode_context(context, self.sealer, task_id, self.compress_threshold,
+                                 self.max_inflate)
+        sha = encoded.sha256
         parent = stored_head(rows.head)
         now = self.clock()
         annotations = sound_annotations(context.get("history") or {},
@@ -292,9 +306,9 @@ class VerifiedRestore:
             max_inflate=self.max_inflate)
         params = self._keys(
             p_task=task_id, p_agent=task.agent_name, p_owner=lease_owner, p_now=now,
-            p_context=raw, p_encoding="json", p_sha256=sha, p_event_count=count,
-            p_invocation=context.get("current_invocation_id"), p_first=count,
-            **record_params(planned))
+            p_context=encoded.blob, p_encoding=encoded.encoding, p_sha256=sha,
+            p_event_count=count, p_invocation=context.get("current_invocation_id"),
+            p_first=count, **record_params(planned))
 
         def body(conn: Connection) -> None:
             if not q.REWIND_TASK.rowcount(conn, params):
@@ -305,9 +319,11 @@ class VerifiedRestore:
             q.INSERT_INVOCATION.execute_many(conn, [
                 {**params, "invocation_id": inv, "total_expected": len(c["call_order"]),
                  "completed_count": len(c["results"]), "call_order": c["call_order"],
-                 "results": c["results"]} for inv, c in invocations.items()])
+                 "results": self.sealer.seal("calls", c["results"], RESULTS, task=task_id,
+                                             invocation=inv)}
+                for inv, c in invocations.items()])
             write_record(conn, params)
-            eq.INSERT_EVENT.rows(conn, _event(params, task_id, task.agent_name,
+            eq.INSERT_EVENT.rows(conn, self._event(params, task_id, task.agent_name,
                                               "integrity_rewound", {
                                                   "problem": problem, "failed": bad_id,
                                                   "rewound_to": good.checkpoint_id}, now))
@@ -316,7 +332,8 @@ class VerifiedRestore:
         rewound = await self.read(f"restoring task {task_id!r}", lambda conn: RestoreRows(
             q.GET_TASK.first(conn, params), q.GET_EVENTS.rows(conn, params),
             q.GET_INVOCATIONS.rows(conn, params), q.GET_TASK_SUB_TASKS.rows(conn, params)))
-        result = restored(task_id, rewound, lease_owner, max_inflate=self.max_inflate)
+        result = restored(task_id, rewound, lease_owner, self.sealer,
+                          max_inflate=self.max_inflate)
         result.context.history_head = planned.head(planned.document["metrics"]["tokens"]["total"])
         return result
 
@@ -332,8 +349,9 @@ class VerifiedRestore:
         context = {k: v for k, v in doc.items() if k not in SPLIT_KEYS}
         if self.options.encryption is not None:
             seal_context(self.options.encryption, context, self.tenant_id, task_id)
-        raw = _json.dump_bytes(context)
-        sha = hashlib.sha256(raw).hexdigest()
+        encoded = encode_context(context, self.sealer, task_id, self.compress_threshold,
+                                 self.max_inflate)
+        sha = encoded.sha256
         events = doc["session_events"]
         now = self.clock()
         keys = self._keys(p_task=task_id)
@@ -356,9 +374,11 @@ class VerifiedRestore:
             ) if self.options.enabled else None
             params = self._keys(
                 p_task=task_id, p_agent=agent_name, p_owner=lease_owner, p_now=now,
-                p_context=raw, p_encoding="json", p_sha256=sha, p_event_count=len(events),
-                p_invocation=None, p_first=0, p_events=events, p_has_events=bool(events),
-                **record_params(planned))
+                p_context=encoded.blob, p_encoding=encoded.encoding, p_sha256=sha,
+                p_event_count=len(events), p_invocation=None, p_first=0,
+                p_events=self.sealer.seal("conversation", events, CONVERSATION,
+                                          task=task_id, seq="0"),
+                p_has_events=bool(events), **record_params(planned))
             if not q.REWIND_TASK.rowcount(conn, params):
                 raise LeaseNotHeldError(task_id, lease_owner)
             for statement in (q.DELETE_TASK_SUB_TASKS, q.DELETE_TASK_INVOCATIONS,
@@ -366,9 +386,9 @@ class VerifiedRestore:
                 statement.rows(conn, params)
             q.APPEND_EVENTS.rows(conn, params)
             write_record(conn, params)
-            eq.INSERT_EVENT.rows(conn, _event(params, task_id, agent_name,
-                                              "integrity_restarted", {"reason": reason},
-                                              now))
+            eq.INSERT_EVENT.rows(conn, self._event(params, task_id, agent_name,
+                                                   "integrity_restarted", {"reason": reason},
+                                                   now))
             return planned
 
         planned = await self.write(f"restarting task {task_id!r}", body)
@@ -388,18 +408,36 @@ class VerifiedRestore:
         def body(conn: Connection) -> None:
             if not q.BLOCK_TASK.rowcount(conn, params):
                 raise LeaseNotHeldError(task_id, lease_owner)
-            eq.INSERT_EVENT.rows(conn, _event(params, task_id, task.agent_name,
-                                              "integrity_blocked", {"problem": problem}, now))
+            eq.INSERT_EVENT.rows(conn, self._event(params, task_id, task.agent_name,
+                                                   "integrity_blocked", {"problem": problem},
+                                                   now))
 
         await self.write(f"blocking task {task_id!r}", body)
         raise TaskBlockedError(task_id, problem,
-                               a2a_context=_a2a_context(task, self.max_inflate))
+                               a2a_context=_a2a_context(task, self.sealer, self.max_inflate))
 
     async def _log(self, task_id: str, agent: str, kind: str, detail: dict[str, Any]) -> None:
         now = self.clock()
         params = self._keys(p_task=task_id)
         await self.write(f"logging {kind} of task {task_id!r}", lambda conn: (
-            eq.INSERT_EVENT.rows(conn, _event(params, task_id, agent, kind, detail, now))))
+            eq.INSERT_EVENT.rows(conn, self._event(params, task_id, agent, kind, detail,
+                                                   now))))
+
+    def _event(self, params: dict[str, Any], task_id: str, agent: str, kind: str,
+               detail: dict[str, Any], now: float) -> dict[str, Any]:
+        """The parameters of an event-log row saying what happened to the task, its
+        payload sealed as the event log seals it; in clear if the tenant has no key
+        left to seal with (its keys shredded: the task is blocked all the same, and
+        the payload is the store's own account, ids and reasons, not content)."""
+        from meshpoint.history import new_checkpoint_id
+
+        row = {**params, "p_event_id": new_checkpoint_id(), "p_agent": agent,
+               "p_task": task_id, "p_event_type": kind, "p_step": None, "p_input": None,
+               "p_output": detail, "p_state": None, "p_now": now}
+        try:
+            return seal_event_row(self.sealer, row)
+        except KeyMissingError:
+            return row
 
 
 def missing_signing_key(options: HistoryOptions, task_id: str, head: HeadRow | None,
@@ -431,22 +469,13 @@ def _parent_head(head: Any, good: StoredRecord) -> Any:
                        signed=head.signature is not None or good.signature is not None)
 
 
-def _event(params: dict[str, Any], task_id: str, agent: str, kind: str,
-           detail: dict[str, Any], now: float) -> dict[str, Any]:
-    from meshpoint.history import new_checkpoint_id
-
-    return {**params, "p_event_id": new_checkpoint_id(), "p_agent": agent, "p_task": task_id,
-            "p_event_type": kind, "p_step": None, "p_input": None, "p_output": detail,
-            "p_state": None, "p_now": now}
-
-
-def _a2a_context(task: TaskRow, max_inflate: int) -> dict[str, Any]:
+def _a2a_context(task: TaskRow, sealer: Sealer, max_inflate: int) -> dict[str, Any]:
     """The task's addressing from its live row, if that still decodes (to tell its
     caller it is blocked); empty otherwise."""
     from meshpoint.store.rows import decode_context
 
     try:
-        value = decode_context(task, max_inflate=max_inflate).get("a2a_context")
+        value = decode_context(task, sealer, max_inflate=max_inflate).get("a2a_context")
     except CorruptCheckpointError:
         return {}
     return value if isinstance(value, dict) else {}

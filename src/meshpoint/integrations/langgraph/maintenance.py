@@ -31,9 +31,16 @@ from langgraph.checkpoint.base import (
 from sqlalchemy import Connection, exc
 
 from meshpoint.errors import CheckpointConflictError, CorruptCheckpointError, InvalidArgumentError
-from meshpoint.integrations.langgraph.rows import StoredBlob, assemble, checked, thread_keys
+from meshpoint.integrations.langgraph.rows import (
+    StoredBlob,
+    assemble,
+    checked,
+    digest,
+    thread_keys,
+)
 from meshpoint.integrations.langgraph.serde import SafeSerializer
 from meshpoint.store import langgraph_queries as lq
+from meshpoint.store.sealing import LG_BLOB, LG_CHECKPOINT, LG_METADATA, LG_WRITE, Sealer
 from meshpoint.store.sql import SqlStore
 
 
@@ -80,6 +87,7 @@ async def delta_history(saver: MeshpointSaver, config: RunnableConfig,
         target = latest.config["configurable"]["checkpoint_id"]
     keys = {"p_tenant": saver.store.tenant_id, "p_thread": thread, "p_ns": ns}
     wanted = list(dict.fromkeys(channels))
+    sealer = saver.store.sealer
 
     def body(conn: Connection) -> dict[str, DeltaChannelHistory]:
         seed_at: dict[str, tuple[int, str]] = {}  # channel -> (depth, version)
@@ -115,9 +123,10 @@ async def delta_history(saver: MeshpointSaver, config: RunnableConfig,
             ordered = sorted(collected[channel],
                              key=lambda w: (-w.depth, w.task_path, w.task_id, w.idx))
             writes: list[PendingWrite] = [
-                (w.task_id, w.channel, saver.serde.loads(checked(
+                (w.task_id, w.channel, saver.serde.loads(sealer.open_bytes(checked(
                     b"write", (ns, w.checkpoint_id, w.task_id, str(w.idx)), w.data, w.digest,
-                    f"a write of checkpoint {w.checkpoint_id!r}")))
+                    f"a write of checkpoint {w.checkpoint_id!r}"), LG_WRITE, thread=thread,
+                    ns=ns, checkpoint=w.checkpoint_id, task=w.task_id, idx=str(w.idx))))
                 for w in ordered]
             entry: DeltaChannelHistory = {"writes": writes}
             if channel in seed_at:
@@ -126,7 +135,7 @@ async def delta_history(saver: MeshpointSaver, config: RunnableConfig,
                                                r.depth, r.items, r.data, r.digest)
                          for r in lq.BLOB_CHAIN.rows(conn, {**keys, "p_channel": channel,
                                                             "p_version": version})}
-                built = assemble(ns, channel, version, chain)
+                built = assemble(thread, ns, channel, version, chain, sealer)
                 if built is None:
                     raise missing_value(thread, target, channel, version)
                 entry["seed"] = saver.serde.loads(built[0])
@@ -184,6 +193,7 @@ async def copy_thread(saver: MeshpointSaver, source: str, target: str) -> None:
     if source == target:
         raise InvalidArgumentError("copy_thread needs two different thread ids")
     keys = {"p_tenant": saver.store.tenant_id, "p_thread": source, "p_target": target}
+    sealer = saver.store.sealer
 
     def body(conn: Connection) -> None:
         if lq.THREAD_EXISTS.first(conn, {**keys, "p_thread": target}) is not None:
@@ -191,8 +201,15 @@ async def copy_thread(saver: MeshpointSaver, source: str, target: str) -> None:
                 f"thread {target!r} already has checkpoints: copy_thread copies into a new "
                 "thread (delete_thread it first to replace it)")
         try:
-            for statement in lq.COPY_THREAD.values():
-                statement.rowcount(conn, keys)
+            if sealer.keys is None:  # the rows as they are, in SQL
+                for statement in lq.COPY_THREAD.values():
+                    statement.rowcount(conn, keys)
+            else:  # each row sealed again, bound to its new thread
+                for table, rows in lq.THREAD_ROWS.items():
+                    copies = [_resealed(sealer, table, row._asdict(), target)
+                              for row in rows.rows(conn, keys)]
+                    if copies:
+                        lq.INSERT_ROW[table].execute_many(conn, copies)
         except exc.IntegrityError as error:
             raise CheckpointConflictError(
                 f"thread {target!r} already has rows: {error.orig}") from None
@@ -214,14 +231,14 @@ async def prune(saver: MeshpointSaver, thread_ids: Sequence[str], strategy: str)
             continue
 
         def body(conn: Connection, thread: str = thread) -> None:
-            _keep_latest(conn, tenant, thread)
+            _keep_latest(conn, tenant, thread, saver.store.sealer)
             _collect(conn, tenant, thread)
 
         await saver.store.transaction(body, write=True, doing=f"pruning thread {thread!r}")
         saver.forget(thread)
 
 
-def _keep_latest(conn: Connection, tenant: str, thread: str) -> None:
+def _keep_latest(conn: Connection, tenant: str, thread: str, sealer: Sealer) -> None:
     rows = lq.THREAD_CHECKPOINTS.rows(conn, {"p_tenant": tenant, "p_thread": thread})
     by_ns: dict[str, dict[str, Any]] = {}
     for row in rows:
@@ -232,7 +249,10 @@ def _keep_latest(conn: Connection, tenant: str, thread: str) -> None:
             continue
         latest = max(visible, key=lambda c: c.checkpoint_id)
         keep = {latest.checkpoint_id}
-        metadata = latest.metadata if isinstance(latest.metadata, dict) else {}
+        # Strict: a prune that cannot read which channels replay deltas changes nothing.
+        metadata = sealer.open(latest.metadata, LG_METADATA, thread=thread, ns=ns,
+                               checkpoint=latest.checkpoint_id)
+        metadata = metadata if isinstance(metadata, dict) else {}
         unseeded = set(metadata.get("counters_since_delta_snapshot") or ()) - set(
             orjson.loads(latest.blobs))
         hide = []
@@ -250,6 +270,36 @@ def _keep_latest(conn: Connection, tenant: str, thread: str) -> None:
             elif checkpoint_id not in keep:
                 lq.DELETE_CHECKPOINT_WRITES.rowcount(conn, key)
                 lq.DELETE_CHECKPOINT.rowcount(conn, key)
+
+
+def _resealed(sealer: Sealer, table: str, row: dict[str, Any], target: str
+              ) -> dict[str, Any]:
+    """A row of ``table`` for ``target`` (a copy of another thread's): its sealed values
+    opened and sealed again bound to ``target``, its digest of what is stored now."""
+    source, ns = row["thread_id"], row["checkpoint_ns"]
+    digest_key: tuple[str, ...]
+    if table == "agent_langgraph_checkpoints":
+        key = {"ns": ns, "checkpoint": row["checkpoint_id"]}
+        row["metadata"] = sealer.seal("langgraph", sealer.open(
+            row["metadata"], LG_METADATA, thread=source, **key), LG_METADATA,
+            thread=target, **key)
+        column, kind, digest_key = LG_CHECKPOINT, b"checkpoint", (ns, row["checkpoint_id"])
+    elif table == "agent_langgraph_blobs":
+        key = {"ns": ns, "channel": row["channel"], "version": row["version"]}
+        column, kind, digest_key = LG_BLOB, b"blob", (ns, row["channel"], row["version"])
+    else:
+        key = {"ns": ns, "checkpoint": row["checkpoint_id"], "task": row["task_id"],
+               "idx": str(row["idx"])}
+        column, kind = LG_WRITE, b"write"
+        digest_key = (ns, row["checkpoint_id"], row["task_id"], str(row["idx"]))
+    data = checked(kind, digest_key, bytes(row["data"]), row["digest"],
+                   f"a row of thread {source!r} ({table})")
+    data = sealer.seal_bytes("langgraph", sealer.open_bytes(data, column, thread=source,
+                                                            **key), column, thread=target,
+                             **key)
+    return {f"p_col_{name}": value for name, value in {
+        **row, "thread_id": target, "data": data,
+        "digest": digest(kind, digest_key, data)}.items()}
 
 
 def _collect(conn: Connection, tenant: str, thread: str) -> None:

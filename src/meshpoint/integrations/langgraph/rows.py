@@ -7,6 +7,12 @@ index) and its bytes: a changed byte, or a row's bytes moved under another key, 
 found before the bytes are decoded (:class:`~meshpoint.errors.CorruptCheckpointError`).
 The thread id is left out, so that ``copy_thread`` copies rows without rewriting them.
 
+**Encryption.** With the store's encryption on (:mod:`meshpoint.store.sealing`,
+family ``langgraph``), a row's bytes are sealed bound to its tenant, column and whole
+key, thread included (``copy_thread`` then seals each row again for its new thread),
+and the digest is of the sealed bytes: a digest of the plain bytes would let a
+reader of the database confirm a guess of a small value.
+
 **Deltas.** A channel whose value is a list that only grows (a conversation) would
 otherwise be stored whole at every step: LangGraph's savers store it at each
 version, so their tables grow with the square of the conversation. The saver keeps,
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshpoint.errors import CorruptCheckpointError, InvalidArgumentError
+from meshpoint.store.sealing import LG_BLOB, Sealer
 
 #: A delta chain may grow to this many rows at least before a whole value cuts it.
 DELTA_RUN = 64
@@ -121,11 +128,13 @@ class BlobRow:
     depth: int
     root_items: int
 
-    def params(self, ns: str) -> dict[str, Any]:
+    def params(self, thread: str, ns: str, sealer: Sealer) -> dict[str, Any]:
+        data = sealer.seal_bytes("langgraph", self.data, LG_BLOB, thread=thread, ns=ns,
+                                 channel=self.channel, version=self.version)
         return {"p_channel": self.channel, "p_version": self.version, "p_base": self.base,
                 "p_root": self.root, "p_depth": self.depth, "p_items": self.row_items,
-                "p_data": self.data,
-                "p_digest": digest(b"blob", (ns, self.channel, self.version), self.data)}
+                "p_data": data,
+                "p_digest": digest(b"blob", (ns, self.channel, self.version), data)}
 
     def as_whole(self) -> BlobRow:
         return BlobRow(self.channel, self.version, self.whole, self.items, None, self.whole,
@@ -168,10 +177,10 @@ class StoredBlob:
     digest: str
 
 
-def assemble(ns: str, channel: str, version: str,
-             chain: dict[str, StoredBlob]) -> tuple[bytes, Cached] | None:
+def assemble(thread: str, ns: str, channel: str, version: str,
+             chain: dict[str, StoredBlob], sealer: Sealer) -> tuple[bytes, Cached] | None:
     """The whole bytes of ``version`` from the rows of its chain, each checked against
-    its digest; None if the version is not among them."""
+    its digest and opened; None if the version is not among them."""
     row = chain.get(version)
     if row is None:
         return None
@@ -182,7 +191,8 @@ def assemble(ns: str, channel: str, version: str,
     while True:
         data = checked(b"blob", (ns, channel, row.version), row.data, row.digest,
                        f"the value of channel {channel!r} at version {row.version!r}")
-        parts.append(data)
+        parts.append(sealer.open_bytes(data, LG_BLOB, thread=thread, ns=ns, channel=channel,
+                                       version=row.version))
         items += row.items
         if row.base is None:
             break

@@ -59,9 +59,24 @@ from meshpoint.integrations.langgraph.rows import (
 from meshpoint.integrations.langgraph.serde import SafeSerializer
 from meshpoint.store import SqlStore
 from meshpoint.store import langgraph_queries as lq
+from meshpoint.store.sealing import LG_CHECKPOINT, LG_METADATA, LG_WRITE
 
 #: Checkpoints a listing reads per statement.
 PAGE = 100
+
+
+def contains(document: Any, wanted: Any) -> bool:
+    """Whether JSON ``document`` contains ``wanted`` as PostgreSQL's ``@>`` says: an
+    object's every key with a contained value, an array's every item contained in
+    one of the document's items, any other value equal."""
+    if isinstance(wanted, dict):
+        return isinstance(document, dict) and all(
+            key in document and contains(document[key], value)
+            for key, value in wanted.items())
+    if isinstance(wanted, list):
+        return isinstance(document, list) and all(
+            any(contains(item, value) for item in document) for value in wanted)
+    return bool(document == wanted) and isinstance(document, bool) == isinstance(wanted, bool)
 
 
 def _config(thread: str, ns: str, checkpoint_id: str) -> RunnableConfig:
@@ -147,7 +162,10 @@ class MeshpointSaver(BaseCheckpointSaver[str]):
         versions = checkpoint["channel_versions"]
         meta = get_serializable_checkpoint_metadata(config, metadata)
         doc = {key: value for key, value in checkpoint.items() if key != "channel_values"}
-        data = self.serde.dumps([doc, meta])
+        sealer = self.store.sealer
+        where = {"thread": thread, "ns": ns, "checkpoint": checkpoint_id}
+        data = sealer.seal_bytes("langgraph", self.serde.dumps([doc, meta]), LG_CHECKPOINT,
+                                 **where)
         rows: list[BlobRow] = []
         for channel, version in new_versions.items():
             if channel in values:
@@ -161,9 +179,11 @@ class MeshpointSaver(BaseCheckpointSaver[str]):
             "p_continues": parent if meta.get("source") == "loop" else None,
             "p_run": None if run_id is None else str(run_id),
             "p_blobs": {ch: str(versions[ch]) for ch in values if ch in versions},
-            "p_metadata": self.serde.to_json(meta), "p_data": data,
+            "p_metadata": sealer.seal("langgraph", self.serde.to_json(meta), LG_METADATA,
+                                      **where), "p_data": data,
             "p_digest": digest(b"checkpoint", (ns, checkpoint_id), data),
             "p_now": time.time(), "p_tenant": self.store.tenant_id}
+        blobs = [row.params(thread, ns, sealer) for row in rows]  # sealed once
 
         def body(conn: Connection) -> list[BlobRow]:
             try:
@@ -172,13 +192,13 @@ class MeshpointSaver(BaseCheckpointSaver[str]):
                 # The only constraint an upsert by primary key can still hit.
                 raise ThreadSupersededError(thread, ns, str(parent)) from None
             stored = []
-            for row in rows:
-                blob = {**params, **row.params(ns)}
-                if lq.PUT_BLOB.rowcount(conn, blob):
+            for row, sealed in zip(rows, blobs, strict=True):
+                if lq.PUT_BLOB.rowcount(conn, {**params, **sealed}):
                     stored.append(row)
                 elif row.base is not None:  # its base is gone (or the version stored)
                     whole = row.as_whole()
-                    if lq.PUT_BLOB.rowcount(conn, {**params, **whole.params(ns)}):
+                    if lq.PUT_BLOB.rowcount(conn, {**params,
+                                                   **whole.params(thread, ns, sealer)}):
                         stored.append(whole)
             return stored
 
@@ -203,9 +223,12 @@ class MeshpointSaver(BaseCheckpointSaver[str]):
         statement = lq.UPSERT_WRITE if all(ch in WRITES_IDX_MAP for ch, _ in writes) \
             else lq.PUT_WRITE
         rows = []
+        sealer = self.store.sealer
         for index, (channel, value) in enumerate(writes):
             idx = WRITES_IDX_MAP.get(channel, index)
-            data = self.serde.dumps(value)
+            data = sealer.seal_bytes("langgraph", self.serde.dumps(value), LG_WRITE,
+                                     thread=thread, ns=ns, checkpoint=checkpoint_id,
+                                     task=task_id, idx=str(idx))
             rows.append({
                 "p_tenant": self.store.tenant_id, "p_thread": thread, "p_ns": ns,
                 "p_checkpoint": checkpoint_id, "p_task": task_id, "p_idx": idx,
@@ -238,8 +261,12 @@ class MeshpointSaver(BaseCheckpointSaver[str]):
         """Checkpoints newest first, read a page of :data:`PAGE` at a time (each page
         one statement, with the checkpoints' values and writes)."""
         configurable = (config or {}).get("configurable") or {}
+        # Sealed metadata cannot be matched in SQL: with a key ring, the filter is
+        # applied here, to the metadata each checkpoint's row holds.
+        here = bool(filter) and self.store.sealer.keys is not None
+        wanted = self.serde.to_json(filter) if here else None
         params: dict[str, Any] = {
-            "p_filter": None if not filter else orjson.dumps(
+            "p_filter": None if not filter or here else orjson.dumps(
                 self.serde.to_json(filter)).decode(),
             "p_before": None if before is None else get_checkpoint_id(before),
             "p_after_thread": None, "p_after_ns": None}
@@ -254,14 +281,18 @@ class MeshpointSaver(BaseCheckpointSaver[str]):
                 params["p_ns"] = str(configurable["checkpoint_ns"])
         left = limit
         while left is None or left > 0:
-            page = PAGE if left is None else min(PAGE, left)
+            page = PAGE if left is None or here else min(PAGE, left)
             rows = await self._loop.run(self.store.statement(
                 statement, {**params, "p_limit": page}, doing="listing checkpoints"))
             tuples = self._tuples(rows, remember=False)
             for found in tuples:
+                if here and not contains(self.serde.to_json(found.metadata), wanted):
+                    continue
                 yield found
-            if left is not None:
-                left -= len(tuples)
+                if left is not None:
+                    left -= 1
+                    if not left:
+                        return
             if len(tuples) < page:
                 return
             last = tuples[-1].config["configurable"]
@@ -285,19 +316,21 @@ class MeshpointSaver(BaseCheckpointSaver[str]):
         heads.sort(key=lambda r: (r.thread_id, r.checkpoint_ns))
         heads.sort(key=lambda r: r.a, reverse=True)
         wholes: dict[tuple[str, str, str, str], bytes] = {}
+        sealer = self.store.sealer
         found = []
         for head in heads:
             thread, ns, checkpoint_id = head.thread_id, head.checkpoint_ns, head.a
             data = checked(b"checkpoint", (ns, checkpoint_id), head.data, head.digest,
                            f"checkpoint {checkpoint_id!r} of thread {thread!r}")
-            doc, meta = self.serde.loads(data)
+            doc, meta = self.serde.loads(sealer.open_bytes(
+                data, LG_CHECKPOINT, thread=thread, ns=ns, checkpoint=checkpoint_id))
             values = {}
             for channel, version in orjson.loads(head.c).items():
                 key = (thread, ns, channel, version)
                 whole = wholes.get(key)
                 if whole is None:
-                    built = assemble(ns, channel, version,
-                                     chains.get((thread, ns, channel), {}))
+                    built = assemble(thread, ns, channel, version,
+                                     chains.get((thread, ns, channel), {}), sealer)
                     if built is None:
                         raise maintenance.missing_value(thread, checkpoint_id, channel,
                                                         version)
@@ -311,7 +344,9 @@ class MeshpointSaver(BaseCheckpointSaver[str]):
                             key=lambda w: (w.d, w.b, w.n)):
                 value = checked(b"write", (ns, checkpoint_id, w.b, str(w.n)), w.data,
                                 w.digest, f"a write of checkpoint {checkpoint_id!r}")
-                pending.append((w.b, w.c, self.serde.loads(value)))
+                pending.append((w.b, w.c, self.serde.loads(sealer.open_bytes(
+                    value, LG_WRITE, thread=thread, ns=ns, checkpoint=checkpoint_id,
+                    task=w.b, idx=str(w.n)))))
             found.append(CheckpointTuple(
                 config=_config(thread, ns, checkpoint_id),
                 checkpoint=cast(Checkpoint, {**doc, "channel_values": values}), metadata=meta,
