@@ -6,15 +6,23 @@ ring's."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sqlite3
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
+
+from meshpoint.costs import Prices
+from meshpoint.store import SqlStore
+from tests.acceptance.test_cli_tasks import ok_json, tasks
+from tests.integration.test_store import AGENT, fan_out
 
 
 def meshpoint(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -57,6 +65,64 @@ def test_verify_and_cost_work_on_the_demos_database(demo_db: Path) -> None:
             json.loads(done.stdout)["chains"]) == (0, 12, 0)  # all read, none to cut
     done = meshpoint("verify", "--url", url, cwd=demo_db.parent)
     assert done.returncode == 2 and "--task ID or --all" in " ".join(done.stderr.split())
+
+
+#: Prices whose costs a float cannot hold and that fall below a nano-unit at each
+#: checkpoint (0.0000000022 of m-1 a checkpoint; 0.1 and 0.2 of m-2).
+ODD_PRICES = Prices({"m-1": {"prompt_tokens": 0.0015, "completion_tokens": 0.0007},
+                     "m-2": {"prompt_tokens": 0.1, "completion_tokens": 0.2}})
+
+
+async def test_tasks_cost_rows_add_up_to_the_total_it_prints(
+        store: SqlStore, store_url: str, store_options: dict[str, object]) -> None:
+    """A task checkpointed eight times, each spending a little on two models: the
+    costs ``tasks cost`` prints per checkpoint add up, exactly, to the total it prints,
+    in the table and in ``--json``, and that total is the last record's."""
+    priced = store.with_history(replace(store.history.options, prices=ODD_PRICES))
+    ctx = fan_out("t-cost", peers=1, local=False)
+    await priced.checkpoint_task(ctx, AGENT)
+    for turn in range(1, 8):
+        sub = "t-cost/sub-0" if turn == 1 else f"t-cost/again-{turn - 1}"
+        await priced.resolve_peer_sub_task(sub, {"text": "ok"}, lease_owner="i-1")
+        ctx = (await priced.restore_task("t-cost", lease_owner="i-1")).context
+        ctx.record_token_usage(model="m-1", source=AGENT, prompt_tokens=1,
+                               completion_tokens=1)
+        ctx.record_token_usage(model="m-2", source="peer-0", prompt_tokens=1,
+                               completion_tokens=1)
+        ctx.current_invocation_id = f"inv-{turn + 1}"
+        ctx.register_peer_sub_task(f"t-cost/again-{turn}", {"peer_agent_name": "peer-0"})
+        await priced.checkpoint_task(ctx, AGENT, lease_owner="i-1")
+    await priced.cleanup_task("t-cost", outcome="completed", ctx=ctx)
+    last = await store.history.get_latest_checkpoint("t-cost")
+    assert last is not None
+    schema = store_options.get("schema")
+    where = ["--url", store_url, *(["--schema", str(schema)] if schema else [])]
+
+    shown = await ok_json(where, "cost", "t-cost")
+    rows = [Decimal(row["cost"]) for row in shown["checkpoints"]]
+    total = Decimal(shown["total"]["cost"]["total"])
+    assert len(rows) == 9 and sum(rows) == total == Decimal(last.metrics.cost["total"])
+    assert total == 7 * (Decimal("0.0022") + Decimal("0.3")) / 1_000_000  # exact
+    by_model = shown["total"]["cost"]["by_model"]
+    assert sum(Decimal(m["total"]) for m in by_model.values()) == total
+
+    code, out, err = await tasks(where, "cost", "t-cost")
+    assert code == 0, err
+    table = out.split("in total, by model")[0]
+    printed = [Decimal(line.split("│")[-2].strip()) for line in table.splitlines()
+               if re.match(r"^│\s*\d+\s*│", line)]
+    said = re.search(r"total: ([0-9.]+) USD", out)
+    assert said is not None and len(printed) == 9
+    assert sum(printed) == Decimal(said.group(1)) == total
+
+    # A purge keeps the last 3 records: what the others cost is one row, and the rows
+    # still add up to the same total.
+    keeping = store.with_history(replace(store.history.options, retention="last:3"))
+    assert [p.removed for p in await keeping.history.purge()] == [6]
+    shown = await ok_json(where, "cost", "t-cost")
+    assert [row["seq"] for row in shown["checkpoints"]] == ["1-6", 7, 8, 9]
+    assert sum(Decimal(row["cost"]) for row in shown["checkpoints"]) == total
+    assert Decimal(shown["total"]["cost"]["total"]) == total
 
 
 def test_purge_follows_an_agents_retention_from_the_config(demo_db: Path,

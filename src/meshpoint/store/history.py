@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, exc
 
+from meshpoint.costs import spent
 from meshpoint.errors import (
     CheckpointConflictError,
     IntegrityError,
@@ -164,7 +165,8 @@ def head_of(record: StoredRecord, head: HeadRow | None = None) -> HistoryHead:
     return HistoryHead(record.checkpoint_id, record.hash, record.seq,
                        tokens if isinstance(tokens, dict) else {},
                        0 if head is None else head.pruned_through,
-                       "" if head is None else head.pruned_hash)
+                       "" if head is None else head.pruned_hash,
+                       spent(record.document) if isinstance(record.document, dict) else None)
 
 
 def stored_head_of(conn: Connection, keys: dict[str, Any]) -> HistoryHead | None:

@@ -370,11 +370,13 @@ class VerifiedRestore:
 
 def _parent_head(head: Any, good: StoredRecord) -> Any:
     """The head a rewind's record chains to: the stored head (the chain goes on from
-    where it ends, bad records and all, as evidence), with the tokens of ``good``."""
+    where it ends, bad records and all, as evidence), with the tokens and cost of
+    ``good``."""
     from meshpoint.history import HistoryHead
 
-    return HistoryHead(str(head.head_id), head.head_hash, head.records, head_of(good).tokens,
-                       head.pruned_through, head.pruned_hash)
+    spent = head_of(good)
+    return HistoryHead(str(head.head_id), head.head_hash, head.records, spent.tokens,
+                       head.pruned_through, head.pruned_hash, spent.cost)
 
 
 def _event(params: dict[str, Any], task_id: str, agent: str, kind: str,
