@@ -266,9 +266,9 @@ class TurnLoop:
         """Make the current round's calls not made yet, each by its kind: the immediate
         ones first (each followed by a mid-turn checkpoint with ``after_tools``), then
         those that open items to wait on. With items outstanding the task pauses;
-        otherwise the round's results are settled and given to the conversation.
-        True to go on with the next model call; False once the task paused or this
-        run stopped."""
+        otherwise the round's results are settled (each approved tool that runs then
+        checkpointed, with ``after_tools``) and given to the conversation. True to go on
+        with the next model call; False once the task paused or this run stopped."""
         ctx = run.ctx
         invocation = ctx.current_invocation_id
         calls = ctx.parallel_tool_calls.get(invocation) if invocation else None
@@ -296,7 +296,13 @@ class TurnLoop:
             if outstanding:
                 await self.pauses.pause(run, outstanding)
                 return False
-        await self.kinds.settle(ctx)
+        # An approved call's tool runs as it is settled: with after_tools, each is
+        # checkpointed (its result and that it was settled) before the next one and
+        # before the next model call, so a crash in either does not run it again.
+        after_tools = self.agent.checkpoint.after_tools
+        if not await self.kinds.settle(ctx, after_tools=functools.partial(
+                self.mid_turn.checkpoint, run) if after_tools else None):
+            return False
         inject_results(ctx)
         return True
 
