@@ -316,10 +316,12 @@ def recover(dry_run: Annotated[bool, typer.Option(
                 "agent's, from --config, or a day).")] = None,
             as_json: AsJson = False) -> None:
     """What recovery (run by every instance of an agent) would do now, by seed 004's
-    rules: resume the tasks whose instance died (auto_resume), fail the tasks not
-    checkpointed within the timeout, remind or leave alone those waiting for a
-    human (auto_resume_hitl)."""
+    rules, one action per task, the first that matches: fail the tasks not
+    checkpointed within the timeout, resume those whose instance died
+    (auto_resume), remind or leave alone those waiting for a human
+    (auto_resume_hitl)."""
     from meshpoint.runtime.agent import RecoveryPolicy
+    from meshpoint.runtime.loops import recovery_plan
 
     if not dry_run:
         err.print("[red]error:[/red] recovery runs in every instance of an agent "
@@ -336,19 +338,11 @@ def recover(dry_run: Annotated[bool, typer.Option(
         agents = set(policies) | {a for a, _ in (await store.stats()).paused_tasks}
         plan: list[dict[str, Any]] = []
         for name in sorted(agents):
-            policy = policies.get(name, RecoveryPolicy())
-            timeout_s = policy.timeout_s if timeout is None else timeout
-            if policy.auto_resume:
-                plan += [{"action": "resume", "agent": name, "task_id": t}
-                         for t in await store.resumable_tasks(name, limit=10_000)]
-            if timeout_s:
-                plan += [{"action": "fail (expired)", "agent": name, "task_id": t}
-                         for t in await store.expired_tasks(name, older_than_s=timeout_s,
-                                                            limit=10_000)]
-            waiting = await store.list_paused_tasks(agent_name=name, status="input_required",
-                                                    limit=10_000)
-            action = "remind the caller" if policy.auto_resume_hitl else "leave (waits for a human)"
-            plan += [{"action": action, "agent": name, "task_id": t.task_id} for t in waiting]
+            # One action per task, the first that matches, as the live pass takes them.
+            plan += [{"action": action, "agent": name, "task_id": task_id}
+                     for task_id, action in await recovery_plan(
+                         store, name, policies.get(name, RecoveryPolicy()),
+                         timeout_s=timeout)]
         return plan
 
     plan = run_on_store(url, config, schema, tenant, as_json, body)

@@ -11,15 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 
 from meshpoint import a2a
 from meshpoint.llm import ScriptedModel
 from meshpoint.runtime import Agent, Peer, wire
+from meshpoint.runtime.agent import RecoveryPolicy
 from meshpoint.store import SqlStore
+from meshpoint.store.schema import paused_tasks
 from tests.conftest import snapshot
 from tests.integration.mesh import ManualPeer, Mesh, eventually
 from tests.integration.test_approvals import SideEffects, approving, paused
 from tests.integration.test_runtime import no_rows_left
+from tests.integration.test_store import AGENT, fan_out
 
 
 @pytest.fixture
@@ -190,11 +194,46 @@ async def test_stats_count_each_task_once_and_recover_shows_its_plan(
     assert [(p["action"], p["agent"]) for p in plan] == [
         ("leave (waits for a human)", "coordinator")]
     plan = (await ok_json(where, "recover", "--dry-run", "--timeout", "0.001"))["plan"]
+    # each task once: the one waiting for a human is expired first
     assert sorted((p["action"], p["agent"]) for p in plan) == [
-        ("fail (expired)", "coordinator"), ("fail (expired)", "planner"),
-        ("leave (waits for a human)", "coordinator")]
+        ("fail (expired)", "coordinator"), ("fail (expired)", "planner")]
     code, _, err = await tasks(where, "recover")
     assert code == 2 and "use --dry-run" in " ".join(err.split())
+
+
+async def test_recover_dry_run_names_one_action_per_task_as_the_live_pass_takes_them(
+        mesh: Mesh, live_store: SqlStore, where: list[str]) -> None:
+    """Four stored tasks of one agent: waiting for a human, and orphaned (its join
+    complete, the instance that took it dead), each fresh and old. ``recover
+    --dry-run`` names one action per task, the first that matches in the live pass's
+    order (expired first, then resume, then a human's wait), and an instance's
+    recovery pass then does exactly that."""
+    for task_id in ("waits", "waits-old", "orphan", "orphan-old"):
+        status = "input_required" if task_id.startswith("waits") else "waiting_peers"
+        await live_store.checkpoint_task(fan_out(task_id, peers=1), AGENT, status=status)
+        if task_id.startswith("orphan"):
+            await live_store.resolve_peer_sub_task(f"{task_id}/sub-0", "found",
+                                                   lease_owner="dead#1")
+    await live_store.run(lambda conn: conn.execute(update(paused_tasks).values(
+        lease_expires_at=paused_tasks.c.lease_expires_at - 3600)), write=True)
+    await live_store.run(lambda conn: conn.execute(update(paused_tasks).where(
+        paused_tasks.c.logical_task_id.like("%-old")).values(
+        checkpointed_at=paused_tasks.c.checkpointed_at - 3600)), write=True)
+
+    plan = (await ok_json(where, "recover", "--dry-run", "--timeout", "600"))["plan"]
+    assert sorted((p["task_id"], p["action"]) for p in plan) == [
+        ("orphan", "resume"), ("orphan-old", "fail (expired)"),
+        ("waits", "leave (waits for a human)"), ("waits-old", "fail (expired)")]
+    code, out, err = await tasks(where, "recover", "--dry-run", "--timeout", "600")
+    assert code == 0 and out.count("orphan-old") == 1 and out.count("waits-old") == 1, err
+
+    # what the live pass does as an instance starts
+    await mesh.run(Agent(AGENT, ScriptedModel(), peers=[Peer("peer-0")],
+                         recovery=RecoveryPolicy(timeout_s=600)))
+    await eventually(lambda: len(mesh.events("expired")) == 2 and bool(mesh.events("recovered")),
+                     what="the recovery pass")
+    assert sorted(task for _, task in mesh.events("expired")) == ["orphan-old", "waits-old"]
+    assert [task for _, task in mesh.events("recovered")] == ["orphan"]
 
 
 async def test_cancel_needs_a_broker_that_reaches_the_instances(
