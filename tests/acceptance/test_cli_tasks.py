@@ -284,3 +284,48 @@ async def test_cancel_from_another_process_over_nats(
         await instance.stop()
         await broker.delete_namespace(ns)
         await broker.close()
+
+
+@pytest.mark.nats
+async def test_cancel_of_a_task_the_store_does_not_know_is_refused_unless_forced(
+        live_store: SqlStore, where: list[str], nats_url: str, tmp_path: Path) -> None:
+    """A well-formed id the store has never seen (a typo, another tenant's task, or a
+    task still running in memory before its first checkpoint) is not "sent": the
+    command says the store knows no such task and exits 1, writing and publishing
+    nothing; ``--force`` sends the cancel anyway."""
+    from meshpoint.broker.nats import NatsBroker
+
+    ns = f"cli{wire.new_id()[:10]}"
+    config = tmp_path / "mesh.yaml"
+    config.write_text(f"namespace: {ns}\n{store_section(where)}broker: {nats_url}\n"
+                      "agents: {coordinator: {}}\n")
+    broker = await NatsBroker.connect(nats_url, pull_expires_s=0.5)
+    seen: list[bytes] = []  # what reaches the agent's instances
+
+    async def control(delivery: Any) -> None:
+        seen.append(delivery.message.data)
+        await delivery.ack()
+
+    try:
+        await broker.subscribe(wire.request_subject(ns, "coordinator"),
+                               f"{ns}-coordinator-requests", control)
+        unknown = "coordinator-" + "0" * 32
+        before = await snapshot(live_store)
+        code, out, err = await tasks(where, "cancel", unknown, "--config", str(config),
+                                     "--json")
+        assert code == 1, (out, err)
+        refused = json.loads(out)
+        assert refused["kind"] == "NotFoundError"
+        assert "the store knows no task" in refused["error"] and "--force" in refused["error"]
+        code, _, err = await tasks(where, "cancel", unknown, "--config", str(config))
+        assert code == 1 and "may still be running in memory" in " ".join(err.split())
+        assert await snapshot(live_store) == before and seen == []
+
+        code, out, err = await tasks(where, "cancel", unknown, "--config", str(config),
+                                     "--force", "--json")
+        assert code == 0, err
+        assert json.loads(out)["cancel"] == "sent"
+        await eventually(lambda: len(seen) == 1, what="the forced cancel")
+    finally:
+        await broker.delete_namespace(ns)
+        await broker.close()
