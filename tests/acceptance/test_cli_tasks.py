@@ -17,7 +17,7 @@ from meshpoint import a2a
 from meshpoint.llm import ScriptedModel
 from meshpoint.runtime import Agent, Peer, wire
 from meshpoint.runtime.agent import RecoveryPolicy
-from meshpoint.store import SqlStore
+from meshpoint.store import SqlStore, open_store
 from meshpoint.store.schema import paused_tasks
 from tests.conftest import snapshot
 from tests.integration.mesh import ManualPeer, Mesh, eventually
@@ -329,3 +329,68 @@ async def test_cancel_of_a_task_the_store_does_not_know_is_refused_unless_forced
     finally:
         await broker.delete_namespace(ns)
         await broker.close()
+
+
+async def meshpoint_env(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    """``meshpoint ARGS`` with ``env`` added to (or, for a None value, taken out of)
+    this process's environment."""
+    import os
+
+    merged = {k: v for k, v in {**os.environ, **env}.items() if v}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "meshpoint.cli", *args, env=merged,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), " ".join(err.decode().split())
+
+
+async def test_an_explicit_flag_beats_the_config_which_beats_the_environment(
+        live_store: SqlStore, where: list[str], tmp_path: Path) -> None:
+    """The config names the test's store, its schema (PostgreSQL) and tenant ``acme``,
+    whose one task is paused there; ``MESHPOINT_STORE_URL`` names another, empty
+    database (as the examples' README has users set it). Commands given ``--config``
+    read the config's store, schema and tenant and say the variable was not used; a
+    ``--url`` flag wins over the config, and one naming another database than the
+    config's is refused while the config's schema or tenant would silently not apply."""
+    acme = live_store.for_tenant("acme")
+    await acme.checkpoint_task(fan_out("acme-task", peers=1), AGENT)
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    async with await open_store(other):
+        pass  # an empty, migrated database
+    config = tmp_path / "mesh.yaml"
+    config.write_text(store_section(where).replace("}\n", ", tenant: acme}\n")
+                      + "agents: {coordinator: {}}\n")
+    env = {"MESHPOINT_STORE_URL": other, "MESHPOINT_CONFIG": ""}
+
+    for args in (("stats",), ("tasks", "list"), ("migrate",)):
+        code, out, err = await meshpoint_env(env, *args, "--config", str(config), "--json")
+        assert code == 0, (args, out, err)
+        shown = json.loads(out)
+        if args == ("stats",):
+            assert shown["total"] == 1
+        elif args == ("tasks", "list"):
+            assert [t["task_id"] for t in shown["tasks"]] == ["acme-task"]
+        else:
+            assert shown["dialect"] == live_store.dialect
+        assert "MESHPOINT_STORE_URL" in err and "not used" in err, (args, err)
+    # MESHPOINT_CONFIG is the config too: it beats MESHPOINT_STORE_URL
+    code, out, err = await meshpoint_env({**env, "MESHPOINT_CONFIG": str(config)},
+                                         "stats", "--json")
+    assert code == 0 and json.loads(out)["total"] == 1, err
+
+    # --url beats both; naming another database than the config's, it is refused while
+    # the config's tenant (or schema) would not apply to it, and names that
+    code, out, err = await meshpoint_env(env, "stats", "--url", other, "--config", str(config))
+    assert code == 2 and "tenant 'acme'" in err and "--url" in err, (out, err)
+    code, out, err = await meshpoint_env(env, "stats", "--url", other, "--config", str(config),
+                                         "--tenant", "acme", "--json")
+    assert code == 0 and json.loads(out)["total"] == 0, err  # the other database's
+    code, out, err = await meshpoint_env(env, "stats", *where, "--config", str(config),
+                                         "--json")
+    assert code == 0 and json.loads(out)["total"] == 1, err  # the config's own database
+    # with no config, the variable names the store (the flags add schema and tenant)
+    code, out, err = await meshpoint_env(
+        {"MESHPOINT_STORE_URL": where[1], "MESHPOINT_CONFIG": ""}, "stats", *where[2:],
+        "--tenant", "acme", "--json")
+    assert code == 0 and json.loads(out)["total"] == 1, err
