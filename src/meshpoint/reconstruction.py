@@ -3,12 +3,14 @@ its event log, for when it cannot be resumed from its checkpoint.
 
 :func:`reconstruct` reads the task's newest checkpoint record that verifies with the
 chain before it (:meth:`~meshpoint.store.history.HistoryStore.last_verified`) and the
-task's events after it, and builds a recovery prompt that tells a fresh context what
-the task was asked, what is done (completed calls, model calls, tools that ran since),
-what remains (the calls it waited on), the last error, and the agent's own
-continuation prompt, if it left one. Either source may be missing (a task that never
-paused has no history; an agent that keeps no event log has no events): the prompt
-says what it could not know.
+task's events after it (and, for a task still stored, which of its calls its live rows
+say are resolved), and builds a recovery prompt that tells a fresh context what the
+task was asked, what is done (completed calls, model calls, tools that ran since,
+calls answered, timed out or decided since), what remains (the calls it waited on that
+are still open: a call is in exactly one of the two), the last error, and the agent's
+own continuation prompt, if it left one. Either source may be missing (a task that
+never paused has no history; an agent that keeps no event log has no events): the
+prompt says what it could not know.
 
 ``meshpoint tasks reconstruct ID`` prints it. With ``RecoveryPolicy(reconstruct=True)``
 an instance that finds a task blocked (its history fails verification and no
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from meshpoint.errors import UnknownHistoryError
+from meshpoint.errors import StoreError, UnknownHistoryError
 from meshpoint.events import EventStore
 from meshpoint.record import CheckpointRecord
 
@@ -92,31 +94,68 @@ async def reconstruct(store: Any, task_id: str, *, events: EventStore | None = N
     agent = checkpoint.metadata.agent_id if checkpoint is not None else (
         after[0].agent_id if after else None)
     if checkpoint is not None:
-        state = checkpoint.execution_state
         done += [f"call {item.get('id')} completed" if isinstance(item, dict) else str(item)
-                 for item in state.completed_items]
-        for item in state.pending_items:
-            if isinstance(item, dict):
-                pending.append(item)
-                what = "approval of" if item.get("kind") == "approval" else "an answer from"
-                remaining.append(f"{what} {item.get('name')} (call {item.get('id')})")
-            else:
-                remaining.append(str(item))
+                 for item in checkpoint.execution_state.completed_items]
         done.append(f"{checkpoint.metrics.model_calls} model call(s) made")
     last_error = await _last_error(log, task_id)
+    # The calls resolved since the record (which still lists them as pending: an
+    # answer writes no record), by the log and by the task's live rows.
+    resolved: set[str] = set()
     for event in after:
         if event.event_type == "step_complete" and event.step_name and \
                 event.step_name.startswith("tool:"):
             done.append(f"{event.step_name[5:]} ran: {_short(event.output_data)}")
-        elif event.event_type == "protocol_receive" and event.step_name == "answer":
-            peer = (event.input_data or {}).get("peer")
-            done.append(f"{peer or 'a peer'} answered")
+        elif event.event_type in ("protocol_receive", "timeout") and \
+                event.step_name in ("answer", "timeout"):
+            data = (event.input_data if event.event_type == "protocol_receive"
+                    else event.output_data)
+            data = data if isinstance(data, dict) else {}
+            call = data.get("sub_task_id")
+            if isinstance(call, str) and call in resolved:
+                continue
+            how = "answered" if event.event_type == "protocol_receive" else "timed out"
+            done.append(f"{data.get('peer') or 'a peer'} {how}"
+                        + (f" (call {call})" if isinstance(call, str) else ""))
+            if isinstance(call, str):
+                resolved.add(call)
+    live = await _resolved_now(store, task_id)
+    if checkpoint is not None:
+        for item in checkpoint.execution_state.pending_items:
+            if not isinstance(item, dict):
+                remaining.append(str(item))
+                continue
+            call, name = item.get("id"), item.get("name")
+            if call in resolved:
+                continue  # under done already
+            if call in live:
+                done.append(f"{name} {live[call]} (call {call})")
+                continue
+            pending.append(item)
+            what = "approval of" if item.get("kind") == "approval" else "an answer from"
+            remaining.append(f"{what} {name} (call {call})")
     prompt = _prompt(task_id, agent, request, checkpoint, problem, done, remaining,
                      last_error)
     return Reconstruction(task_id=task_id, agent_id=agent, checkpoint=checkpoint,
                           history_problem=problem, request=request, done=done,
                           remaining=remaining, pending_calls=pending, last_error=last_error,
                           events_after=len(after), prompt=prompt)
+
+
+#: How a live sub-task row was resolved, in words, by its ``resolved_by``.
+_RESOLVED_BY = {"answer": "answered", "timeout": "timed out", "human": "decided by a human"}
+
+
+async def _resolved_now(store: Any, task_id: str) -> dict[str, str]:
+    """The task's calls its live rows say are resolved (an answer, a timeout, a
+    human's decision, which the log may not have: an approval decided in the store
+    is logged only when the task settles it), in words, by sub-task id; empty for a
+    task without live rows (it ended) or whose rows cannot be read."""
+    try:
+        subs = await store.get_peer_sub_tasks_for_task(task_id)
+    except StoreError:
+        return {}
+    return {sub.sub_task_id: _RESOLVED_BY.get(sub.resolved_by or "", "resolved")
+            for sub in subs if sub.status == "resolved"}
 
 
 def _request(events: list[Any]) -> str | None:

@@ -76,7 +76,8 @@ class Sweeper:
             self.agent_name, lease_owner=owner, lease_ttl_s=self.lease_ttl_s)
         for resolution in resolutions:
             sub = resolution.sub_task
-            self.stats.note("timeout", sub.task_id)
+            self.stats.note("timeout", sub.task_id, sub_task_id=sub.sub_task_id,
+                            peer=sub.peer_agent_name)
             if resolution.join_complete and resolution.lease_owner == owner:
                 self.background.spawn(self.resume(sub.task_id, owner))
             try:
