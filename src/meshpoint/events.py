@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import enum
@@ -197,9 +198,15 @@ class EventStore:
         self.store = store
         self.flush_interval_s = flush_interval_s
         self.batch = batch
-        self._buffer: collections.deque[dict[str, Any]] = collections.deque(
+        #: ``(seq, row)`` in the order logged; ``seq`` counts every event logged.
+        self._buffer: collections.deque[tuple[int, dict[str, Any]]] = collections.deque(
             maxlen=max_buffered)
         self._lock = threading.Lock()  # log_event may be called from worker threads
+        self._logged = 0
+        #: The batches being written, by their first ``seq``: ``(last seq, done)``,
+        #: ``done`` resolved once the write ended (committed, or its rows put back).
+        #: A concurrent future, so a flush on any loop or thread can wait for it.
+        self._in_flight: dict[int, tuple[int, concurrent.futures.Future[None]]] = {}
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._closing = False
@@ -248,7 +255,8 @@ class EventStore:
         with self._lock:
             if len(self._buffer) == self._buffer.maxlen:
                 self.dropped += 1
-            self._buffer.append(row)
+            self._logged += 1
+            self._buffer.append((self._logged, row))
             size = len(self._buffer)
         self._notify(size)
         return event_id
@@ -307,21 +315,53 @@ class EventStore:
                                len(self._buffer), error)
 
     async def flush(self) -> int:
-        """Write every buffered event now, in batches of ``batch``; how many."""
+        """Write every event logged before this call, in batches of ``batch``, and
+        return once each is committed (or dropped as refused, see :meth:`_write`):
+        a batch the background writer took before the call and is still writing is
+        waited for, and if that write failed, its events (back in the buffer) are
+        written here. How many events this call wrote; raises what a write of its
+        own raised (the events are kept for the next attempt)."""
+        with self._lock:
+            target = self._logged
+        total = 0
+        while True:
+            total += await self._drain(target)
+            with self._lock:
+                taken = [done for first, (_, done) in self._in_flight.items()
+                         if first <= target]
+            if not taken:
+                return total
+            # Another writer's batch holds some of them: wait for it to end. Its rows
+            # were committed, or went back to the buffer for the next pass to write.
+            for done in taken:
+                await asyncio.wrap_future(done)
+
+    async def _drain(self, through: int) -> int:
+        """Write the buffered events up to ``seq`` ``through``, a batch at a time;
+        how many were written."""
         total = 0
         while True:
             with self._lock:
-                rows = [self._buffer.popleft() for _ in range(min(self.batch,
-                                                                  len(self._buffer)))]
-            if not rows:
-                return total
-
+                taken: list[tuple[int, dict[str, Any]]] = []
+                while self._buffer and len(taken) < self.batch and \
+                        self._buffer[0][0] <= through:
+                    taken.append(self._buffer.popleft())
+                if not taken:
+                    return total
+                done: concurrent.futures.Future[None] = concurrent.futures.Future()
+                self._in_flight[taken[0][0]] = (taken[-1][0], done)
             try:
-                written = await self._write(rows)
+                written = await self._write([row for _, row in taken])
             except BaseException:
                 with self._lock:  # put them back, in order, for the next attempt
-                    self._buffer.extendleft(reversed(rows))
+                    self._buffer.extendleft(reversed(taken))
                 raise
+            finally:
+                # Ended either way (the rows committed, or are back in the buffer):
+                # whoever waits on this batch may go on.
+                with self._lock:
+                    del self._in_flight[taken[0][0]]
+                done.set_result(None)
             total += written
             self.written += written
 

@@ -129,6 +129,21 @@ class Flaky:
         raise ConnectionError("the database is away")
 
 
+async def test_flush_returns_once_every_event_logged_before_it_is_committed(
+        live_store: SqlStore) -> None:
+    """1,005 events make five batches for the background writer, which takes the first
+    as soon as 200 wait; ``flush()`` writes the rest and returns only once that batch
+    too is committed, so a read after it finds every event, every time."""
+    async with EventStore(live_store) as log:
+        for run in range(20):
+            thread = f"flushed-{run}"
+            for n in range(1005):
+                log.log_event("writer", thread, "step_complete", step_name=f"s{n}")
+            await log.flush()
+            found = await log.get_events(thread_id=thread, limit=2000)
+            assert len(found) == 1005, f"run {run}: {len(found)} of 1005 events read"
+
+
 async def test_a_database_away_loses_nothing_and_keeps_the_order(
         live_store: SqlStore) -> None:
     flaky = Flaky(live_store, failures=3)
