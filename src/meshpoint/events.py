@@ -10,9 +10,16 @@ a buffer that outgrows ``max_buffered`` drops its oldest events and counts them
 (``dropped``), rather than grow without bound while the database is away.
 
 Queries are async: :meth:`EventStore.get_events` (by thread, agent, type, time range,
-oldest first) and :meth:`EventStore.get_latest_event`. ``thread_id`` is what
-LangGraph calls a thread and meshpoint a task (``logical_task_id``); ``agent_id``
-the agent's name.
+oldest first; every match unless ``limit`` says otherwise, read a page at a time) and
+:meth:`EventStore.get_latest_event`. ``thread_id`` is what LangGraph calls a thread
+and meshpoint a task (``logical_task_id``); ``agent_id`` the agent's name.
+
+An event's time is the microsecond it was logged in, stored as an integer and
+returned exactly (:attr:`Event.timestamp`, :attr:`Event.timestamp_us`): an event's
+own timestamp is a bound it falls on. ``since`` is inclusive, ``until`` exclusive;
+a bound in epoch seconds is taken to the nearest microsecond. The log's order is
+(time, event id), and ``after=event`` continues from an event in that order: the
+cursor to page with, which no number of events logged in one microsecond can stall.
 
 Values are stored as plain JSON (:func:`to_json`): LangChain messages as dicts with
 ``type``, ``content`` and the rest, pydantic models (A2A messages among them) as
@@ -36,10 +43,11 @@ import enum
 import functools
 import inspect
 import logging
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import Connection, exc
@@ -155,9 +163,19 @@ def _converted(value: Any) -> Any:
         return _opaque(value, f"(could not be converted: {type(error).__name__})")
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+#: The widest bounds a query can have (``until`` is exclusive).
+_FIRST_US, _LAST_US = -(2**63), 2**63 - 1
+#: Events read per query when :meth:`EventStore.get_events` pages under the hood.
+PAGE = 1000
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Event:
-    """One event of the log, as read back."""
+    """One event of the log, as read back. ``timestamp`` is the microsecond it was
+    logged in (UTC), exactly as stored: pass it (or the event itself, as ``after``)
+    back as a bound and it falls on this event."""
 
     event_id: str
     agent_id: str
@@ -169,21 +187,31 @@ class Event:
     state_snapshot: Any
     timestamp: datetime
 
+    @property
+    def timestamp_us(self) -> int:
+        """The time as stored: integer microseconds since the epoch."""
+        return (self.timestamp - _EPOCH) // _MICROSECOND
+
     def to_dict(self) -> dict[str, Any]:
         return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
                 "timestamp": self.timestamp.isoformat()}
 
 
-def _epoch(value: datetime | float | None, name: str) -> float | None:
+def _micros(value: datetime | float | None, name: str) -> int | None:
+    """A bound as integer microseconds since the epoch: a datetime exactly (naive is
+    UTC, as in seed 003), epoch seconds to the nearest microsecond."""
     if value is None:
         return None
     if isinstance(value, datetime):
         if value.tzinfo is None:
-            value = value.replace(tzinfo=UTC)  # seed 003 used naive UTC datetimes
-        return value.timestamp()
-    if type(value) in (int, float) and value == value:  # not NaN
-        return float(value)
-    raise InvalidArgumentError(f"{name} must be a datetime or epoch seconds, got {value!r}")
+            value = value.replace(tzinfo=UTC)
+        return (value - _EPOCH) // _MICROSECOND
+    if type(value) is int:
+        return value * 1_000_000
+    if type(value) is float and math.isfinite(value):
+        return round(value * 1_000_000)
+    raise InvalidArgumentError(
+        f"{name} must be a datetime or finite epoch seconds, got {value!r}")
 
 
 class EventStore:
@@ -251,7 +279,8 @@ class EventStore:
         row = {"p_tenant": self.store.tenant_id, "p_event_id": event_id, "p_agent": agent_id,
                "p_task": thread_id, "p_event_type": event_type, "p_step": step_name,
                "p_input": data, "p_output": _converted(output_data),
-               "p_state": _converted(state_snapshot), "p_now": time.time()}
+               "p_state": _converted(state_snapshot),
+               "p_at_us": time.time_ns() // 1000}  # exact: no float seconds
         with self._lock:
             if len(self._buffer) == self._buffer.maxlen:
                 self.dropped += 1
@@ -428,29 +457,54 @@ class EventStore:
                          event_type: str | None = None,
                          since: datetime | float | None = None,
                          until: datetime | float | None = None,
-                         limit: int = 1000, newest_first: bool = False) -> list[Event]:
+                         limit: int | None = None, newest_first: bool = False,
+                         after: Event | None = None) -> list[Event]:
         """Events matching every filter given, oldest first (``newest_first``: the
-        other way), at most ``limit``; ``since`` inclusive, ``until`` exclusive."""
-        check_limit(limit)
+        other way), in the log's order: by time, then by event id.
+
+        ``since`` is inclusive and ``until`` exclusive, each a datetime (naive is
+        UTC) or epoch seconds (to the nearest microsecond, the log's resolution):
+        ``since=e.timestamp`` finds ``e``, ``until=e.timestamp`` does not. ``after``
+        continues from an event (one this returned) in the same order: the cursor to
+        page with. ``limit``: at most that many; None (the default) returns every
+        match, read :data:`PAGE` at a time, so that a thread's events come back whole,
+        as seed 003 returns them."""
+        if limit is not None:
+            check_limit(limit)
         for name, value in (("thread_id", thread_id), ("agent_id", agent_id),
                             ("event_type", event_type)):
             if value is not None:
                 check_id(name, value)
-        first, last = _epoch(since, "since"), _epoch(until, "until")
-        params = {"p_tenant": self.store.tenant_id, "p_task": thread_id,
-                  "p_any_task": thread_id is None, "p_agent": agent_id,
-                  "p_any_agent": agent_id is None, "p_event_type": event_type,
-                  "p_any_type": event_type is None,
-                  "p_since": 0.0 if first is None else first,
-                  "p_until": float("inf") if last is None else last, "p_limit": limit}
+        if after is not None and not isinstance(after, Event):
+            raise InvalidArgumentError(f"after must be an Event, got {after!r:.80}")
+        first, last = _micros(since, "since"), _micros(until, "until")
+        params: dict[str, Any] = {
+            "p_tenant": self.store.tenant_id, "p_task": thread_id,
+            "p_any_task": thread_id is None, "p_agent": agent_id,
+            "p_any_agent": agent_id is None, "p_event_type": event_type,
+            "p_any_type": event_type is None,
+            "p_since_us": _FIRST_US if first is None else first,
+            "p_until_us": _LAST_US if last is None else last}
         statement = eq.GET_LOG_EVENTS_DESC if newest_first else eq.GET_LOG_EVENTS
-        rows = await self.store.transaction(lambda conn: statement.rows(conn, params),
-                                            doing="reading events")
-        return [Event(event_id=r.event_id, agent_id=r.agent_name, thread_id=r.logical_task_id,
-                      event_type=r.event_type, step_name=r.step_name,
-                      input_data=r.input_data, output_data=r.output_data,
-                      state_snapshot=r.state_snapshot,
-                      timestamp=datetime.fromtimestamp(r.created_at, UTC)) for r in rows]
+        found: list[Event] = []
+        while limit is None or len(found) < limit:
+            page = PAGE if limit is None else min(PAGE, limit - len(found))
+            cursor = found[-1] if found else after
+            query = {**params, "p_limit": page, "p_no_cursor": cursor is None,
+                     "p_after_us": 0 if cursor is None else cursor.timestamp_us,
+                     "p_after_id": "" if cursor is None else cursor.event_id}
+            rows = await self.store.transaction(
+                lambda conn, query=query: statement.rows(conn, query),
+                doing="reading events")
+            found += [Event(event_id=r.event_id, agent_id=r.agent_name,
+                            thread_id=r.logical_task_id, event_type=r.event_type,
+                            step_name=r.step_name, input_data=r.input_data,
+                            output_data=r.output_data, state_snapshot=r.state_snapshot,
+                            timestamp=_EPOCH + timedelta(microseconds=r.created_at_us))
+                      for r in rows]
+            if len(rows) < page:
+                break
+        return found
 
     async def get_latest_event(self, **filters: Any) -> Event | None:
         """The newest event matching the filters of :meth:`get_events`, or None."""

@@ -28,8 +28,6 @@ from meshpoint.errors import StoreError, UnknownHistoryError
 from meshpoint.events import EventStore
 from meshpoint.record import CheckpointRecord
 
-#: Events read after the checkpoint, at most (the first so many).
-_EVENTS = 500
 #: A record of a task that ended: the work is told by the whole log, not what follows.
 _ENDED = ("completed", "failed", "canceled")
 
@@ -83,7 +81,7 @@ async def reconstruct(store: Any, task_id: str, *, events: EventStore | None = N
     since = None
     if checkpoint is not None and checkpoint.recovery.status not in _ENDED:
         since = datetime.fromisoformat(checkpoint.metadata.timestamp)
-    after = await log.get_events(thread_id=task_id, since=since, limit=_EVENTS)
+    after = await log.get_events(thread_id=task_id, since=since)  # all: read page by page
     first = await log.get_events(thread_id=task_id, event_type="protocol_receive", limit=1)
     if checkpoint is None and not after:
         raise UnknownHistoryError(task_id)

@@ -16,12 +16,16 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from meshpoint import events as event_log
 from meshpoint.costs import Prices
+from meshpoint.events import EventStore
 from meshpoint.store import SqlStore
 from tests.acceptance.test_cli_tasks import ok_json, tasks
+from tests.integration.test_event_times import BASE_US, FrozenClock
 from tests.integration.test_store import AGENT, fan_out
 
 
@@ -408,3 +412,43 @@ def test_events_follow_starts_from_the_newest_as_tail_does(demo_db: Path) -> Non
         errors = _interrupt(follower)
     assert follower.returncode == 0, errors
     assert first == [e["event_id"] for e in every[-2:]]
+
+
+async def test_events_says_when_more_match_and_follow_prints_every_tie_once(
+        live_store: SqlStore, store_url: str, store_options: dict[str, object],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1,500 events logged in one microsecond: ``meshpoint events`` prints the first
+    ``--limit`` and says that more match (table and ``"more"`` in JSON); ``--follow``
+    pages through them by the log's order (time, then id) and prints each exactly
+    once (a pager by time alone stopped at the first full page of one time)."""
+    frozen = FrozenClock()
+    monkeypatch.setattr(event_log, "time", frozen.module())
+    log = EventStore(live_store)
+    for n in range(1500):
+        log.log_event("writer", "tied", "step_complete", step_name=f"s{n}")
+    await log.flush()
+    schema = store_options.get("schema")
+    where = ["--url", store_url, *(["--schema", str(schema)] if schema else [])]
+
+    shown = await ok_json_of(where, "events", "--task", "tied", "--limit", "10")
+    assert len(shown["events"]) == 10 and shown["more"] is True
+    shown = await ok_json_of(where, "events", "--task", "tied", "--limit", "1500")
+    assert len(shown["events"]) == 1500 and shown["more"] is False
+    code, out, err = await tasks(where, "events", "--task", "tied", "--limit", "10")
+    assert code == 0 and "the first 10 events; more match" in " ".join(out.split()), err
+
+    since = str((BASE_US - 1_000_000) / 1e6)  # a second before them
+    follower = _follow("--task", "tied", "--since", since, *where, cwd=tmp_path)
+    try:
+        printed = [json.loads(_line(follower))["step_name"] for _ in range(1500)]
+    finally:
+        errors = _interrupt(follower)
+    assert follower.returncode == 0, errors
+    assert sorted(printed) == sorted(f"s{n}" for n in range(1500))  # each once
+
+
+async def ok_json_of(where: list[str], *args: str) -> Any:
+    """``meshpoint ARGS --json`` on the store ``where`` names, parsed."""
+    code, out, err = await tasks(where, *args, "--json")
+    assert code == 0, err
+    return json.loads(out)

@@ -43,8 +43,9 @@ def store_section(where: list[str]) -> str:
 
 async def tasks(where: list[str], *args: str) -> tuple[int, str, str]:
     """``meshpoint tasks ARGS`` on the store ``where`` names (``meshpoint stats``,
-    ``recover``: without ``tasks``); the event loop keeps serving the mesh meanwhile."""
-    command = list(args) if args[0] in ("stats", "recover") else ["tasks", *args]
+    ``recover``, ``events``: without ``tasks``); the event loop keeps serving the mesh
+    meanwhile."""
+    command = list(args) if args[0] in ("stats", "recover", "events") else ["tasks", *args]
     if args[0] != "cancel" and "--config" not in args:
         command += where
     process = await asyncio.create_subprocess_exec(

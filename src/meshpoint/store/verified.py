@@ -385,7 +385,7 @@ def _event(params: dict[str, Any], task_id: str, agent: str, kind: str,
 
     return {**params, "p_event_id": new_checkpoint_id(), "p_agent": agent, "p_task": task_id,
             "p_event_type": kind, "p_step": None, "p_input": None, "p_output": detail,
-            "p_state": None, "p_now": now}
+            "p_state": None, "p_at_us": round(now * 1_000_000)}  # the store's clock
 
 
 def _a2a_context(task: TaskRow) -> dict[str, Any]:
