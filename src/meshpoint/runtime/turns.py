@@ -20,20 +20,23 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Protocol
+from typing import Any, Protocol
 
 from meshpoint import a2a
+from meshpoint._json import dump_bytes, json_copy
 from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import (
+    ContextSerializationError,
     InvalidArgumentError,
     LeaseNotHeldError,
     MeshpointError,
+    ModelError,
     StoreError,
     TaskBlockedError,
     UnknownTaskError,
 )
 from meshpoint.events import EventStore
-from meshpoint.llm.base import ModelResponse
+from meshpoint.llm.base import ModelResponse, ask_again
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent
 from meshpoint.runtime.calls import CallKinds, turn_calls
@@ -43,6 +46,9 @@ from meshpoint.runtime.tasks import Background, InHand, LeaseOwners, TaskRun
 from meshpoint.store.base import Store
 
 logger = logging.getLogger("meshpoint.runtime")
+#: How often a reply the task cannot store is handed back to the model before the task
+#: fails (OpenAIModel repairs what it reads first, with its own ``repair_attempts``).
+REPAIR_ATTEMPTS = 2
 
 
 @dataclass(frozen=True)
@@ -220,6 +226,11 @@ class TurnLoop:
             await self.ends.finish(run, a2a.TaskState.FAILED, f"{type(error).__name__}: {error}")
 
     async def _call_model(self, ctx: TaskExecutionContext) -> ModelResponse:
+        """One model call (one step of the log), and its repairs: a reply the task
+        cannot store (a tool call's arguments holding NaN or an infinity, say) is
+        handed back to the model, told why, up to :data:`REPAIR_ATTEMPTS` times, as
+        OpenAIModel does with the replies it reads; ModelError if none is usable. The
+        tokens of every attempt are counted."""
         agent = self.agent
         messages = list(ctx.session_events)
         if agent.system_prompt:
@@ -227,8 +238,21 @@ class TurnLoop:
         self.stats.log("step_start", ctx.task_id, step="model",
                        input={"messages": len(messages), "model": agent.model.name})
         started = time.perf_counter()
+        feedback: list[dict[str, Any]] = []
+        problems: list[str] = []
         try:
-            response = await agent.model.complete(messages, agent.tool_specs)
+            for _ in range(1 + REPAIR_ATTEMPTS):
+                response = await agent.model.complete(messages + feedback, agent.tool_specs)
+                self._count_tokens(ctx, response)
+                problems = unusable(response)
+                if not problems:
+                    break
+                feedback += [{"role": "assistant", "content": shown(response)},
+                             {"role": "user", "content": ask_again(problems)}]
+            else:
+                raise ModelError(
+                    f"model {agent.model.name!r} gave no usable reply in "
+                    f"{1 + REPAIR_ATTEMPTS} attempts: {'; '.join(problems)}")
         except Exception as error:
             self.stats.log("error", ctx.task_id, step="model", output=error,
                            state={"duration_ms": ms_since(started)})
@@ -237,9 +261,13 @@ class TurnLoop:
             "text": response.text, "tool_calls": [
                 {"id": c.id, "name": c.name, "arguments": c.arguments}
                 for c in response.tool_calls]},
-                       state={"duration_ms": ms_since(started), "usage": response.usage})
+                       state={"duration_ms": ms_since(started), "usage": response.usage,
+                              "repaired": len(feedback) // 2})
         ctx.flags["model_calls"] = model_calls(ctx) + 1
-        usage = response.usage
+        return response
+
+    def _count_tokens(self, ctx: TaskExecutionContext, response: ModelResponse) -> None:
+        usage, agent = response.usage, self.agent
         try:
             ctx.record_token_usage(model=response.model or agent.model.name,
                                    source=agent.name, prompt_tokens=usage.prompt_tokens,
@@ -248,7 +276,6 @@ class TurnLoop:
         except InvalidArgumentError as error:  # the model's report, not the task, is wrong
             logger.warning("agent %s: task %s: the model's token usage is not counted: %s",
                            agent.name, ctx.task_id, error)
-        return response
 
     def _begin_round(self, ctx: TaskExecutionContext, response: ModelResponse) -> None:
         """Open a new invocation with the response's calls, in the model's order."""
@@ -314,6 +341,32 @@ class TurnLoop:
         if ctx.flags.get("paused_by") != self.instance_id:
             self.stats.resumed_elsewhere += 1
         self.stats.note("resumed", ctx.task_id)
+
+
+def unusable(response: ModelResponse) -> list[str]:
+    """What keeps a model's reply out of the task, or nothing: its text and each tool
+    call's arguments must be JSON a checkpoint can store (no NaN or infinity, no
+    integer past 64 bits, no lone surrogate, only JSON types)."""
+    problems = []
+    for what, value in ((f"the arguments of {call.name!r}", call.arguments)
+                        for call in response.tool_calls):
+        try:
+            dump_bytes(json_copy(value, "arguments"))
+        except ContextSerializationError as error:
+            problems.append(f"{what} cannot be used: {error}")
+    try:
+        dump_bytes(json_copy(response.text, "the reply's text"))
+    except ContextSerializationError as error:
+        problems.append(str(error))
+    return problems
+
+
+def shown(response: ModelResponse) -> str:
+    """An unusable reply as text to show the model, its calls' arguments as written."""
+    parts = [response.text] if response.text else []
+    parts += [f"(call {call.name} with arguments {json.dumps(call.arguments, default=repr)})"
+              for call in response.tool_calls]
+    return "\n".join(parts) or "(nothing)"
 
 
 def model_calls(ctx: TaskExecutionContext) -> int:
