@@ -20,11 +20,16 @@ from typing import Any
 
 import pytest
 
+from meshpoint import a2a
 from meshpoint import events as event_log
 from meshpoint.costs import Prices
 from meshpoint.events import EventStore
+from meshpoint.llm import ScriptedModel
+from meshpoint.runtime import Agent, LocalTool, Peer
+from meshpoint.runtime.agent import RecoveryPolicy
 from meshpoint.store import SqlStore
 from tests.acceptance.test_cli_tasks import ok_json, tasks
+from tests.integration.mesh import ManualPeer, Mesh, eventually
 from tests.integration.test_event_times import BASE_US, FrozenClock
 from tests.integration.test_store import AGENT, fan_out
 
@@ -452,3 +457,59 @@ async def ok_json_of(where: list[str], *args: str) -> Any:
     code, out, err = await tasks(where, *args, "--json")
     assert code == 0, err
     return json.loads(out)
+
+
+class BrokenModel:
+    """A model whose endpoint is down."""
+
+    name = "broken"
+
+    async def complete(self, messages: list[dict[str, Any]], tools: list[Any]) -> Any:
+        raise ConnectionError("the model server went away")
+
+
+async def test_every_failure_is_an_error_event_and_a_field_of_the_failed_answer(
+        mesh: Mesh, live_store: SqlStore, store_url: str,
+        store_options: dict[str, object]) -> None:
+    """Three ways a task fails (its model fails; it reaches max_turns; recovery
+    expires it, waiting on a peer): each answer is ``failed`` with the reason in its
+    status message and in its metadata (``meshpoint_error``), and each failure is an
+    ``error`` event with the reason (and the ``answer``/``failed`` event carries it),
+    which ``meshpoint events --type error`` finds."""
+    peer = await ManualPeer(mesh, "researcher").start()
+    await mesh.run(Agent("broken", BrokenModel(), events=True))
+    await mesh.run(Agent("looping", ScriptedModel(rounds=5), events=True, max_turns=2,
+                         tools=[LocalTool("clock", "The time.", lambda args: "noon")]))
+    await mesh.run(Agent("waiting", ScriptedModel(), events=True,
+                         peers=[Peer("researcher", timeout_s=60)],
+                         recovery=RecoveryPolicy(timeout_s=0.3)))
+    reasons = {"broken": "ConnectionError: the model server went away",
+               "looping": "gave up after 2 model calls",
+               "waiting": "expired: not checkpointed for more than 0.3 s"}
+    failed: dict[str, str] = {}
+    for agent in reasons:
+        task = await mesh.client.ask(agent, "Look into it", 20)
+        assert task.status.state is a2a.TaskState.FAILED
+        assert task.status.message is not None
+        assert reasons[agent] in task.status.message.text
+        assert reasons[agent] in (task.metadata or {})["meshpoint_error"]
+        failed[agent] = task.id
+    assert peer.requests  # the waiting task did ask
+
+    log = EventStore(live_store)
+
+    async def logged() -> bool:
+        errors = await log.get_events(event_type="error")
+        return {e.thread_id for e in errors if e.step_name == "failed"} == set(
+            failed.values())
+
+    await eventually(logged, what="an error event of each failure")
+    schema = store_options.get("schema")
+    where = ["--url", store_url, *(["--schema", str(schema)] if schema else [])]
+    shown = await ok_json_of(where, "events", "--type", "error")
+    by_task = {e["thread_id"]: e for e in shown["events"] if e["step_name"] == "failed"}
+    for agent, task_id in failed.items():
+        assert reasons[agent] in by_task[task_id]["output_data"]["reason"]
+        (answer,) = await log.get_events(thread_id=task_id, event_type="answer")
+        assert answer.step_name == "failed"
+        assert reasons[agent] in answer.output_data["reason"]
