@@ -45,7 +45,8 @@ import uuid_utils
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from meshpoint._json import dump_bytes
-from meshpoint.costs import TOKEN_KINDS, Prices, Spent, cost_section, spent
+from meshpoint.costs import TOKEN_KINDS, Spent, cost_section, spent
+from meshpoint.costs import Prices as Prices  # re-exported: HistoryOptions(prices=Prices())
 from meshpoint.encryption import EncryptionKeys, is_envelope
 from meshpoint.errors import InvalidArgumentError, KeyMissingError
 from meshpoint.integrity import (

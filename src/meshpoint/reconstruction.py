@@ -169,15 +169,32 @@ def _request(events: list[Any]) -> str | None:
 
 
 async def _last_error(log: EventStore, task_id: str) -> str | None:
-    """The task's last error, whenever it was: a step's, or its history's."""
-    found = [e for kind in ("error", "integrity_rewound", "integrity_blocked")
+    """The task's last error, whenever it was: a step's, or its history's. The error
+    a task's failure logs (step ``failed``) names the step that caused it when one
+    did: that step's error, logged just before with the same reason, is the one."""
+    errors = await log.get_events(thread_id=task_id, event_type="error", limit=2,
+                                  newest_first=True)
+    found = [e for kind in ("integrity_rewound", "integrity_blocked")
              if (e := await log.get_latest_event(thread_id=task_id, event_type=kind))]
+    if errors:
+        last = errors[0]
+        if last.step_name == "failed" and len(errors) > 1 and \
+                _short(errors[1].output_data) in _reason(last.output_data):
+            last = errors[1]  # the failure's cause
+        found.append(last)
     if not found:
         return None
-    last = max(found, key=lambda e: e.timestamp)
+    last = max(found, key=lambda e: (e.timestamp_us, e.event_id))
     if last.event_type == "error":
-        return f"{last.step_name or 'a step'}: {_short(last.output_data)}"
+        return f"{last.step_name or 'a step'}: {_reason(last.output_data)}"
     return f"{last.event_type}: {_short(last.output_data)}"
+
+
+def _reason(value: Any) -> str:
+    """An error event's output in words: a failure's reason, or the error itself."""
+    if isinstance(value, dict) and isinstance(value.get("reason"), str):
+        return _short(value["reason"])
+    return _short(value)
 
 
 def _short(value: Any, limit: int = 200) -> str:
