@@ -202,16 +202,19 @@ def _micros(value: datetime | float | None, name: str) -> int | None:
     UTC, as in seed 003), epoch seconds to the nearest microsecond."""
     if value is None:
         return None
+    us: int | None = None
     if isinstance(value, datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
-        return (value - _EPOCH) // _MICROSECOND
-    if type(value) is int:
-        return value * 1_000_000
-    if type(value) is float and math.isfinite(value):
-        return round(value * 1_000_000)
-    raise InvalidArgumentError(
-        f"{name} must be a datetime or finite epoch seconds, got {value!r}")
+        us = (value - _EPOCH) // _MICROSECOND
+    elif type(value) is int:
+        us = value * 1_000_000
+    elif type(value) is float and math.isfinite(value):
+        us = round(value * 1_000_000)
+    if us is None or not _FIRST_US <= us <= _LAST_US:
+        raise InvalidArgumentError(
+            f"{name} must be a datetime or finite epoch seconds, got {value!r:.80}")
+    return us
 
 
 class EventStore:
