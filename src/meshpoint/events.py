@@ -21,11 +21,11 @@ a bound in epoch seconds is taken to the nearest microsecond. The log's order is
 (time, event id), and ``after=event`` continues from an event in that order: the
 cursor to page with, which no number of events logged in one microsecond can stall.
 
-Values are stored as plain JSON (:func:`to_json`): LangChain messages as dicts with
-``type``, ``content`` and the rest, pydantic models (A2A messages among them) as
-their JSON, dataclasses, datetimes, enums, sets and bytes by documented rules, and
-anything else as ``{"$type": ..., "$repr": ...}``. Nothing is ever pickled, so
-reading an event imports nothing and runs nothing.
+Values are stored as plain JSON (:func:`to_json`, in :mod:`meshpoint.event_values`):
+LangChain messages as dicts with ``type``, ``content`` and the rest, pydantic models
+(A2A messages among them) as their JSON, dataclasses, datetimes, enums, sets and bytes
+by documented rules, and anything else as ``{"$type": ..., "$repr": ...}``. Nothing is
+ever pickled, so reading an event imports nothing and runs nothing.
 
 :func:`with_logging` wraps a sync or async step: ``step_start``, then
 ``step_complete`` (with its duration) or ``error`` (and the error goes on).
@@ -34,12 +34,10 @@ reading an event imports nothing and runs nothing.
 from __future__ import annotations
 
 import asyncio
-import base64
 import collections
 import concurrent.futures
 import contextlib
 import dataclasses
-import enum
 import functools
 import inspect
 import logging
@@ -47,16 +45,17 @@ import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import Connection, exc
 
-from meshpoint._json import INT_MAX, INT_MIN
 from meshpoint.errors import InvalidArgumentError, StoreError
+from meshpoint.event_values import converted
+from meshpoint.event_values import to_json as to_json  # re-exported: part of the API
 from meshpoint.history import new_checkpoint_id
 from meshpoint.store import event_queries as eq
-from meshpoint.store.rows import check_id, check_limit, is_text
+from meshpoint.store.rows import check_id, check_limit
 
 logger = logging.getLogger("meshpoint.events")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -79,89 +78,6 @@ INTEGRITY = ("integrity_repaired", "integrity_rewound", "integrity_blocked",
              "integrity_restarted")
 EVENT_TYPES = (STEP_START, STEP_COMPLETE, ERROR, PROTOCOL_HANDOFF, PROTOCOL_RECEIVE, PAUSE,
                RESUME, ANSWER, APPROVAL, TIMEOUT, CANCEL, RECOVERY, *INTEGRITY)
-
-#: How deep :func:`to_json` follows nested values before it stops.
-_MAX_DEPTH = 64
-
-
-def to_json(value: Any, _depth: int = 0) -> Any:
-    """``value`` as plain JSON (see the module docstring): never pickled, never
-    refused. Strings longer than 100,000 characters are cut, marked with ``…``."""
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, int):  # past 64 bits JSON readers make it a float
-        return value if INT_MIN <= value <= INT_MAX else {"$int": str(value)}
-    if isinstance(value, float):
-        return value if value == value and abs(value) != float("inf") else repr(value)
-    if isinstance(value, str):
-        return _text(value)
-    if _depth > _MAX_DEPTH:
-        return {"$type": type(value).__name__, "$repr": "(nested too deeply)"}
-    if isinstance(value, Mapping):
-        out = {_text(str(k)): to_json(v, _depth + 1) for k, v in value.items()}
-        if len(out) == len(value):
-            return out
-        # keys that are one string apart ({1: ..., "1": ...}): every pair is kept
-        return {"$items": [[to_json(k, _depth + 1), to_json(v, _depth + 1)]
-                           for k, v in value.items()]}
-    if isinstance(value, list | tuple):
-        return [to_json(v, _depth + 1) for v in value]
-    if isinstance(value, set | frozenset):
-        return sorted((to_json(v, _depth + 1) for v in value), key=repr)
-    if isinstance(value, bytes | bytearray | memoryview):
-        return {"$bytes": base64.b64encode(bytes(value)).decode()}
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if isinstance(value, enum.Enum):
-        return to_json(value.value, _depth + 1)
-    if isinstance(value, BaseException):
-        return {"$error": type(value).__name__, "message": str(value)}
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):  # pydantic: A2A messages, LangChain messages (v2)
-        try:
-            return to_json(dump(mode="json", by_alias=True, exclude_none=True), _depth + 1)
-        except Exception:
-            pass
-    if hasattr(value, "type") and hasattr(value, "content"):  # a LangChain message
-        return {"type": to_json(value.type, _depth + 1),
-                "content": to_json(value.content, _depth + 1),
-                **{k: to_json(getattr(value, k), _depth + 1)
-                   for k in ("additional_kwargs", "name", "id", "tool_calls",
-                             "tool_call_id") if getattr(value, k, None)}}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return to_json({f.name: getattr(value, f.name) for f in dataclasses.fields(value)},
-                       _depth + 1)
-    try:
-        shown = _text(repr(value)[:1000])
-    except Exception as error:  # a __repr__ that raises: the event is still logged
-        shown = f"(repr failed: {type(error).__name__})"
-    return _opaque(value, shown)
-
-
-def _opaque(value: Any, shown: str) -> dict[str, str]:
-    return {"$type": f"{type(value).__module__}.{type(value).__qualname__}", "$repr": shown}
-
-
-def _text(value: str) -> str:
-    """A string every database's JSON can hold: cut past 100,000 characters (marked
-    with ``…``); NUL, which PostgreSQL's JSON cannot hold, and lone surrogates (half
-    of a UTF-16 pair), which are not UTF-8, as U+FFFD."""
-    if len(value) > 100_000:
-        value = value[:100_000] + "…"
-    if is_text(value):
-        return value
-    return "".join("\ufffd" if c == "\x00" or "\ud800" <= c <= "\udfff" else c
-                   for c in value)
-
-
-def _converted(value: Any) -> Any:
-    """:func:`to_json`, or, for a value whose own methods raise while it is converted,
-    what it was and why not: logging never fails for what it is given."""
-    try:
-        return to_json(value)
-    except Exception as error:
-        return _opaque(value, f"(could not be converted: {type(error).__name__})")
-
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -273,16 +189,16 @@ class EventStore:
             check_id("thread_id", thread_id)
         if step_name is not None:
             check_id("step_name", step_name)
-        data = _converted(input_data)
+        data = converted(input_data)
         if protocol_message is not None:
             data = {**(data if isinstance(data, dict) else
                        {} if data is None else {"value": data}),
-                    "_protocol_message": _converted(protocol_message)}
+                    "_protocol_message": converted(protocol_message)}
         event_id = new_checkpoint_id()  # a UUIDv7: events sort by time
         row = {"p_tenant": self.store.tenant_id, "p_event_id": event_id, "p_agent": agent_id,
                "p_task": thread_id, "p_event_type": event_type, "p_step": step_name,
-               "p_input": data, "p_output": _converted(output_data),
-               "p_state": _converted(state_snapshot),
+               "p_input": data, "p_output": converted(output_data),
+               "p_state": converted(state_snapshot),
                "p_at_us": time.time_ns() // 1000}  # exact: no float seconds
         with self._lock:
             if len(self._buffer) == self._buffer.maxlen:

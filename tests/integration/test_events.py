@@ -240,7 +240,7 @@ async def test_an_event_the_database_refuses_is_dropped_alone(
     """Values that reach the database unconverted (as if to_json missed a case): the
     one it refuses is dropped, logged and counted; the others, before and after it in
     the same batch, are written, and close() does not fail."""
-    monkeypatch.setattr("meshpoint.events._converted", lambda value: value)
+    monkeypatch.setattr("meshpoint.events.converted", lambda value: value)
     # A lone surrogate is not UTF-8: the store's JSON encoder refuses it on both
     # databases. NUL is refused by PostgreSQL itself (a data exception); SQLite keeps it.
     values = {3: "x\ud800y", 5: "a\x00b"}
