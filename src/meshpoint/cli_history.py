@@ -187,7 +187,8 @@ def cost(task_id: Annotated[str, typer.Argument(help="The task.")],
                          min_width=widest if cost_column else None)
     for row in rows:
         t = row["tokens"]
-        table.add_row(str(row["seq"]), row["phase"], (row["timestamp"] or "-")[:19],
+        seq = row["seq"] if row["seq"] is not None else f"1-{row['purged_through']}"
+        table.add_row(str(seq), row["phase"], (row["timestamp"] or "-")[:19],
                       str(t.get("prompt_tokens", 0)), str(t.get("completion_tokens", 0)),
                       str(t.get("cached_tokens", 0)), str(row["cost"]))
     console.print(table)
@@ -210,14 +211,15 @@ def cost(task_id: Annotated[str, typer.Argument(help="The task.")],
 
 
 def _purged_row(first: Any) -> dict[str, Any]:
-    """The records a purge removed before ``first``, as one row of ``tasks cost``."""
+    """The records a purge removed before ``first``, as one row of ``tasks cost``
+    (``seq`` None, ``purged_through`` the last one's seq)."""
     tokens = first.metrics.tokens
     before = {kind: int(tokens["total"]["totals"].get(kind, 0))
               - int(tokens["iteration"]["totals"].get(kind, 0))
               for kind in ("prompt_tokens", "completion_tokens", "cached_tokens")}
     cost = Decimal(str(first.metrics.cost.get("total", "0"))) - Decimal(
         str(first.metrics.cost.get("iteration", "0")))
-    return {"seq": f"1-{first.metadata.seq - 1}", "checkpoint_id": None,
+    return {"seq": None, "purged_through": first.metadata.seq - 1, "checkpoint_id": None,
             "phase": "(purged)", "timestamp": None, "tokens": before, "cost": amount(cost)}
 
 

@@ -129,7 +129,8 @@ async def test_tasks_cost_rows_add_up_to_the_total_it_prints(
     keeping = store.with_history(replace(store.history.options, retention="last:3"))
     assert [p.removed for p in await keeping.history.purge()] == [6]
     shown = await ok_json(where, "cost", "t-cost")
-    assert [row["seq"] for row in shown["checkpoints"]] == ["1-6", 7, 8, 9]
+    assert [row["seq"] for row in shown["checkpoints"]] == [None, 7, 8, 9]
+    assert shown["checkpoints"][0]["purged_through"] == 6
     assert sum(Decimal(row["cost"]) for row in shown["checkpoints"]) == total
     assert Decimal(shown["total"]["cost"]["total"]) == total
 
