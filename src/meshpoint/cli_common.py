@@ -2,13 +2,28 @@
 (``--url``, ``--config``, ``--schema``, ``--tenant``, ``--json``), how the store is
 opened from them, and how a meshpoint error becomes a message and exit code 1.
 
-A command reaches the store from any host in one of two ways: a URL (``--url`` or
-``MESHPOINT_STORE_URL``, with ``--schema`` for a PostgreSQL schema other than the
-search path's), or the mesh config (``--config`` or ``MESHPOINT_CONFIG``), whose
-``store`` section gives the URL, schema and tenant, and whose ``history`` section
-the keys that sign and encrypt the checkpoint history (a URL alone verifies hashes,
-not signatures, and reads no encrypted field). ``--tenant`` overrides the config's
-tenant; without either it is ``default``.
+A command reaches the store from any host in one of two ways: a URL (``--url``,
+with ``--schema`` for a PostgreSQL schema other than the search path's), or the mesh
+config (``--config`` or ``MESHPOINT_CONFIG``), whose ``store`` section gives the URL,
+schema and tenant, and whose ``history`` section the keys that sign and encrypt the
+checkpoint history (a URL alone verifies hashes, not signatures, and reads no
+encrypted field). ``--tenant`` overrides the config's tenant; without either it is
+``default``.
+
+Which wins (:func:`store_opener`): an explicit flag, then the config, then the
+environment's ``MESHPOINT_STORE_URL``, which is used only when neither ``--url`` nor
+a config names a store (a config may read it itself, as ``${MESHPOINT_STORE_URL}``).
+A conflict that would change the schema or tenant is named, never settled silently:
+
+* ``--url`` naming another database than the config's ``store.url``, while the
+  config's schema or tenant is not overridden by ``--schema``/``--tenant``, is a usage
+  error (exit 2): those belong to the config's database, and guessing either way
+  reads or writes (``purge``, ``approve``, ``migrate``) another schema's or tenant's
+  tasks. An operator who typed both says which they meant in one more flag.
+* ``MESHPOINT_STORE_URL`` naming another database than the config is a warning on
+  stderr: the rule is clear (the config was given on purpose; the variable is often
+  set for other processes), but an operator who expected it to redirect the command
+  is told it did not.
 """
 
 from __future__ import annotations
@@ -85,10 +100,11 @@ class PlainFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return plain(super().format(record))
 
+#: The environment variable naming a store when no flag or config does.
+STORE_URL_ENV = "MESHPOINT_STORE_URL"
 Url = Annotated[str | None, typer.Option(
-    "--url", envvar="MESHPOINT_STORE_URL",
-    help="Store URL (sqlite:///file.db or postgresql+asyncpg://user@host/db), or give "
-         "--config.")]
+    "--url", help="Store URL (sqlite:///file.db or postgresql+asyncpg://user@host/db); "
+                  "wins over --config's. Without either: MESHPOINT_STORE_URL.")]
 Config = Annotated[Path | None, typer.Option("--config", "-c", envvar="MESHPOINT_CONFIG",
                                              help="The mesh config (YAML).")]
 Schema = Annotated[str | None, typer.Option(
@@ -101,25 +117,61 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 def store_opener(url: str | None, config: Path | None, *, schema: str | None = None,
                  tenant: str | None = None, migrate: bool = False) -> StoreOpener:
-    """The store the options name (see the module docstring); InvalidArgumentError if
-    they name none, ConfigurationError if the config is wrong."""
+    """The store the options name, by the precedence of the module docstring:
+    ``url`` (the ``--url`` flag) over the ``config``'s store over
+    ``MESHPOINT_STORE_URL``; ``schema`` and ``tenant`` (flags) over the config's.
+    InvalidArgumentError if they name none, ConfigurationError if the config is
+    wrong, a usage error for a conflict that would change the schema or tenant."""
     from meshpoint.store import open_store
 
-    if url is not None:
-        _check_schema(url, schema)
-        return open_store(url, tenant_id="default" if tenant is None else tenant,
-                          schema=schema, migrate=migrate)
+    from_env = os.environ.get(STORE_URL_ENV) or None
     if config is None:
-        raise InvalidArgumentError("give --url (or MESHPOINT_STORE_URL) or --config "
-                                   "(or MESHPOINT_CONFIG)")
+        chosen = url or from_env
+        if chosen is None:
+            raise InvalidArgumentError(f"give --url (or {STORE_URL_ENV}) or --config (or "
+                                       "MESHPOINT_CONFIG)")
+        _check_schema(chosen, schema)
+        return open_store(chosen, tenant_id="default" if tenant is None else tenant,
+                          schema=schema, migrate=migrate)
     from meshpoint.config import load_config
 
     mesh = load_config(config)
     s = mesh.store
+    if url is not None and url != s.url:
+        # Another database than the config's: its schema and tenant are not this
+        # one's, and dropping them changes what is read and written.
+        dropped = [f"{name} {value!r}" for name, value, given in (
+            ("schema", s.schema_name, schema is not None or url.startswith("sqlite")),
+            ("tenant", s.tenant, tenant is not None)) if value not in (None, "default")
+            and not given]
+        if dropped:
+            raise typer.BadParameter(
+                f"names another database than {config}'s store.url, whose "
+                f"{' and '.join(dropped)} would not apply to it: give --schema/--tenant "
+                "for this URL, or drop --url to use the config's store", param_hint="--url")
+        _check_schema(url, schema)
+        return open_store(url, tenant_id="default" if tenant is None else tenant,
+                          schema=schema, migrate=migrate, history=mesh.history_options())
+    if url is None and from_env is not None and from_env != s.url:
+        err.print(f"[yellow]warning:[/yellow] {STORE_URL_ENV} ({_shown(from_env)}) is not "
+                  f"used: {config} names the store ({_shown(s.url)}, schema "
+                  f"{s.schema_name or '(search path)'}, tenant {tenant or s.tenant!r}); "
+                  "--url wins over both", highlight=False)
     _check_schema(s.url, schema)
     return open_store(s.url, tenant_id=s.tenant if tenant is None else tenant,
                       **{**s.options(), "schema": schema or s.schema_name,
                          "migrate": migrate}, history=mesh.history_options())
+
+
+def _shown(url: str) -> str:
+    """A store URL as it may be printed: its password hidden."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "(not a URL)"
 
 
 def _check_schema(url: str, schema: str | None) -> None:

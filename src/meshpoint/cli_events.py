@@ -14,7 +14,7 @@ import math
 import re
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -30,6 +30,7 @@ from meshpoint.cli_common import (
     run_on_store,
     shown,
 )
+from meshpoint.store.rows import MAX_LIMIT
 
 #: How far back each poll of ``--follow`` looks again. An event's time is when it was
 #: logged, and a writer buffers it for up to its ``flush_interval_s`` (and a busy
@@ -71,15 +72,21 @@ def events(task: Annotated[str | None, typer.Option("--task", help="A task (thre
            kind: Annotated[str | None, typer.Option(
                "--type", help="An event type (step_start, error, pause, ...).")] = None,
            since: Annotated[str | None, typer.Option(
-               "--since", help="From (ISO time, epoch, or a span ago: 10m).")] = None,
-           until: Annotated[str | None, typer.Option("--until", help="Before.")] = None,
-           limit: Annotated[int, typer.Option(min=1, help="Events at most.")] = 100,
+               "--since", help="From this time, inclusive (ISO time, epoch seconds, or a "
+               "span ago: 10m); to the microsecond.")] = None,
+           until: Annotated[str | None, typer.Option(
+               "--until", help="Before this time, exclusive (as --since).")] = None,
+           limit: Annotated[int, typer.Option(
+               min=1, max=MAX_LIMIT, help="Events at most (whether more match is "
+               "said).")] = 100,
            follow: Annotated[bool, typer.Option(
                "--follow", "-f", help="Keep printing new events until Ctrl-C.")] = False,
            url: Url = None, config: Config = None, schema: Schema = None,
            tenant: Tenant = None, as_json: AsJson = False) -> None:
     """The event log, oldest first: every step and protocol message of agents that
-    keep one (``events: true``), and the integrity events of the history. With
+    keep one (``events: true``), and the integrity events of the history; the first
+    ``--limit``, and a line (``"more": true`` in JSON) when more match. ``--since`` is
+    inclusive, ``--until`` exclusive, to the microsecond an event was logged in. With
     ``--follow``, the newest ``--limit`` (or those from ``--since``), then new events as
     they are written (``--json``: one JSON line each)."""
     from meshpoint.events import EventStore
@@ -88,23 +95,26 @@ def events(task: Annotated[str | None, typer.Option("--task", help="A task (thre
     last = parse_time(until, "--until")
     filters: dict[str, Any] = {"thread_id": task, "agent_id": agent, "event_type": kind}
 
-    async def body(store: Any) -> list[Any]:
+    async def body(store: Any) -> tuple[list[Any], bool]:
         log = EventStore(store)
         if follow and first is None:  # as tail -f: the newest, then what comes
             found = (await log.get_events(**filters, until=last, limit=limit,
                                           newest_first=True))[::-1]
         else:
-            found = await log.get_events(**filters, since=first, until=last, limit=limit)
+            # One more than asked for: whether more match is said, not left unseen.
+            found = await log.get_events(**filters, since=first, until=last,
+                                         limit=min(limit + 1, MAX_LIMIT))
+        more, found = len(found) > limit, found[:limit]
         if not follow:
-            return found
+            return found, more
         show(found, as_json, lines=True)
         await follow_new(log, filters, found, first, as_json)
 
     try:
-        found = run_on_store(url, config, schema, tenant, as_json, body)
+        found, more = run_on_store(url, config, schema, tenant, as_json, body)
     except KeyboardInterrupt:
         return
-    show(found, as_json, lines=False)
+    show(found, as_json, lines=False, more=more)
 
 
 async def follow_new(log: Any, filters: dict[str, Any], found: list[Any],
@@ -115,48 +125,60 @@ async def follow_new(log: Any, filters: dict[str, Any], found: list[Any],
     before the follow began) and prints what it has not printed yet, so an event that
     commits late, behind ones timed after it, is still printed. What was already there
     before ``found`` ended (left out by ``--limit``) is not printed later."""
-    newest = found[-1].timestamp.timestamp() if found else (
-        time.time() if first is None else first)
-    printed = {e.event_id: e.timestamp.timestamp()
-               async for page in _pages(log, filters, newest - FOLLOW_LOOKBACK_S,
+    lookback_us = int(FOLLOW_LOOKBACK_S * 1_000_000)
+    newest = found[-1].timestamp_us if found else round(
+        (time.time() if first is None else first) * 1_000_000)
+    printed = {e.event_id: e.timestamp_us
+               async for page in _pages(log, filters, newest - lookback_us,
                                         until=newest) for e in page}
-    printed.update((e.event_id, e.timestamp.timestamp()) for e in found)
+    printed.update((e.event_id, e.timestamp_us) for e in found)
     while True:
         await asyncio.sleep(poll_s)
         fresh_pages = 0  # at most _POLL_PAGES pages with new events a poll
-        async for page in _pages(log, filters, newest - FOLLOW_LOOKBACK_S):
+        async for page in _pages(log, filters, newest - lookback_us):
             fresh = [e for e in page if e.event_id not in printed]
             if fresh:
-                printed.update((e.event_id, e.timestamp.timestamp()) for e in fresh)
-                newest = max(newest, max(e.timestamp.timestamp() for e in fresh))
+                printed.update((e.event_id, e.timestamp_us) for e in fresh)
+                newest = max(newest, max(e.timestamp_us for e in fresh))
                 show(fresh, as_json, lines=True)
                 fresh_pages += 1
                 if fresh_pages >= _POLL_PAGES:
                     break
-        printed = {i: at for i, at in printed.items() if at >= newest - FOLLOW_LOOKBACK_S}
+        printed = {i: at for i, at in printed.items() if at >= newest - lookback_us}
 
 
-async def _pages(log: Any, filters: dict[str, Any], since: float,
-                 until: float | None = None) -> AsyncIterator[list[Any]]:
-    """The events from ``since`` (to before ``until``), oldest first, a page at a
-    time; a page's last events come again at the head of the next (``since`` is
-    inclusive)."""
+def _at(us: int) -> datetime:
+    """A time of the log (integer microseconds) as the exact datetime it is."""
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us)
+
+
+async def _pages(log: Any, filters: dict[str, Any], since_us: int,
+                 until: int | None = None) -> AsyncIterator[list[Any]]:
+    """The events from ``since_us`` (to before ``until``, microseconds), oldest first,
+    a page at a time. Each page goes on after the last event of the one before (its
+    time and id: the log's order), so no page is read twice and none is skipped,
+    however many events share a microsecond."""
+    after = None
     while True:
-        page = await log.get_events(**filters, since=since, until=until, limit=_PAGE)
+        page = await log.get_events(**filters, since=_at(since_us),
+                                    until=None if until is None else _at(until),
+                                    limit=_PAGE, after=after)
         yield page
-        if len(page) < _PAGE or page[-1].timestamp.timestamp() <= since:
-            return  # the last page, or a full page of one time, which cannot move on
-        since = page[-1].timestamp.timestamp()
+        if len(page) < _PAGE:
+            return
+        after = page[-1]
 
 
-def show(found: list[Any], as_json: bool, *, lines: bool) -> None:
-    """Print events: a table, one JSON object, or (following) JSON lines."""
+def show(found: list[Any], as_json: bool, *, lines: bool, more: bool = False) -> None:
+    """Print events: a table, one JSON object, or (following) JSON lines. ``more``:
+    further events match than ``--limit`` let through, which is said (``"more":
+    true`` in JSON), never left for the reader to guess."""
     if as_json:
         if lines:
             for event in found:
                 print(json.dumps(event.to_dict()), flush=True)
         else:
-            print(json.dumps({"events": [e.to_dict() for e in found]}))
+            print(json.dumps({"events": [e.to_dict() for e in found], "more": more}))
         return
     table = Table(show_header=not lines)
     for column in ("time", "agent", "task", "type", "step", "data"):
@@ -169,6 +191,9 @@ def show(found: list[Any], as_json: bool, *, lines: bool) -> None:
                       shown(json.dumps(data)[:120]) if data is not None else "")
     if found or not lines:
         console.print(table if found else "no events")
+    if more:
+        console.print(f"the first {len(found)} events; more match (raise --limit, or "
+                      "narrow --since/--until)")
 
 
 def reconstruct(task_id: Annotated[str, typer.Argument(help="The task.")],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import replace
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -31,6 +32,7 @@ from meshpoint.cli_common import (
     run_on_store,
     shown,
 )
+from meshpoint.costs import amount
 from meshpoint.errors import (
     ConfigurationError,
     InvalidArgumentError,
@@ -168,19 +170,37 @@ def cost(task_id: Annotated[str, typer.Argument(help="The task.")],
              "phase": r.execution_state.phase, "timestamp": r.metadata.timestamp,
              "tokens": r.metrics.tokens["iteration"]["totals"],
              "cost": r.metrics.cost.get("iteration", "0")} for r in records]
-    total = {"tokens": last.tokens["total"], "cost": last.cost}
+    try:
+        if records[0].metadata.seq > 1:
+            # A purge removed the records before: what they cost is the first one's
+            # total less its own iteration, one row, so that the rows still add up.
+            rows.insert(0, _purged_row(records[0]))
+        # The total printed is the exact sum of the rows printed (each record's total
+        # is its parent's plus its own, so this is the last record's total too).
+        spent = sum((Decimal(str(row["cost"])) for row in rows), Decimal(0))
+    except ArithmeticError:
+        fail(MeshpointError(f"task {task_id!r}: a record's cost is not a decimal "
+                            "amount"), as_json)
+    total = {"tokens": last.tokens["total"], "cost": {**last.cost, "total": amount(spent)}}
     if as_json:
         print(json.dumps({"task_id": task_id, "currency": last.cost.get("currency"),
                           "checkpoints": rows, "total": total}))
         return
     currency = shown(last.cost.get("currency", ""))  # in headers too
     table = Table(title=f"cost of task {shown(task_id)}, checkpoint by checkpoint")
+    widest = max(len(str(row["cost"])) for row in rows)
     for column in ("#", "phase", "written", "prompt", "completion", "cached",
                    f"cost ({currency})"):
-        table.add_column(column, justify="right" if column != "phase" else "left")
+        # The figures are never cut short (a narrow terminal folds the phase and the
+        # time instead): the rows must be seen to add up to the total.
+        cost_column = column.startswith("cost")
+        table.add_column(column, justify="right" if column != "phase" else "left",
+                         overflow="fold", no_wrap=cost_column,
+                         min_width=widest if cost_column else None)
     for row in rows:
         t = row["tokens"]
-        table.add_row(str(row["seq"]), shown(row["phase"]), shown(row["timestamp"][:19]),
+        seq = row["seq"] if row["seq"] is not None else f"1-{row['purged_through']}"
+        table.add_row(str(seq), shown(row["phase"]), shown((row["timestamp"] or "-")[:19]),
                       str(t.get("prompt_tokens", 0)), str(t.get("completion_tokens", 0)),
                       str(t.get("cached_tokens", 0)), str(row["cost"]))
     console.print(table)
@@ -188,7 +208,7 @@ def cost(task_id: Annotated[str, typer.Argument(help="The task.")],
         breakdown = Table(title=f"in total, {title}")
         for column in (title.split()[-1], "prompt", "completion", "cached",
                        f"cost ({currency})"):
-            breakdown.add_column(column)
+            breakdown.add_column(column, overflow="fold")
         for name, counts in sorted(total["tokens"].get(key, {}).items()):
             price = total["cost"].get("by_model", {}).get(name, {}).get("total") \
                 if key == "by_model" else None
@@ -199,6 +219,19 @@ def cost(task_id: Annotated[str, typer.Argument(help="The task.")],
     unpriced = total["cost"].get("unpriced") or []
     console.print(f"total: {shown(total['cost'].get('total', '0'))} {currency}"
                   + (f" (no price for {shown(', '.join(unpriced))})" if unpriced else ""))
+
+
+def _purged_row(first: Any) -> dict[str, Any]:
+    """The records a purge removed before ``first``, as one row of ``tasks cost``
+    (``seq`` None, ``purged_through`` the last one's seq)."""
+    tokens = first.metrics.tokens
+    before = {kind: int(tokens["total"]["totals"].get(kind, 0))
+              - int(tokens["iteration"]["totals"].get(kind, 0))
+              for kind in ("prompt_tokens", "completion_tokens", "cached_tokens")}
+    cost = Decimal(str(first.metrics.cost.get("total", "0"))) - Decimal(
+        str(first.metrics.cost.get("iteration", "0")))
+    return {"seq": None, "purged_through": first.metadata.seq - 1, "checkpoint_id": None,
+            "phase": "(purged)", "timestamp": None, "tokens": before, "cost": amount(cost)}
 
 
 def purge(dry_run: Annotated[bool, typer.Option(

@@ -35,7 +35,7 @@ from meshpoint.cli_common import (
     run_sync,
     shown,
 )
-from meshpoint.errors import IntegrityError, InvalidArgumentError
+from meshpoint.errors import IntegrityError, InvalidArgumentError, NotFoundError
 
 tasks_app = typer.Typer(help="Paused tasks: list, show, and answer those waiting for a human.",
                         no_args_is_help=True)
@@ -256,12 +256,19 @@ def cancel(task_id: Annotated[str, typer.Argument(help="The task.")],
                help="The mesh config: its broker reaches the agent's instances.")],
            agent: Annotated[str | None, typer.Option(
                "--agent", help="The task's agent (default: read from the task id).")] = None,
+           force: Annotated[bool, typer.Option(
+               "--force", help="Send the cancel even if the store knows no such task (it "
+               "may be running in memory on an instance, before its first "
+               "checkpoint).")] = False,
            as_json: AsJson = False) -> None:
     """Cancel a task wherever it is (paused, or running on an instance): the agent's
     instance that takes the request cancels its peers, answers its caller
     ``canceled`` and removes its rows. Needs the mesh's broker (NATS): a cancel is
-    carried out by the instances, which the store alone cannot reach."""
+    carried out by the instances, which the store alone cannot reach. A task the
+    store does not know (no live rows, no history) is refused, exit 1, unless
+    ``--force``; one whose history says it ended is refused always."""
     from meshpoint.config import load_config
+    from meshpoint.history import END_PHASES
     from meshpoint.runtime import Client, wire
 
     async def run() -> str:
@@ -271,10 +278,16 @@ def cancel(task_id: Annotated[str, typer.Argument(help="The task.")],
                 "the config's broker is memory://, which reaches only its own process: "
                 "cancel from that process (Client.cancel)")
         name = agent or wire.agent_of_task(task_id)
-        ended = await _ended(mesh, task_id)
-        if ended is not None:
+        known = await _known(mesh, task_id)
+        if known in END_PHASES:
             raise InvalidArgumentError(
-                f"task {task_id!r} has already ended ({ended}); there is nothing to cancel")
+                f"task {task_id!r} has already ended ({known}); there is nothing to cancel")
+        if known == "unknown" and not force:
+            raise NotFoundError(
+                f"the store knows no task {task_id!r} in tenant {mesh.store.tenant!r}: no "
+                "live rows and no history (a typo, another tenant's task, or one that "
+                "ended without a history). It may still be running in memory on an "
+                "instance, before its first checkpoint: --force sends the cancel anyway")
         broker = await mesh.open_broker()
         try:
             async with Client(broker, namespace=mesh.namespace) as client:
@@ -291,22 +304,27 @@ def cancel(task_id: Annotated[str, typer.Argument(help="The task.")],
                       "instance that takes it answers the task's caller canceled")
 
 
-async def _ended(mesh: Any, task_id: str) -> str | None:
-    """How the task ended, by its history's last record, or None: not ended, or not
-    known to have (no history kept, or one that cannot be read: the cancel is sent)."""
-    from meshpoint.errors import MeshpointError
-    from meshpoint.history import END_PHASES
+async def _known(mesh: Any, task_id: str) -> str:
+    """What the store knows of the task: ``live`` (it has live rows), the phase of
+    its history's last record (an end, or the pause its rows were removed after),
+    ``unknown`` (neither), or ``unreadable`` (the store could not be read: the
+    cancel is sent, the instances may still know the task)."""
+    from meshpoint.errors import MeshpointError, UnknownTaskError
 
     try:
         store = await mesh.open_store()
         try:
+            try:
+                await store.get_peer_sub_tasks_for_task(task_id)
+                return "live"
+            except UnknownTaskError:
+                pass
             record = await store.history.get_latest_checkpoint(task_id)
         finally:
             await store.close()
     except MeshpointError:  # the store away, say: the instances may still know it
-        return None
-    phase = record.execution_state.phase if record is not None else None
-    return phase if phase in END_PHASES else None
+        return "unreadable"
+    return "unknown" if record is None else str(record.execution_state.phase)
 
 
 def recover(dry_run: Annotated[bool, typer.Option(
@@ -318,10 +336,12 @@ def recover(dry_run: Annotated[bool, typer.Option(
                 "agent's, from --config, or a day).")] = None,
             as_json: AsJson = False) -> None:
     """What recovery (run by every instance of an agent) would do now, by seed 004's
-    rules: resume the tasks whose instance died (auto_resume), fail the tasks not
-    checkpointed within the timeout, remind or leave alone those waiting for a
-    human (auto_resume_hitl)."""
+    rules, one action per task, the first that matches: fail the tasks not
+    checkpointed within the timeout, resume those whose instance died
+    (auto_resume), remind or leave alone those waiting for a human
+    (auto_resume_hitl)."""
     from meshpoint.runtime.agent import RecoveryPolicy
+    from meshpoint.runtime.loops import recovery_plan
 
     if not dry_run:
         err.print("[red]error:[/red] recovery runs in every instance of an agent "
@@ -338,19 +358,11 @@ def recover(dry_run: Annotated[bool, typer.Option(
         agents = set(policies) | {a for a, _ in (await store.stats()).paused_tasks}
         plan: list[dict[str, Any]] = []
         for name in sorted(agents):
-            policy = policies.get(name, RecoveryPolicy())
-            timeout_s = policy.timeout_s if timeout is None else timeout
-            if policy.auto_resume:
-                plan += [{"action": "resume", "agent": name, "task_id": t}
-                         for t in await store.resumable_tasks(name, limit=10_000)]
-            if timeout_s:
-                plan += [{"action": "fail (expired)", "agent": name, "task_id": t}
-                         for t in await store.expired_tasks(name, older_than_s=timeout_s,
-                                                            limit=10_000)]
-            waiting = await store.list_paused_tasks(agent_name=name, status="input_required",
-                                                    limit=10_000)
-            action = "remind the caller" if policy.auto_resume_hitl else "leave (waits for a human)"
-            plan += [{"action": action, "agent": name, "task_id": t.task_id} for t in waiting]
+            # One action per task, the first that matches, as the live pass takes them.
+            plan += [{"action": action, "agent": name, "task_id": task_id}
+                     for task_id, action in await recovery_plan(
+                         store, name, policies.get(name, RecoveryPolicy()),
+                         timeout_s=timeout)]
         return plan
 
     plan = run_on_store(url, config, schema, tenant, as_json, body)

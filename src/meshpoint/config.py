@@ -349,8 +349,9 @@ class HistoryConfig(_Strict):
     purge_interval_s: float = Field(default=3600.0, ge=0)
 
     def options(self) -> HistoryOptions:
+        from meshpoint.costs import Prices
         from meshpoint.encryption import load_keyring
-        from meshpoint.history import HistoryOptions, Prices
+        from meshpoint.history import HistoryOptions
         from meshpoint.integrity import SigningKeys
 
         return HistoryOptions(

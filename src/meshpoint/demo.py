@@ -34,13 +34,15 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from meshpoint import a2a
 from meshpoint.broker.inprocess import InProcessBroker
+from meshpoint.costs import Prices
 from meshpoint.errors import AlreadyAnsweredError, ConfigurationError, MeshpointError
-from meshpoint.history import HistoryOptions, Prices
+from meshpoint.history import HistoryOptions
 from meshpoint.llm.base import ModelResponse, ToolSpec
 from meshpoint.llm.scripted import ScriptedModel
 from meshpoint.runtime import Agent, AgentInstance, Client, LocalTool, Peer, RuntimeOptions
@@ -325,7 +327,7 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
         rows_left = sum((await store.live_row_counts()).values())
         with_history = await store.history.task_ids(limit=config.tasks + 1)
         chains = [await store.history.verify_task(task_id) for task_id in with_history]
-        costs = [float(record.metrics.cost["total"]) for task_id in with_history
+        costs = [Decimal(str(record.metrics.cost["total"])) for task_id in with_history
                  if (record := await store.history.get_latest_checkpoint(task_id))]
     seconds = time.perf_counter() - started
     coordinators = [i for i in every if i.agent.name == "coordinator"]
@@ -354,7 +356,7 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
         "history_records": sum(c.records for c in chains),
         "chains_verified": sum(c.ok for c in chains),
         "chains_failed": sum(not c.ok for c in chains),
-        "cost_usd": round(sum(costs), 6),
+        "cost_usd": round(float(sum(costs, Decimal(0))), 6),  # summed exactly
         "a_task": with_history[0] if with_history else None,
         "checkpoint_write_ms": _ms([s for i in coordinators for s in i.stats.checkpoint_ms]),
         "pause_resume_ms": _ms([s for i in coordinators for s in i.stats.pause_resume_ms]),

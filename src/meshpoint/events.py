@@ -10,15 +10,22 @@ a buffer that outgrows ``max_buffered`` drops its oldest events and counts them
 (``dropped``), rather than grow without bound while the database is away.
 
 Queries are async: :meth:`EventStore.get_events` (by thread, agent, type, time range,
-oldest first) and :meth:`EventStore.get_latest_event`. ``thread_id`` is what
-LangGraph calls a thread and meshpoint a task (``logical_task_id``); ``agent_id``
-the agent's name.
+oldest first; every match unless ``limit`` says otherwise, read a page at a time) and
+:meth:`EventStore.get_latest_event`. ``thread_id`` is what LangGraph calls a thread
+and meshpoint a task (``logical_task_id``); ``agent_id`` the agent's name.
 
-Values are stored as plain JSON (:func:`to_json`): LangChain messages as dicts with
-``type``, ``content`` and the rest, pydantic models (A2A messages among them) as
-their JSON, dataclasses, datetimes, enums, sets and bytes by documented rules, and
-anything else as ``{"$type": ..., "$repr": ...}``. Nothing is ever pickled, so
-reading an event imports nothing and runs nothing.
+An event's time is the microsecond it was logged in, stored as an integer and
+returned exactly (:attr:`Event.timestamp`, :attr:`Event.timestamp_us`): an event's
+own timestamp is a bound it falls on. ``since`` is inclusive, ``until`` exclusive;
+a bound in epoch seconds is taken to the nearest microsecond. The log's order is
+(time, event id), and ``after=event`` continues from an event in that order: the
+cursor to page with, which no number of events logged in one microsecond can stall.
+
+Values are stored as plain JSON (:func:`to_json`, in :mod:`meshpoint.event_values`):
+LangChain messages as dicts with ``type``, ``content`` and the rest, pydantic models
+(A2A messages among them) as their JSON, dataclasses, datetimes, enums, sets and bytes
+by documented rules, and anything else as ``{"$type": ..., "$repr": ...}``. Nothing is
+ever pickled, so reading an event imports nothing and runs nothing.
 
 :func:`with_logging` wraps a sync or async step: ``step_start``, then
 ``step_complete`` (with its duration) or ``error`` (and the error goes on).
@@ -27,27 +34,28 @@ reading an event imports nothing and runs nothing.
 from __future__ import annotations
 
 import asyncio
-import base64
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
-import enum
 import functools
 import inspect
 import logging
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import Connection, exc
 
-from meshpoint._json import INT_MAX, INT_MIN
 from meshpoint.errors import InvalidArgumentError, KeyMissingError, StoreError
+from meshpoint.event_values import converted
+from meshpoint.event_values import to_json as to_json  # re-exported: part of the API
 from meshpoint.history import new_checkpoint_id
 from meshpoint.store import event_queries as eq
-from meshpoint.store.rows import check_id, check_limit, is_text
+from meshpoint.store.rows import check_id, check_limit
 from meshpoint.store.sealing import CLEAR, Sealer, open_event_payload, seal_event_row
 
 logger = logging.getLogger("meshpoint.events")
@@ -72,92 +80,19 @@ INTEGRITY = ("integrity_repaired", "integrity_rewound", "integrity_blocked",
 EVENT_TYPES = (STEP_START, STEP_COMPLETE, ERROR, PROTOCOL_HANDOFF, PROTOCOL_RECEIVE, PAUSE,
                RESUME, ANSWER, APPROVAL, TIMEOUT, CANCEL, RECOVERY, *INTEGRITY)
 
-#: How deep :func:`to_json` follows nested values before it stops.
-_MAX_DEPTH = 64
-
-
-def to_json(value: Any, _depth: int = 0) -> Any:
-    """``value`` as plain JSON (see the module docstring): never pickled, never
-    refused. Strings longer than 100,000 characters are cut, marked with ``…``."""
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, int):  # past 64 bits JSON readers make it a float
-        return value if INT_MIN <= value <= INT_MAX else {"$int": str(value)}
-    if isinstance(value, float):
-        return value if value == value and abs(value) != float("inf") else repr(value)
-    if isinstance(value, str):
-        return _text(value)
-    if _depth > _MAX_DEPTH:
-        return {"$type": type(value).__name__, "$repr": "(nested too deeply)"}
-    if isinstance(value, Mapping):
-        out = {_text(str(k)): to_json(v, _depth + 1) for k, v in value.items()}
-        if len(out) == len(value):
-            return out
-        # keys that are one string apart ({1: ..., "1": ...}): every pair is kept
-        return {"$items": [[to_json(k, _depth + 1), to_json(v, _depth + 1)]
-                           for k, v in value.items()]}
-    if isinstance(value, list | tuple):
-        return [to_json(v, _depth + 1) for v in value]
-    if isinstance(value, set | frozenset):
-        return sorted((to_json(v, _depth + 1) for v in value), key=repr)
-    if isinstance(value, bytes | bytearray | memoryview):
-        return {"$bytes": base64.b64encode(bytes(value)).decode()}
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if isinstance(value, enum.Enum):
-        return to_json(value.value, _depth + 1)
-    if isinstance(value, BaseException):
-        return {"$error": type(value).__name__, "message": str(value)}
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):  # pydantic: A2A messages, LangChain messages (v2)
-        try:
-            return to_json(dump(mode="json", by_alias=True, exclude_none=True), _depth + 1)
-        except Exception:
-            pass
-    if hasattr(value, "type") and hasattr(value, "content"):  # a LangChain message
-        return {"type": to_json(value.type, _depth + 1),
-                "content": to_json(value.content, _depth + 1),
-                **{k: to_json(getattr(value, k), _depth + 1)
-                   for k in ("additional_kwargs", "name", "id", "tool_calls",
-                             "tool_call_id") if getattr(value, k, None)}}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return to_json({f.name: getattr(value, f.name) for f in dataclasses.fields(value)},
-                       _depth + 1)
-    try:
-        shown = _text(repr(value)[:1000])
-    except Exception as error:  # a __repr__ that raises: the event is still logged
-        shown = f"(repr failed: {type(error).__name__})"
-    return _opaque(value, shown)
-
-
-def _opaque(value: Any, shown: str) -> dict[str, str]:
-    return {"$type": f"{type(value).__module__}.{type(value).__qualname__}", "$repr": shown}
-
-
-def _text(value: str) -> str:
-    """A string every database's JSON can hold: cut past 100,000 characters (marked
-    with ``…``); NUL, which PostgreSQL's JSON cannot hold, and lone surrogates (half
-    of a UTF-16 pair), which are not UTF-8, as U+FFFD."""
-    if len(value) > 100_000:
-        value = value[:100_000] + "…"
-    if is_text(value):
-        return value
-    return "".join("\ufffd" if c == "\x00" or "\ud800" <= c <= "\udfff" else c
-                   for c in value)
-
-
-def _converted(value: Any) -> Any:
-    """:func:`to_json`, or, for a value whose own methods raise while it is converted,
-    what it was and why not: logging never fails for what it is given."""
-    try:
-        return to_json(value)
-    except Exception as error:
-        return _opaque(value, f"(could not be converted: {type(error).__name__})")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+#: The widest bounds a query can have (``until`` is exclusive).
+_FIRST_US, _LAST_US = -(2**63), 2**63 - 1
+#: Events read per query when :meth:`EventStore.get_events` pages under the hood.
+PAGE = 1000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Event:
-    """One event of the log, as read back."""
+    """One event of the log, as read back. ``timestamp`` is the microsecond it was
+    logged in (UTC), exactly as stored: pass it (or the event itself, as ``after``)
+    back as a bound and it falls on this event."""
 
     event_id: str
     agent_id: str
@@ -169,21 +104,34 @@ class Event:
     state_snapshot: Any
     timestamp: datetime
 
+    @property
+    def timestamp_us(self) -> int:
+        """The time as stored: integer microseconds since the epoch."""
+        return (self.timestamp - _EPOCH) // _MICROSECOND
+
     def to_dict(self) -> dict[str, Any]:
         return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
                 "timestamp": self.timestamp.isoformat()}
 
 
-def _epoch(value: datetime | float | None, name: str) -> float | None:
+def _micros(value: datetime | float | None, name: str) -> int | None:
+    """A bound as integer microseconds since the epoch: a datetime exactly (naive is
+    UTC, as in seed 003), epoch seconds to the nearest microsecond."""
     if value is None:
         return None
+    us: int | None = None
     if isinstance(value, datetime):
         if value.tzinfo is None:
-            value = value.replace(tzinfo=UTC)  # seed 003 used naive UTC datetimes
-        return value.timestamp()
-    if type(value) in (int, float) and value == value:  # not NaN
-        return float(value)
-    raise InvalidArgumentError(f"{name} must be a datetime or epoch seconds, got {value!r}")
+            value = value.replace(tzinfo=UTC)
+        us = (value - _EPOCH) // _MICROSECOND
+    elif type(value) is int:
+        us = value * 1_000_000
+    elif type(value) is float and math.isfinite(value):
+        us = round(value * 1_000_000)
+    if us is None or not _FIRST_US <= us <= _LAST_US:
+        raise InvalidArgumentError(
+            f"{name} must be a datetime or finite epoch seconds, got {value!r:.80}")
+    return us
 
 
 class EventStore:
@@ -201,9 +149,15 @@ class EventStore:
         self._sealer: Sealer = getattr(store, "sealer", CLEAR)
         self.flush_interval_s = flush_interval_s
         self.batch = batch
-        self._buffer: collections.deque[dict[str, Any]] = collections.deque(
+        #: ``(seq, row)`` in the order logged; ``seq`` counts every event logged.
+        self._buffer: collections.deque[tuple[int, dict[str, Any]]] = collections.deque(
             maxlen=max_buffered)
         self._lock = threading.Lock()  # log_event may be called from worker threads
+        self._logged = 0
+        #: The batches being written, by their first ``seq``: ``(last seq, done)``,
+        #: ``done`` resolved once the write ended (committed, or its rows put back).
+        #: A concurrent future, so a flush on any loop or thread can wait for it.
+        self._in_flight: dict[int, tuple[int, concurrent.futures.Future[None]]] = {}
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._closing = False
@@ -239,20 +193,22 @@ class EventStore:
             check_id("thread_id", thread_id)
         if step_name is not None:
             check_id("step_name", step_name)
-        data = _converted(input_data)
+        data = converted(input_data)
         if protocol_message is not None:
             data = {**(data if isinstance(data, dict) else
                        {} if data is None else {"value": data}),
-                    "_protocol_message": _converted(protocol_message)}
+                    "_protocol_message": converted(protocol_message)}
         event_id = new_checkpoint_id()  # a UUIDv7: events sort by time
         row = {"p_tenant": self.store.tenant_id, "p_event_id": event_id, "p_agent": agent_id,
                "p_task": thread_id, "p_event_type": event_type, "p_step": step_name,
-               "p_input": data, "p_output": _converted(output_data),
-               "p_state": _converted(state_snapshot), "p_now": time.time()}
+               "p_input": data, "p_output": converted(output_data),
+               "p_state": converted(state_snapshot),
+               "p_at_us": time.time_ns() // 1000}  # exact: no float seconds
         with self._lock:
             if len(self._buffer) == self._buffer.maxlen:
                 self.dropped += 1
-            self._buffer.append(row)
+            self._logged += 1
+            self._buffer.append((self._logged, row))
             size = len(self._buffer)
         self._notify(size)
         return event_id
@@ -311,21 +267,53 @@ class EventStore:
                                len(self._buffer), error)
 
     async def flush(self) -> int:
-        """Write every buffered event now, in batches of ``batch``; how many."""
+        """Write every event logged before this call, in batches of ``batch``, and
+        return once each is committed (or dropped as refused, see :meth:`_write`):
+        a batch the background writer took before the call and is still writing is
+        waited for, and if that write failed, its events (back in the buffer) are
+        written here. How many events this call wrote; raises what a write of its
+        own raised (the events are kept for the next attempt)."""
+        with self._lock:
+            target = self._logged
+        total = 0
+        while True:
+            total += await self._drain(target)
+            with self._lock:
+                taken = [done for first, (_, done) in self._in_flight.items()
+                         if first <= target]
+            if not taken:
+                return total
+            # Another writer's batch holds some of them: wait for it to end. Its rows
+            # were committed, or went back to the buffer for the next pass to write.
+            for done in taken:
+                await asyncio.wrap_future(done)
+
+    async def _drain(self, through: int) -> int:
+        """Write the buffered events up to ``seq`` ``through``, a batch at a time;
+        how many were written."""
         total = 0
         while True:
             with self._lock:
-                rows = [self._buffer.popleft() for _ in range(min(self.batch,
-                                                                  len(self._buffer)))]
-            if not rows:
-                return total
-
+                taken: list[tuple[int, dict[str, Any]]] = []
+                while self._buffer and len(taken) < self.batch and \
+                        self._buffer[0][0] <= through:
+                    taken.append(self._buffer.popleft())
+                if not taken:
+                    return total
+                done: concurrent.futures.Future[None] = concurrent.futures.Future()
+                self._in_flight[taken[0][0]] = (taken[-1][0], done)
             try:
-                written = await self._write(rows)
+                written = await self._write([row for _, row in taken])
             except BaseException:
                 with self._lock:  # put them back, in order, for the next attempt
-                    self._buffer.extendleft(reversed(rows))
+                    self._buffer.extendleft(reversed(taken))
                 raise
+            finally:
+                # Ended either way (the rows committed, or are back in the buffer):
+                # whoever waits on this batch may go on.
+                with self._lock:
+                    del self._in_flight[taken[0][0]]
+                done.set_result(None)
             total += written
             self.written += written
 
@@ -402,33 +390,59 @@ class EventStore:
                          event_type: str | None = None,
                          since: datetime | float | None = None,
                          until: datetime | float | None = None,
-                         limit: int = 1000, newest_first: bool = False) -> list[Event]:
+                         limit: int | None = None, newest_first: bool = False,
+                         after: Event | None = None) -> list[Event]:
         """Events matching every filter given, oldest first (``newest_first``: the
-        other way), at most ``limit``; ``since`` inclusive, ``until`` exclusive."""
-        check_limit(limit)
+        other way), in the log's order: by time, then by event id.
+
+        ``since`` is inclusive and ``until`` exclusive, each a datetime (naive is
+        UTC) or epoch seconds (to the nearest microsecond, the log's resolution):
+        ``since=e.timestamp`` finds ``e``, ``until=e.timestamp`` does not. ``after``
+        continues from an event (one this returned) in the same order: the cursor to
+        page with. ``limit``: at most that many; None (the default) returns every
+        match, read :data:`PAGE` at a time, so that a thread's events come back whole,
+        as seed 003 returns them."""
+        if limit is not None:
+            check_limit(limit)
         for name, value in (("thread_id", thread_id), ("agent_id", agent_id),
                             ("event_type", event_type)):
             if value is not None:
                 check_id(name, value)
-        first, last = _epoch(since, "since"), _epoch(until, "until")
-        params = {"p_tenant": self.store.tenant_id, "p_task": thread_id,
-                  "p_any_task": thread_id is None, "p_agent": agent_id,
-                  "p_any_agent": agent_id is None, "p_event_type": event_type,
-                  "p_any_type": event_type is None,
-                  "p_since": 0.0 if first is None else first,
-                  "p_until": float("inf") if last is None else last, "p_limit": limit}
+        if after is not None and not isinstance(after, Event):
+            raise InvalidArgumentError(f"after must be an Event, got {after!r:.80}")
+        first, last = _micros(since, "since"), _micros(until, "until")
+        params: dict[str, Any] = {
+            "p_tenant": self.store.tenant_id, "p_task": thread_id,
+            "p_any_task": thread_id is None, "p_agent": agent_id,
+            "p_any_agent": agent_id is None, "p_event_type": event_type,
+            "p_any_type": event_type is None,
+            "p_since_us": _FIRST_US if first is None else first,
+            "p_until_us": _LAST_US if last is None else last}
         statement = eq.GET_LOG_EVENTS_DESC if newest_first else eq.GET_LOG_EVENTS
-        rows = await self.store.transaction(lambda conn: statement.rows(conn, params),
-                                            doing="reading events")
         def payload(value: Any, param: str, event_id: str) -> Any:
             return open_event_payload(self._sealer, value, param, event_id)
 
-        return [Event(event_id=r.event_id, agent_id=r.agent_name, thread_id=r.logical_task_id,
-                      event_type=r.event_type, step_name=r.step_name,
-                      input_data=payload(r.input_data, "p_input", r.event_id),
-                      output_data=payload(r.output_data, "p_output", r.event_id),
-                      state_snapshot=payload(r.state_snapshot, "p_state", r.event_id),
-                      timestamp=datetime.fromtimestamp(r.created_at, UTC)) for r in rows]
+        found: list[Event] = []
+        while limit is None or len(found) < limit:
+            page = PAGE if limit is None else min(PAGE, limit - len(found))
+            cursor = found[-1] if found else after
+            query = {**params, "p_limit": page, "p_no_cursor": cursor is None,
+                     "p_after_us": 0 if cursor is None else cursor.timestamp_us,
+                     "p_after_id": "" if cursor is None else cursor.event_id}
+            rows = await self.store.transaction(
+                lambda conn, query=query: statement.rows(conn, query),
+                doing="reading events")
+            found += [Event(event_id=r.event_id, agent_id=r.agent_name,
+                            thread_id=r.logical_task_id, event_type=r.event_type,
+                            step_name=r.step_name,
+                            input_data=payload(r.input_data, "p_input", r.event_id),
+                            output_data=payload(r.output_data, "p_output", r.event_id),
+                            state_snapshot=payload(r.state_snapshot, "p_state", r.event_id),
+                            timestamp=_EPOCH + timedelta(microseconds=r.created_at_us))
+                      for r in rows]
+            if len(rows) < page:
+                break
+        return found
 
     async def get_latest_event(self, **filters: Any) -> Event | None:
         """The newest event matching the filters of :meth:`get_events`, or None."""

@@ -35,7 +35,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -46,6 +45,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from meshpoint._json import dump_bytes
 from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES, check_inflatable, compress
+from meshpoint.costs import TOKEN_KINDS, Spent, cost_section, spent
+from meshpoint.costs import Prices as Prices  # re-exported: HistoryOptions(prices=Prices())
 from meshpoint.encryption import EncryptionKeys, check_families, is_envelope
 from meshpoint.errors import InvalidArgumentError, KeyMissingError
 from meshpoint.integrity import (
@@ -77,41 +78,9 @@ MESHPOINT_FIELDS: dict[str, frozenset[str]] = {
                            "snapshot_sha256", "session_event_count", "request_sha256"}),
     "extensions": frozenset(),
 }
-_TOKEN_KINDS = ("prompt_tokens", "completion_tokens", "cached_tokens")
 
 
 # -- options --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Prices:
-    """Prices per million tokens, by model: ``{model: {"prompt_tokens": p,
-    "completion_tokens": c, "cached_tokens": k}}`` (cached tokens are also counted in
-    prompt tokens; their price replaces the prompt price for them)."""
-
-    per_million: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
-    currency: str = "USD"
-
-    def __post_init__(self) -> None:
-        for model, prices in self.per_million.items():
-            for kind, price in prices.items():
-                if kind not in _TOKEN_KINDS:
-                    raise InvalidArgumentError(f"price of {model!r}: {kind!r} is not one of "
-                                               f"{_TOKEN_KINDS}")
-                if type(price) not in (int, float) or not 0 <= price < math.inf:
-                    raise InvalidArgumentError(f"price of {model!r} {kind}: a number >= 0, "
-                                               f"got {price!r}")
-
-    def cost(self, model: str, counts: Mapping[str, int]) -> float | None:
-        """The cost of ``counts`` on ``model``, or None if it has no price."""
-        prices = self.per_million.get(model)
-        if prices is None:
-            return None
-        cached = counts.get("cached_tokens", 0)
-        total = ((counts.get("prompt_tokens", 0) - cached) * prices.get("prompt_tokens", 0.0)
-                 + cached * prices.get("cached_tokens", prices.get("prompt_tokens", 0.0))
-                 + counts.get("completion_tokens", 0) * prices.get("completion_tokens", 0.0))
-        return total / 1_000_000
 
 
 @dataclass(frozen=True)
@@ -236,6 +205,9 @@ class HistoryHead:
     pruned_hash: str = GENESIS
     #: Whether the chain is signed (its head or that record): its next record must be.
     signed: bool = False
+    #: The task's cost by model at that record (the next one's total adds to it), or
+    #: None if it cannot be read (see :func:`meshpoint.costs.spent`).
+    cost: Spent | None = None
 
 
 # -- writing a record -------------------------------------------------------------------
@@ -268,7 +240,8 @@ class PlannedRecord:
     def head(self, tokens: Mapping[str, Any]) -> HistoryHead:
         return HistoryHead(self.checkpoint_id, self.hash, self.seq, tokens,
                            self.pruned_through, self.pruned_hash,
-                           signed=self.head_signature is not None)
+                           signed=self.head_signature is not None,
+                           cost=spent(self.document))
 
 
 def check_can_sign(options: HistoryOptions, task_id: str, head: HistoryHead | None) -> None:
@@ -543,7 +516,7 @@ def _pending_item(sub_task_id: str, corr: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _minus(now: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, int]:
-    return {kind: int(now.get(kind, 0)) - int(before.get(kind, 0)) for kind in _TOKEN_KINDS}
+    return {kind: int(now.get(kind, 0)) - int(before.get(kind, 0)) for kind in TOKEN_KINDS}
 
 
 def _usage_delta(now: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
@@ -557,28 +530,13 @@ def _usage_delta(now: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str,
             "by_model": nested("by_model"), "by_source": nested("by_source")}
 
 
-def amount(value: float) -> str:
-    """A cost as a decimal string, to the nano-unit (``"0.00036"``): exact to read
-    in an audit, and no float in the record (see :func:`meshpoint.integrity.canonical`)."""
-    text = f"{value:.9f}".rstrip("0").rstrip(".")
-    return "0" if text in ("", "-0") else text
-
-
 def _metrics(doc: Mapping[str, Any], tokens_now: Mapping[str, Any],
              head: HistoryHead | None, prices: Prices) -> dict[str, Any]:
     total = {"totals": dict(tokens_now.get("totals") or {}),
              "by_model": dict(tokens_now.get("by_model") or {}),
              "by_source": dict(tokens_now.get("by_source") or {})}
-    iteration = _usage_delta(total, head.tokens if head is not None else {})
-    cost_by_model: dict[str, dict[str, float]] = {}
-    unpriced = []
-    for model, counts in total["by_model"].items():
-        whole = prices.cost(model, counts)
-        if whole is None:
-            unpriced.append(model)
-            continue
-        part = prices.cost(model, iteration["by_model"].get(model) or {}) or 0.0
-        cost_by_model[model] = {"iteration": part, "total": whole}
+    before = head.tokens if head is not None else {}
+    iteration = _usage_delta(total, before)
     invocations = doc.get("parallel_tool_calls") or {}
     flags = doc.get("flags") or {}
     return {
@@ -588,11 +546,7 @@ def _metrics(doc: Mapping[str, Any], tokens_now: Mapping[str, Any],
                              for calls in invocations.values()),
         "model_calls": int(flags.get("model_calls") or 0),
         "tokens": {"iteration": iteration, "total": total},
-        "cost": {"currency": prices.currency,
-                 "iteration": amount(sum(c["iteration"] for c in cost_by_model.values())),
-                 "total": amount(sum(c["total"] for c in cost_by_model.values())),
-                 "by_model": {model: {k: amount(v) for k, v in c.items()}
-                              for model, c in cost_by_model.items()},
-                 "unpriced": sorted(unpriced)},
+        "cost": cost_section(prices, total, iteration,
+                             {} if head is None else head.cost, before),
         "files_modified": [], "tests_status": None,
     }

@@ -3,12 +3,14 @@ its event log, for when it cannot be resumed from its checkpoint.
 
 :func:`reconstruct` reads the task's newest checkpoint record that verifies with the
 chain before it (:meth:`~meshpoint.store.history.HistoryStore.last_verified`) and the
-task's events after it, and builds a recovery prompt that tells a fresh context what
-the task was asked, what is done (completed calls, model calls, tools that ran since),
-what remains (the calls it waited on), the last error, and the agent's own
-continuation prompt, if it left one. Either source may be missing (a task that never
-paused has no history; an agent that keeps no event log has no events): the prompt
-says what it could not know.
+task's events after it (and, for a task still stored, which of its calls its live rows
+say are resolved), and builds a recovery prompt that tells a fresh context what the
+task was asked, what is done (completed calls, model calls, tools that ran since,
+calls answered, timed out or decided since), what remains (the calls it waited on that
+are still open: a call is in exactly one of the two), the last error, and the agent's
+own continuation prompt, if it left one. Either source may be missing (a task that
+never paused has no history; an agent that keeps no event log has no events): the
+prompt says what it could not know.
 
 ``meshpoint tasks reconstruct ID`` prints it, with what each part of it rests on
 (:attr:`Reconstruction.trusts`). With ``RecoveryPolicy(reconstruct=True)`` an instance
@@ -37,14 +39,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from meshpoint import a2a
-from meshpoint.errors import UnknownHistoryError
+from meshpoint.errors import StoreError, UnknownHistoryError
 from meshpoint.events import EventStore
 from meshpoint.history import request_digest
 from meshpoint.integrity import hashes_equal
 from meshpoint.record import CheckpointRecord
 
-#: Events read after the checkpoint, at most (the first so many).
-_EVENTS = 500
 #: A record of a task that ended: the work is told by the whole log, not what follows.
 _ENDED = ("completed", "failed", "canceled")
 
@@ -106,7 +106,7 @@ async def reconstruct(store: Any, task_id: str, *, events: EventStore | None = N
     since = None
     if checkpoint is not None and checkpoint.recovery.status not in _ENDED:
         since = datetime.fromisoformat(checkpoint.metadata.timestamp)
-    after = await log.get_events(thread_id=task_id, since=since, limit=_EVENTS)
+    after = await log.get_events(thread_id=task_id, since=since)  # all: read page by page
     first = await log.get_events(thread_id=task_id, event_type="protocol_receive", limit=1)
     if checkpoint is None and not after:
         raise UnknownHistoryError(task_id)
@@ -117,25 +117,45 @@ async def reconstruct(store: Any, task_id: str, *, events: EventStore | None = N
     agent = checkpoint.metadata.agent_id if checkpoint is not None else (
         after[0].agent_id if after else None)
     if checkpoint is not None:
-        state = checkpoint.execution_state
         done += [f"call {item.get('id')} completed" if isinstance(item, dict) else str(item)
-                 for item in state.completed_items]
-        for item in state.pending_items:
-            if isinstance(item, dict):
-                pending.append(item)
-                what = "approval of" if item.get("kind") == "approval" else "an answer from"
-                remaining.append(f"{what} {item.get('name')} (call {item.get('id')})")
-            else:
-                remaining.append(str(item))
+                 for item in checkpoint.execution_state.completed_items]
         done.append(f"{checkpoint.metrics.model_calls} model call(s) made")
     last_error = await _last_error(log, task_id)
+    # The calls resolved since the record (which still lists them as pending: an
+    # answer writes no record), by the log and by the task's live rows.
+    resolved: set[str] = set()
     for event in after:
         if event.event_type == "step_complete" and event.step_name and \
                 event.step_name.startswith("tool:"):
             done.append(f"{event.step_name[5:]} ran: {_short(event.output_data)}")
-        elif event.event_type == "protocol_receive" and event.step_name == "answer":
-            peer = (event.input_data or {}).get("peer")
-            done.append(f"{peer or 'a peer'} answered")
+        elif event.event_type in ("protocol_receive", "timeout") and \
+                event.step_name in ("answer", "timeout"):
+            data = (event.input_data if event.event_type == "protocol_receive"
+                    else event.output_data)
+            data = data if isinstance(data, dict) else {}
+            call = data.get("sub_task_id")
+            if isinstance(call, str) and call in resolved:
+                continue
+            how = "answered" if event.event_type == "protocol_receive" else "timed out"
+            done.append(f"{data.get('peer') or 'a peer'} {how}"
+                        + (f" (call {call})" if isinstance(call, str) else ""))
+            if isinstance(call, str):
+                resolved.add(call)
+    live = await _resolved_now(store, task_id)
+    if checkpoint is not None:
+        for item in checkpoint.execution_state.pending_items:
+            if not isinstance(item, dict):
+                remaining.append(str(item))
+                continue
+            call, name = item.get("id"), item.get("name")
+            if call in resolved:
+                continue  # under done already
+            if call in live:
+                done.append(f"{name} {live[call]} (call {call})")
+                continue
+            pending.append(item)
+            what = "approval of" if item.get("kind") == "approval" else "an answer from"
+            remaining.append(f"{what} {name} (call {call})")
     prompt = _prompt(task_id, agent, request, checkpoint, problem, done, remaining,
                      last_error)
     options = getattr(getattr(store, "history", None), "options", None)
@@ -189,6 +209,23 @@ def _request_trust(checkpoint: CheckpointRecord | None, unchecked: str | None,
             f"{checkpoint.metadata.seq}" + (" (signed)" if signed else " (hashed, unsigned)"))
 
 
+#: How a live sub-task row was resolved, in words, by its ``resolved_by``.
+_RESOLVED_BY = {"answer": "answered", "timeout": "timed out", "human": "decided by a human"}
+
+
+async def _resolved_now(store: Any, task_id: str) -> dict[str, str]:
+    """The task's calls its live rows say are resolved (an answer, a timeout, a
+    human's decision, which the log may not have: an approval decided in the store
+    is logged only when the task settles it), in words, by sub-task id; empty for a
+    task without live rows (it ended) or whose rows cannot be read."""
+    try:
+        subs = await store.get_peer_sub_tasks_for_task(task_id)
+    except StoreError:
+        return {}
+    return {sub.sub_task_id: _RESOLVED_BY.get(sub.resolved_by or "", "resolved")
+            for sub in subs if sub.status == "resolved"}
+
+
 def _request(events: list[Any]) -> str | None:
     """The task's request, from the first ``protocol_receive`` of it: its message's
     text as the agent was given it (:attr:`meshpoint.a2a.Message.text`)."""
@@ -205,15 +242,32 @@ def _request(events: list[Any]) -> str | None:
 
 
 async def _last_error(log: EventStore, task_id: str) -> str | None:
-    """The task's last error, whenever it was: a step's, or its history's."""
-    found = [e for kind in ("error", "integrity_rewound", "integrity_blocked")
+    """The task's last error, whenever it was: a step's, or its history's. The error
+    a task's failure logs (step ``failed``) names the step that caused it when one
+    did: that step's error, logged just before with the same reason, is the one."""
+    errors = await log.get_events(thread_id=task_id, event_type="error", limit=2,
+                                  newest_first=True)
+    found = [e for kind in ("integrity_rewound", "integrity_blocked")
              if (e := await log.get_latest_event(thread_id=task_id, event_type=kind))]
+    if errors:
+        last = errors[0]
+        if last.step_name == "failed" and len(errors) > 1 and \
+                _short(errors[1].output_data) in _reason(last.output_data):
+            last = errors[1]  # the failure's cause
+        found.append(last)
     if not found:
         return None
-    last = max(found, key=lambda e: e.timestamp)
+    last = max(found, key=lambda e: (e.timestamp_us, e.event_id))
     if last.event_type == "error":
-        return f"{last.step_name or 'a step'}: {_short(last.output_data)}"
+        return f"{last.step_name or 'a step'}: {_reason(last.output_data)}"
     return f"{last.event_type}: {_short(last.output_data)}"
+
+
+def _reason(value: Any) -> str:
+    """An error event's output in words: a failure's reason, or the error itself."""
+    if isinstance(value, dict) and isinstance(value.get("reason"), str):
+        return _short(value["reason"])
+    return _short(value)
 
 
 def _short(value: Any, limit: int = 200) -> str:

@@ -99,9 +99,10 @@ class Metrics(_Section):
     them (the agent itself, or a peer, whose tokens come back with its answer)."""
     cost: dict[str, Any]
     """``{"currency", "iteration", "total", "by_model": {model: {"iteration",
-    "total"}}}`` from the price table of :class:`Prices`, amounts as decimal strings
-    (``"0.00036"``); models without a price count 0 and are listed in
-    ``unpriced``."""
+    "total"}}}`` from the price table of :class:`~meshpoint.costs.Prices`, amounts as
+    exact decimal strings (``"0.00036"``, never rounded); a total is the previous
+    record's plus this iteration (:mod:`meshpoint.costs`); models without a price count
+    0 and are listed in ``unpriced``."""
     files_modified: list[Any] = Field(default_factory=list)
     tests_status: dict[str, Any] | None = None
 

@@ -6,15 +6,32 @@ ring's."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sqlite3
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from meshpoint import a2a
+from meshpoint import events as event_log
+from meshpoint.costs import Prices
+from meshpoint.events import EventStore
+from meshpoint.llm import ScriptedModel
+from meshpoint.runtime import Agent, LocalTool, Peer
+from meshpoint.runtime.agent import RecoveryPolicy
+from meshpoint.store import SqlStore
+from tests.acceptance.test_cli_tasks import ok_json, tasks
+from tests.integration.mesh import ManualPeer, Mesh, eventually
+from tests.integration.test_event_times import BASE_US, FrozenClock
+from tests.integration.test_store import AGENT, fan_out
 
 
 def meshpoint(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -57,6 +74,65 @@ def test_verify_and_cost_work_on_the_demos_database(demo_db: Path) -> None:
             json.loads(done.stdout)["chains"]) == (0, 12, 0)  # all read, none to cut
     done = meshpoint("verify", "--url", url, cwd=demo_db.parent)
     assert done.returncode == 2 and "--task ID or --all" in " ".join(done.stderr.split())
+
+
+#: Prices whose costs a float cannot hold and that fall below a nano-unit at each
+#: checkpoint (0.0000000022 of m-1 a checkpoint; 0.1 and 0.2 of m-2).
+ODD_PRICES = Prices({"m-1": {"prompt_tokens": 0.0015, "completion_tokens": 0.0007},
+                     "m-2": {"prompt_tokens": 0.1, "completion_tokens": 0.2}})
+
+
+async def test_tasks_cost_rows_add_up_to_the_total_it_prints(
+        store: SqlStore, store_url: str, store_options: dict[str, object]) -> None:
+    """A task checkpointed eight times, each spending a little on two models: the
+    costs ``tasks cost`` prints per checkpoint add up, exactly, to the total it prints,
+    in the table and in ``--json``, and that total is the last record's."""
+    priced = store.with_history(replace(store.history.options, prices=ODD_PRICES))
+    ctx = fan_out("t-cost", peers=1, local=False)
+    await priced.checkpoint_task(ctx, AGENT)
+    for turn in range(1, 8):
+        sub = "t-cost/sub-0" if turn == 1 else f"t-cost/again-{turn - 1}"
+        await priced.resolve_peer_sub_task(sub, {"text": "ok"}, lease_owner="i-1")
+        ctx = (await priced.restore_task("t-cost", lease_owner="i-1")).context
+        ctx.record_token_usage(model="m-1", source=AGENT, prompt_tokens=1,
+                               completion_tokens=1)
+        ctx.record_token_usage(model="m-2", source="peer-0", prompt_tokens=1,
+                               completion_tokens=1)
+        ctx.current_invocation_id = f"inv-{turn + 1}"
+        ctx.register_peer_sub_task(f"t-cost/again-{turn}", {"peer_agent_name": "peer-0"})
+        await priced.checkpoint_task(ctx, AGENT, lease_owner="i-1")
+    await priced.cleanup_task("t-cost", outcome="completed", ctx=ctx)
+    last = await store.history.get_latest_checkpoint("t-cost")
+    assert last is not None
+    schema = store_options.get("schema")
+    where = ["--url", store_url, *(["--schema", str(schema)] if schema else [])]
+
+    shown = await ok_json(where, "cost", "t-cost")
+    rows = [Decimal(row["cost"]) for row in shown["checkpoints"]]
+    total = Decimal(shown["total"]["cost"]["total"])
+    assert len(rows) == 9 and sum(rows) == total == Decimal(last.metrics.cost["total"])
+    assert total == 7 * (Decimal("0.0022") + Decimal("0.3")) / 1_000_000  # exact
+    by_model = shown["total"]["cost"]["by_model"]
+    assert sum(Decimal(m["total"]) for m in by_model.values()) == total
+
+    code, out, err = await tasks(where, "cost", "t-cost")
+    assert code == 0, err
+    table = out.split("in total, by model")[0]
+    printed = [Decimal(line.split("│")[-2].strip()) for line in table.splitlines()
+               if re.match(r"^│\s*\d+\s*│", line)]
+    said = re.search(r"total: ([0-9.]+) USD", out)
+    assert said is not None and len(printed) == 9
+    assert sum(printed) == Decimal(said.group(1)) == total
+
+    # A purge keeps the last 3 records: what the others cost is one row, and the rows
+    # still add up to the same total.
+    keeping = store.with_history(replace(store.history.options, retention="last:3"))
+    assert [p.removed for p in await keeping.history.purge()] == [6]
+    shown = await ok_json(where, "cost", "t-cost")
+    assert [row["seq"] for row in shown["checkpoints"]] == [None, 7, 8, 9]
+    assert shown["checkpoints"][0]["purged_through"] == 6
+    assert sum(Decimal(row["cost"]) for row in shown["checkpoints"]) == total
+    assert Decimal(shown["total"]["cost"]["total"]) == total
 
 
 def test_purge_follows_an_agents_retention_from_the_config(demo_db: Path,
@@ -346,3 +422,99 @@ def test_events_follow_starts_from_the_newest_as_tail_does(demo_db: Path) -> Non
         errors = _interrupt(follower)
     assert follower.returncode == 0, errors
     assert first == [e["event_id"] for e in every[-2:]]
+
+
+async def test_events_says_when_more_match_and_follow_prints_every_tie_once(
+        live_store: SqlStore, store_url: str, store_options: dict[str, object],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1,500 events logged in one microsecond: ``meshpoint events`` prints the first
+    ``--limit`` and says that more match (table and ``"more"`` in JSON); ``--follow``
+    pages through them by the log's order (time, then id) and prints each exactly
+    once (a pager by time alone stopped at the first full page of one time)."""
+    frozen = FrozenClock()
+    monkeypatch.setattr(event_log, "time", frozen.module())
+    log = EventStore(live_store)
+    for n in range(1500):
+        log.log_event("writer", "tied", "step_complete", step_name=f"s{n}")
+    await log.flush()
+    schema = store_options.get("schema")
+    where = ["--url", store_url, *(["--schema", str(schema)] if schema else [])]
+
+    shown = await ok_json_of(where, "events", "--task", "tied", "--limit", "10")
+    assert len(shown["events"]) == 10 and shown["more"] is True
+    shown = await ok_json_of(where, "events", "--task", "tied", "--limit", "1500")
+    assert len(shown["events"]) == 1500 and shown["more"] is False
+    code, out, err = await tasks(where, "events", "--task", "tied", "--limit", "10")
+    assert code == 0 and "the first 10 events; more match" in " ".join(out.split()), err
+
+    since = str((BASE_US - 1_000_000) / 1e6)  # a second before them
+    follower = _follow("--task", "tied", "--since", since, *where, cwd=tmp_path)
+    try:
+        printed = [json.loads(_line(follower))["step_name"] for _ in range(1500)]
+    finally:
+        errors = _interrupt(follower)
+    assert follower.returncode == 0, errors
+    assert sorted(printed) == sorted(f"s{n}" for n in range(1500))  # each once
+
+
+async def ok_json_of(where: list[str], *args: str) -> Any:
+    """``meshpoint ARGS --json`` on the store ``where`` names, parsed."""
+    code, out, err = await tasks(where, *args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+class BrokenModel:
+    """A model whose endpoint is down."""
+
+    name = "broken"
+
+    async def complete(self, messages: list[dict[str, Any]], tools: list[Any]) -> Any:
+        raise ConnectionError("the model server went away")
+
+
+async def test_every_failure_is_an_error_event_and_a_field_of_the_failed_answer(
+        mesh: Mesh, live_store: SqlStore, store_url: str,
+        store_options: dict[str, object]) -> None:
+    """Three ways a task fails (its model fails; it reaches max_turns; recovery
+    expires it, waiting on a peer): each answer is ``failed`` with the reason in its
+    status message and in its metadata (``meshpoint_error``), and each failure is an
+    ``error`` event with the reason (and the ``answer``/``failed`` event carries it),
+    which ``meshpoint events --type error`` finds."""
+    peer = await ManualPeer(mesh, "researcher").start()
+    await mesh.run(Agent("broken", BrokenModel(), events=True))
+    await mesh.run(Agent("looping", ScriptedModel(rounds=5), events=True, max_turns=2,
+                         tools=[LocalTool("clock", "The time.", lambda args: "noon")]))
+    await mesh.run(Agent("waiting", ScriptedModel(), events=True,
+                         peers=[Peer("researcher", timeout_s=60)],
+                         recovery=RecoveryPolicy(timeout_s=0.3)))
+    reasons = {"broken": "ConnectionError: the model server went away",
+               "looping": "gave up after 2 model calls",
+               "waiting": "expired: not checkpointed for more than 0.3 s"}
+    failed: dict[str, str] = {}
+    for agent in reasons:
+        task = await mesh.client.ask(agent, "Look into it", 20)
+        assert task.status.state is a2a.TaskState.FAILED
+        assert task.status.message is not None
+        assert reasons[agent] in task.status.message.text
+        assert reasons[agent] in (task.metadata or {})["meshpoint_error"]
+        failed[agent] = task.id
+    assert peer.requests  # the waiting task did ask
+
+    log = EventStore(live_store)
+
+    async def logged() -> bool:
+        errors = await log.get_events(event_type="error")
+        return {e.thread_id for e in errors if e.step_name == "failed"} == set(
+            failed.values())
+
+    await eventually(logged, what="an error event of each failure")
+    schema = store_options.get("schema")
+    where = ["--url", store_url, *(["--schema", str(schema)] if schema else [])]
+    shown = await ok_json_of(where, "events", "--type", "error")
+    by_task = {e["thread_id"]: e for e in shown["events"] if e["step_name"] == "failed"}
+    for agent, task_id in failed.items():
+        assert reasons[agent] in by_task[task_id]["output_data"]["reason"]
+        (answer,) = await log.get_events(thread_id=task_id, event_type="answer")
+        assert answer.step_name == "failed"
+        assert reasons[agent] in answer.output_data["reason"]

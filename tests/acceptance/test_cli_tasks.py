@@ -11,15 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 
 from meshpoint import a2a
 from meshpoint.llm import ScriptedModel
 from meshpoint.runtime import Agent, Peer, wire
-from meshpoint.store import SqlStore
+from meshpoint.runtime.agent import RecoveryPolicy
+from meshpoint.store import SqlStore, open_store
+from meshpoint.store.schema import paused_tasks
 from tests.conftest import snapshot
 from tests.integration.mesh import ManualPeer, Mesh, eventually
 from tests.integration.test_approvals import SideEffects, approving, paused
 from tests.integration.test_runtime import no_rows_left
+from tests.integration.test_store import AGENT, fan_out
 
 
 @pytest.fixture
@@ -39,8 +43,9 @@ def store_section(where: list[str]) -> str:
 
 async def tasks(where: list[str], *args: str) -> tuple[int, str, str]:
     """``meshpoint tasks ARGS`` on the store ``where`` names (``meshpoint stats``,
-    ``recover``: without ``tasks``); the event loop keeps serving the mesh meanwhile."""
-    command = list(args) if args[0] in ("stats", "recover") else ["tasks", *args]
+    ``recover``, ``events``: without ``tasks``); the event loop keeps serving the mesh
+    meanwhile."""
+    command = list(args) if args[0] in ("stats", "recover", "events") else ["tasks", *args]
     if args[0] != "cancel" and "--config" not in args:
         command += where
     process = await asyncio.create_subprocess_exec(
@@ -190,11 +195,46 @@ async def test_stats_count_each_task_once_and_recover_shows_its_plan(
     assert [(p["action"], p["agent"]) for p in plan] == [
         ("leave (waits for a human)", "coordinator")]
     plan = (await ok_json(where, "recover", "--dry-run", "--timeout", "0.001"))["plan"]
+    # each task once: the one waiting for a human is expired first
     assert sorted((p["action"], p["agent"]) for p in plan) == [
-        ("fail (expired)", "coordinator"), ("fail (expired)", "planner"),
-        ("leave (waits for a human)", "coordinator")]
+        ("fail (expired)", "coordinator"), ("fail (expired)", "planner")]
     code, _, err = await tasks(where, "recover")
     assert code == 2 and "use --dry-run" in " ".join(err.split())
+
+
+async def test_recover_dry_run_names_one_action_per_task_as_the_live_pass_takes_them(
+        mesh: Mesh, live_store: SqlStore, where: list[str]) -> None:
+    """Four stored tasks of one agent: waiting for a human, and orphaned (its join
+    complete, the instance that took it dead), each fresh and old. ``recover
+    --dry-run`` names one action per task, the first that matches in the live pass's
+    order (expired first, then resume, then a human's wait), and an instance's
+    recovery pass then does exactly that."""
+    for task_id in ("waits", "waits-old", "orphan", "orphan-old"):
+        status = "input_required" if task_id.startswith("waits") else "waiting_peers"
+        await live_store.checkpoint_task(fan_out(task_id, peers=1), AGENT, status=status)
+        if task_id.startswith("orphan"):
+            await live_store.resolve_peer_sub_task(f"{task_id}/sub-0", "found",
+                                                   lease_owner="dead#1")
+    await live_store.run(lambda conn: conn.execute(update(paused_tasks).values(
+        lease_expires_at=paused_tasks.c.lease_expires_at - 3600)), write=True)
+    await live_store.run(lambda conn: conn.execute(update(paused_tasks).where(
+        paused_tasks.c.logical_task_id.like("%-old")).values(
+        checkpointed_at=paused_tasks.c.checkpointed_at - 3600)), write=True)
+
+    plan = (await ok_json(where, "recover", "--dry-run", "--timeout", "600"))["plan"]
+    assert sorted((p["task_id"], p["action"]) for p in plan) == [
+        ("orphan", "resume"), ("orphan-old", "fail (expired)"),
+        ("waits", "leave (waits for a human)"), ("waits-old", "fail (expired)")]
+    code, out, err = await tasks(where, "recover", "--dry-run", "--timeout", "600")
+    assert code == 0 and out.count("orphan-old") == 1 and out.count("waits-old") == 1, err
+
+    # what the live pass does as an instance starts
+    await mesh.run(Agent(AGENT, ScriptedModel(), peers=[Peer("peer-0")],
+                         recovery=RecoveryPolicy(timeout_s=600)))
+    await eventually(lambda: len(mesh.events("expired")) == 2 and bool(mesh.events("recovered")),
+                     what="the recovery pass")
+    assert sorted(task for _, task in mesh.events("expired")) == ["orphan-old", "waits-old"]
+    assert [task for _, task in mesh.events("recovered")] == ["orphan"]
 
 
 async def test_cancel_needs_a_broker_that_reaches_the_instances(
@@ -245,3 +285,113 @@ async def test_cancel_from_another_process_over_nats(
         await instance.stop()
         await broker.delete_namespace(ns)
         await broker.close()
+
+
+@pytest.mark.nats
+async def test_cancel_of_a_task_the_store_does_not_know_is_refused_unless_forced(
+        live_store: SqlStore, where: list[str], nats_url: str, tmp_path: Path) -> None:
+    """A well-formed id the store has never seen (a typo, another tenant's task, or a
+    task still running in memory before its first checkpoint) is not "sent": the
+    command says the store knows no such task and exits 1, writing and publishing
+    nothing; ``--force`` sends the cancel anyway."""
+    from meshpoint.broker.nats import NatsBroker
+
+    ns = f"cli{wire.new_id()[:10]}"
+    config = tmp_path / "mesh.yaml"
+    config.write_text(f"namespace: {ns}\n{store_section(where)}broker: {nats_url}\n"
+                      "agents: {coordinator: {}}\n")
+    broker = await NatsBroker.connect(nats_url, pull_expires_s=0.5)
+    seen: list[bytes] = []  # what reaches the agent's instances
+
+    async def control(delivery: Any) -> None:
+        seen.append(delivery.message.data)
+        await delivery.ack()
+
+    try:
+        await broker.subscribe(wire.request_subject(ns, "coordinator"),
+                               f"{ns}-coordinator-requests", control)
+        unknown = "coordinator-" + "0" * 32
+        before = await snapshot(live_store)
+        code, out, err = await tasks(where, "cancel", unknown, "--config", str(config),
+                                     "--json")
+        assert code == 1, (out, err)
+        refused = json.loads(out)
+        assert refused["kind"] == "NotFoundError"
+        assert "the store knows no task" in refused["error"] and "--force" in refused["error"]
+        code, _, err = await tasks(where, "cancel", unknown, "--config", str(config))
+        assert code == 1 and "may still be running in memory" in " ".join(err.split())
+        assert await snapshot(live_store) == before and seen == []
+
+        code, out, err = await tasks(where, "cancel", unknown, "--config", str(config),
+                                     "--force", "--json")
+        assert code == 0, err
+        assert json.loads(out)["cancel"] == "sent"
+        await eventually(lambda: len(seen) == 1, what="the forced cancel")
+    finally:
+        await broker.delete_namespace(ns)
+        await broker.close()
+
+
+async def meshpoint_env(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    """``meshpoint ARGS`` with ``env`` added to (or, for a None value, taken out of)
+    this process's environment."""
+    import os
+
+    merged = {k: v for k, v in {**os.environ, **env}.items() if v}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "meshpoint.cli", *args, env=merged,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), " ".join(err.decode().split())
+
+
+async def test_an_explicit_flag_beats_the_config_which_beats_the_environment(
+        live_store: SqlStore, where: list[str], tmp_path: Path) -> None:
+    """The config names the test's store, its schema (PostgreSQL) and tenant ``acme``,
+    whose one task is paused there; ``MESHPOINT_STORE_URL`` names another, empty
+    database (as the examples' README has users set it). Commands given ``--config``
+    read the config's store, schema and tenant and say the variable was not used; a
+    ``--url`` flag wins over the config, and one naming another database than the
+    config's is refused while the config's schema or tenant would silently not apply."""
+    acme = live_store.for_tenant("acme")
+    await acme.checkpoint_task(fan_out("acme-task", peers=1), AGENT)
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    async with await open_store(other):
+        pass  # an empty, migrated database
+    config = tmp_path / "mesh.yaml"
+    config.write_text(store_section(where).replace("}\n", ", tenant: acme}\n")
+                      + "agents: {coordinator: {}}\n")
+    env = {"MESHPOINT_STORE_URL": other, "MESHPOINT_CONFIG": ""}
+
+    for args in (("stats",), ("tasks", "list"), ("migrate",)):
+        code, out, err = await meshpoint_env(env, *args, "--config", str(config), "--json")
+        assert code == 0, (args, out, err)
+        shown = json.loads(out)
+        if args == ("stats",):
+            assert shown["total"] == 1
+        elif args == ("tasks", "list"):
+            assert [t["task_id"] for t in shown["tasks"]] == ["acme-task"]
+        else:
+            assert shown["dialect"] == live_store.dialect
+        assert "MESHPOINT_STORE_URL" in err and "not used" in err, (args, err)
+    # MESHPOINT_CONFIG is the config too: it beats MESHPOINT_STORE_URL
+    code, out, err = await meshpoint_env({**env, "MESHPOINT_CONFIG": str(config)},
+                                         "stats", "--json")
+    assert code == 0 and json.loads(out)["total"] == 1, err
+
+    # --url beats both; naming another database than the config's, it is refused while
+    # the config's tenant (or schema) would not apply to it, and names that
+    code, out, err = await meshpoint_env(env, "stats", "--url", other, "--config", str(config))
+    assert code == 2 and "tenant 'acme'" in err and "--url" in err, (out, err)
+    code, out, err = await meshpoint_env(env, "stats", "--url", other, "--config", str(config),
+                                         "--tenant", "acme", "--json")
+    assert code == 0 and json.loads(out)["total"] == 0, err  # the other database's
+    code, out, err = await meshpoint_env(env, "stats", *where, "--config", str(config),
+                                         "--json")
+    assert code == 0 and json.loads(out)["total"] == 1, err  # the config's own database
+    # with no config, the variable names the store (the flags add schema and tenant)
+    code, out, err = await meshpoint_env(
+        {"MESHPOINT_STORE_URL": where[1], "MESHPOINT_CONFIG": ""}, "stats", *where[2:],
+        "--tenant", "acme", "--json")
+    assert code == 0 and json.loads(out)["total"] == 1, err

@@ -129,6 +129,21 @@ class Flaky:
         raise ConnectionError("the database is away")
 
 
+async def test_flush_returns_once_every_event_logged_before_it_is_committed(
+        live_store: SqlStore) -> None:
+    """1,005 events make five batches for the background writer, which takes the first
+    as soon as 200 wait; ``flush()`` writes the rest and returns only once that batch
+    too is committed, so a read after it finds every event, every time."""
+    async with EventStore(live_store) as log:
+        for run in range(20):
+            thread = f"flushed-{run}"
+            for n in range(1005):
+                log.log_event("writer", thread, "step_complete", step_name=f"s{n}")
+            await log.flush()
+            found = await log.get_events(thread_id=thread, limit=2000)
+            assert len(found) == 1005, f"run {run}: {len(found)} of 1005 events read"
+
+
 async def test_a_database_away_loses_nothing_and_keeps_the_order(
         live_store: SqlStore) -> None:
     flaky = Flaky(live_store, failures=3)
@@ -225,7 +240,7 @@ async def test_an_event_the_database_refuses_is_dropped_alone(
     """Values that reach the database unconverted (as if to_json missed a case): the
     one it refuses is dropped, logged and counted; the others, before and after it in
     the same batch, are written, and close() does not fail."""
-    monkeypatch.setattr("meshpoint.events._converted", lambda value: value)
+    monkeypatch.setattr("meshpoint.events.converted", lambda value: value)
     # A lone surrogate is not UTF-8: the store's JSON encoder refuses it on both
     # databases. NUL is refused by PostgreSQL itself (a data exception); SQLite keeps it.
     values = {3: "x\ud800y", 5: "a\x00b"}
@@ -312,8 +327,9 @@ async def test_an_until_of_epoch_zero_is_a_bound(events: EventStore) -> None:
     assert await events.get_events(until=0) == []
     assert await events.get_events(until=datetime(1970, 1, 1, tzinfo=UTC)) == []
     assert len(await events.get_events(since=0)) == 1
-    with pytest.raises(InvalidArgumentError, match="until"):
-        await events.get_events(until=float("nan"))
+    for bad in (float("nan"), float("inf"), 1e300, 10**20, True):
+        with pytest.raises(InvalidArgumentError, match="until"):
+            await events.get_events(until=bad)  # type: ignore[arg-type]
 
 
 async def test_with_logging_records_start_completion_and_errors(events: EventStore) -> None:

@@ -47,8 +47,10 @@ async def test_each_pause_kind_and_the_end_write_a_record(
     assert answer.status.state is a2a.TaskState.COMPLETED
     await no_rows_left(live_store)
     records = await live_store.history.get_checkpoint_history(task_id)
-    # The plan (after_tools), the pause for a human and a peer, the end.
-    assert phases(records) == ["working", "input_required", "completed"], phases(records)
+    # The plan (after_tools), the pause for a human and a peer, the approved tool's run
+    # (after_tools), the end.
+    assert phases(records) == ["working", "input_required", "working", "completed"], \
+        phases(records)
     assert {r.metadata.agent_type for r in records} == {"qa"}
     assert records[-1].context_summary.assumptions == ["figures are current"]
     assert (await live_store.history.verify_task(task_id)).ok

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from meshpoint.runtime import Agent, LocalTool, ToolCallInfo
 from meshpoint.runtime.agent import CheckpointPolicy
 from meshpoint.store import SqlStore
 from tests.integration.mesh import Mesh, eventually
+from tests.integration.test_approvals import SideEffects, approving
 from tests.integration.test_runtime import no_rows_left
 
 #: Two rounds of three local tool calls each, then the answer: 6 tool calls and 3
@@ -153,4 +155,51 @@ async def test_a_working_task_is_listed_and_canceled_where_it_runs(
     gate.set()  # the turn stops at its next step
     answer = await mesh.client.wait(request_id, timeout_s=10)
     assert answer.status.state is a2a.TaskState.CANCELED
+    await no_rows_left(live_store)
+
+
+class DiesAfterTheTool(ScriptedModel):
+    """The scripted model, but the instance running the task is killed during the
+    first model call that follows a tool's run (its result is in the conversation)."""
+
+    def __init__(self, mesh: Mesh) -> None:
+        super().__init__()
+        self.mesh = mesh
+        self.kills = 0
+
+    async def complete(self, messages: list[dict[str, Any]],
+                       tools: list[ToolSpec]) -> ModelResponse:
+        if not self.kills and any(m.get("role") == "tool" for m in messages):
+            self.kills += 1
+            victim = next(i for i in self.mesh.instances if i.running and i.active)
+            asyncio.get_running_loop().create_task(victim.kill())
+            await asyncio.Event().wait()  # cancelled by the kill
+        return await super().complete(messages, tools)
+
+
+@pytest.mark.parametrize("path", ["plain", "approved", "approved-edited"])
+async def test_after_tools_protects_every_tool_run_from_a_crash_in_the_next_model_call(
+        mesh: Mesh, live_store: SqlStore, path: str) -> None:
+    """With after_tools, a tool that ran (at once, or once a human approved it, as the
+    model gave its arguments or as the human edited them) is checkpointed before the
+    next model call: the instance dies during that call, another takes the task over,
+    and the tool has run exactly once (a human who approved one booking gets one)."""
+    effects = SideEffects()
+    model = DiesAfterTheTool(mesh)
+    agent = replace(approving(effects, needs=path != "plain"), model=model,
+                    checkpoint=CheckpointPolicy(after_tools=True))
+    await mesh.run(agent, 2)
+    request_id = await mesh.client.submit("coordinator", "Book the flight")
+    if path != "plain":
+        pending = await mesh.client.wait_input(request_id, timeout_s=10)
+        task_id = mesh.client.task_id("coordinator", request_id)
+        edited = {"query": "Book the cheaper flight"} if path == "approved-edited" else None
+        await mesh.client.approve(task_id, pending[0]["call_id"], edited, by="alice")
+    answer = await mesh.client.wait(request_id, timeout_s=20)
+    assert answer.status.state is a2a.TaskState.COMPLETED
+    assert model.kills == 1
+    assert list(effects.runs.values()) == [1], effects.runs
+    expected = "Book the cheaper flight" if path == "approved-edited" else "Book the flight"
+    assert list(effects.arguments.values()) == [{"query": expected}]
+    assert len(mesh.client.answers[request_id]) == 1
     await no_rows_left(live_store)

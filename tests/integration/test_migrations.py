@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, inspect, select
+from sqlalchemy import Connection, inspect, select, text
 
 from meshpoint.errors import SchemaError, StoreError
+from meshpoint.events import EventStore
 from meshpoint.history import DISABLED
 from meshpoint.store import SqlStore, open_database, open_store
 from meshpoint.store.engine import current_revision, downgrade, head_revision, migrate
@@ -303,5 +306,51 @@ async def test_0011_indexes_records_by_path_and_compresses_them_with_lz4(
         assert await store.run(layout) == ("jsonb_ops", {""})
         assert await store.run(heads_indexes) == {"ix_agent_checkpoint_heads_agent"}
         assert await store.run(waiting_on_peer_1) == ["after", "before"]
+    finally:
+        await store.close()
+
+
+async def test_0013_keeps_each_events_time_as_the_api_returned_it(
+        empty_database: tuple[str, dict[str, Any]]) -> None:
+    """Events written as float seconds (before 0013) read back after it at the
+    microsecond the API returned for them (their seconds, rounded), now exact; the
+    log's indexes are on the new column; the downgrade gives float seconds back."""
+    url, options = empty_database
+    db = open_database(url, busy_timeout_s=5, schema=options.get("schema"), pool_size=1)
+    store = SqlStore(db, tenant_id="default")
+    rng = random.Random(13)
+    seconds = [1795000000.1234564, 1795000000.1234566, 1795000001.0, 1795000001.9999996,
+               *(rng.uniform(1.6e9, 1.9e9) for _ in range(300))]
+
+    def insert(conn: Connection) -> None:
+        for n, at in enumerate(seconds):
+            conn.execute(text(
+                "INSERT INTO agent_events (tenant_id, event_id, agent_name, "
+                "logical_task_id, event_type, created_at) VALUES ('default', :id, 'a', "
+                "'t', 'step_start', :at)"), {"id": f"e{n}", "at": at})
+
+    def indexes(conn: Connection) -> dict[str, list[str]]:
+        return {ix["name"]: list(ix["column_names"])
+                for ix in inspect(conn).get_indexes("agent_events")}
+
+    try:
+        await migrate(db, "0012")
+        await store.run(insert, write=True)
+        await migrate(db)
+        events = await EventStore(store).get_events(thread_id="t")
+        assert {e.event_id: e.timestamp for e in events} == {  # what 0012's API returned
+            f"e{n}": datetime.fromtimestamp(at, UTC) for n, at in enumerate(seconds)}
+        exact = {e.event_id: e.timestamp_us for e in events}
+        assert [exact[f"e{n}"] for n in range(4)] == [
+            1795000000123456, 1795000000123457, 1795000001000000, 1795000002000000]
+        assert [e.timestamp_us for e in events] == sorted(exact.values())
+        assert await store.run(indexes) == {
+            "ix_agent_events_task": ["tenant_id", "logical_task_id", "created_at_us"],
+            "ix_agent_events_agent": ["tenant_id", "agent_name", "created_at_us"]}
+        await downgrade(db, "0012")
+        back = await store.run(lambda conn: {row[0]: row[1] for row in conn.execute(text(
+            "SELECT event_id, created_at FROM agent_events"))})
+        assert {i: datetime.fromtimestamp(at, UTC) for i, at in back.items()} == {
+            e.event_id: e.timestamp for e in events}
     finally:
         await store.close()

@@ -17,9 +17,10 @@ import pytest
 from meshpoint import a2a
 from meshpoint.errors import ModelError
 from meshpoint.llm import ToolSpec
+from meshpoint.llm.base import ModelResponse, ToolCall, Usage
 from meshpoint.llm.openai import OpenAIModel
 from meshpoint.llm.scripted import ScriptedModel
-from meshpoint.runtime import Agent, Peer
+from meshpoint.runtime import Agent, LocalTool, Peer
 from tests.integration.mesh import Mesh
 
 
@@ -322,3 +323,90 @@ async def test_a_failing_model_fails_the_task_with_its_reason(mesh: Mesh,
     assert task.status.state is a2a.TaskState.FAILED
     assert task.status.message is not None
     assert "ModelError: model 'gpt-test' failed" in task.status.message.text
+
+
+PAY = [ToolSpec("pay", "Pay an amount.", {
+    "type": "object", "properties": {"amount": {"type": "number", "maximum": 500}},
+    "required": ["amount"]})]
+PAY_ANY = [ToolSpec("pay", "Pay an amount.", {
+    "type": "object", "properties": {"amount": {"type": "number"}}, "required": ["amount"]})]
+
+
+def pay_call(arguments: str) -> dict[str, Any]:
+    return {"content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "pay", "arguments": arguments}}]}
+
+
+@pytest.mark.parametrize("tools", [PAY, PAY_ANY], ids=["maximum", "any-number"])
+async def test_a_non_finite_number_in_tool_arguments_is_handed_back(
+        chat: ChatServer, tools: list[ToolSpec]) -> None:
+    """``Infinity``, ``NaN`` and ``1e999`` (which Python's JSON reads as infinity) are
+    not JSON numbers: a reply holding one is unusable and handed back to the model,
+    named as such, whatever the schema says of the number (with a ``maximum`` it read
+    as 'inf is greater than the maximum'; without one it passed, and failed the task
+    later, when its context could not be stored)."""
+    model = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0, repair_attempts=3)
+    chat.script = [pay_call('{"amount": Infinity}'), pay_call('{"amount": NaN}'),
+                   pay_call('{"amount": -1e999}'), pay_call('{"amount": 120.5}')]
+    response = await model.complete(HI, tools)
+    assert [c.arguments for c in response.tool_calls] == [{"amount": 120.5}]
+    told = [r["messages"][-1]["content"] for r in chat.requests[1:]]
+    for said, token in zip(told, ("Infinity", "NaN", "-1e999"), strict=True):
+        assert f"the arguments of 'pay' hold {token}, which is not a finite number" in said
+    await model.close()
+
+
+async def test_a_non_finite_number_in_a_json_mode_reply_is_handed_back(
+        chat: ChatServer) -> None:
+    model = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0, tool_mode="json")
+    chat.script = [{"content": '{"pay": [{"amount": Infinity}], "answer": ""}'},
+                   {"content": json.dumps({"pay": [{"amount": 3}], "answer": ""})}]
+    response = await model.complete(HI, PAY_ANY)
+    assert [c.arguments for c in response.tool_calls] == [{"amount": 3}]
+    assert "the reply holds Infinity, which is not a finite number" in \
+        chat.requests[1]["messages"][-1]["content"]
+    await model.close()
+
+
+class InfiniteFirst:
+    """A model of one's own (not OpenAIModel) that first asks to pay an infinite
+    amount, then, told why that could not be used, a finite one; then answers."""
+
+    name = "infinite-first"
+
+    def __init__(self) -> None:
+        self.shown: list[list[dict[str, Any]]] = []
+
+    async def complete(self, messages: list[dict[str, Any]],
+                       tools: list[ToolSpec]) -> ModelResponse:
+        self.shown.append(messages)
+        if any(m.get("role") == "tool" for m in messages):
+            return ModelResponse(text="paid", usage=Usage(prompt_tokens=5))
+        amount = float("inf") if len(self.shown) == 1 else 120.0
+        return ModelResponse(text=None, tool_calls=(
+            ToolCall(id="c1", name="pay", arguments={"amount": amount}),),
+            usage=Usage(prompt_tokens=7, completion_tokens=3))
+
+
+async def test_a_task_whose_model_writes_a_non_finite_argument_is_not_failed(
+        mesh: Mesh, chat: ChatServer) -> None:
+    """End to end, on SQLite and PostgreSQL: with OpenAIModel, and with a model of
+    one's own whose reply the runtime itself hands back, the task completes and the
+    tool runs once, with the corrected amount. (Before, the task ended failed:
+    ContextSerializationError ... is inf.)"""
+    paid: list[Any] = []
+    tool = LocalTool("pay", "Pay an amount.", lambda args: paid.append(args["amount"]) or "ok",
+                     parameters=PAY_ANY[0].parameters)
+    chat.script = [pay_call('{"amount": Infinity}'), pay_call('{"amount": 99}')]
+    openai = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0)
+    own = InfiniteFirst()
+    for name, model in (("openai", openai), ("own", own)):
+        await mesh.run(Agent(name, model, tools=[tool]))
+        task = await mesh.client.ask(name, "Pay the bill", 15)
+        assert task.status.state is a2a.TaskState.COMPLETED, task.status
+    await openai.close()
+    assert paid == [99, 120.0]
+    retold = own.shown[1][-1]["content"]
+    assert "the arguments of 'pay' cannot be used" in retold and "inf" in retold
+    usage = (task.metadata or {})["token_usage"]["by_model"]["infinite-first"]
+    assert usage["prompt_tokens"] == 7 + 7 + 5  # every attempt is counted

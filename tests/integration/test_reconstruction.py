@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -24,9 +25,11 @@ from meshpoint.llm.base import ModelResponse, ToolSpec
 from meshpoint.reconstruction import reconstruct
 from meshpoint.runtime import Agent, LocalTool, Peer
 from meshpoint.runtime.agent import RecoveryPolicy
+from meshpoint.runtime.approvals import Approve, decide
 from meshpoint.store import SqlStore
 from meshpoint.store.schema import checkpoints, events, paused_tasks
 from tests.integration.mesh import ManualPeer, Mesh, eventually
+from tests.integration.test_approvals import SideEffects, approving, paused
 from tests.integration.test_runtime import GatedModel, no_rows_left
 
 REQUEST = "Look into it: prices"
@@ -127,7 +130,9 @@ async def test_a_task_killed_at_each_point_is_reconstructed(
     elif point == "mid-turn-after-resume":
         # the newest record is still the pause; the answer came after it, per the log
         assert checkpoint.execution_state.phase == "waiting_peers"
-        assert "researcher answered" in rebuilt.done
+        # ... and is done, no longer waited for
+        assert f"researcher answered (call {sub_task})" in rebuilt.done
+        assert rebuilt.remaining == [] and rebuilt.pending_calls == []
         assert rebuilt.last_error is None
     else:
         assert checkpoint.execution_state.phase == "failed"
@@ -138,6 +143,60 @@ async def test_a_task_killed_at_each_point_is_reconstructed(
     as_json = rebuilt.to_dict()
     assert as_json["checkpoint"]["seq"] == checkpoint.metadata.seq
     assert as_json["prompt"] == prompt
+
+
+async def test_a_call_is_either_done_or_pending_never_both(
+        mesh: Mesh, live_store: SqlStore) -> None:
+    """A task waits on flights and hotels; flights answers. Its newest record still
+    lists both as pending (an answer writes no record), but the reconstruction puts
+    the answered call under done only: a task restarted from that prompt must not ask
+    flights again. Hotels stays pending until it too is answered."""
+    flights = await ManualPeer(mesh, "flights").start()
+    hotels = await ManualPeer(mesh, "hotels").start()
+    await mesh.run(Agent("coordinator", ScriptedModel(), events=True,
+                         peers=[Peer("flights", timeout_s=30), Peer("hotels", timeout_s=30)]))
+    request_id = await mesh.client.submit("coordinator", "Plan a trip: flights, hotels")
+    task_id = mesh.client.task_id("coordinator", request_id)
+    await eventually(lambda: len(flights.requests) == len(hotels.requests) == 1,
+                     what="both peers' requests")
+    (flight_call,), (hotel_call,) = flights.requests, hotels.requests
+    await flights.answer(flight_call, "a flight at 9")
+    await eventually(lambda: logged(live_store, task_id, ("protocol_receive", "answer")),
+                     what="the answer's event")
+
+    rebuilt = await reconstruct(live_store, task_id)
+    assert rebuilt.checkpoint is not None
+    assert {i["id"] for i in rebuilt.checkpoint.execution_state.pending_items} == {
+        flight_call, hotel_call}  # the record, as written before the answer
+    assert [c["id"] for c in rebuilt.pending_calls] == [hotel_call]
+    assert rebuilt.remaining == [f"an answer from hotels (call {hotel_call})"]
+    assert f"flights answered (call {flight_call})" in rebuilt.done
+    for call in (flight_call, hotel_call):  # each in exactly one of the two
+        assert sum(call in line for line in rebuilt.done + rebuilt.remaining) == 1, call
+    waiting = rebuilt.prompt.split("It was waiting for")[1]
+    assert hotel_call in waiting and flight_call not in waiting
+
+    await hotels.answer(hotel_call, "a hotel by the sea")
+    answer = await mesh.client.wait(request_id, timeout_s=10)
+    assert answer.status.state is a2a.TaskState.COMPLETED
+
+
+async def test_an_approval_decided_in_the_store_is_done_not_pending(
+        mesh: Mesh, live_store: SqlStore) -> None:
+    """A human's decision given straight to the store (as ``meshpoint tasks approve``
+    does) is logged only once the task settles it; until then the task's live rows
+    say it is resolved, and the reconstruction reads them."""
+    peer = await ManualPeer(mesh, "researcher").start()
+    await mesh.run(replace(approving(SideEffects(), peers=[Peer("researcher", timeout_s=30)]),
+                           events=True))
+    _, task_id, pending = await paused(mesh, "Send the report")
+    await eventually(lambda: len(peer.requests) == 1, what="the peer's request")
+    approval = pending[0]["call_id"]
+    await decide(live_store, task_id, Approve(call_id=approval), by="ops")
+    rebuilt = await reconstruct(live_store, task_id)
+    assert f"send decided by a human (call {approval})" in rebuilt.done
+    assert [c["id"] for c in rebuilt.pending_calls] == list(peer.requests)
+    assert all(approval not in line for line in rebuilt.remaining)
 
 
 async def test_an_unknown_task_cannot_be_reconstructed(live_store: SqlStore) -> None:

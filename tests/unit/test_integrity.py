@@ -7,6 +7,7 @@ import base64
 import hashlib
 import json
 from dataclasses import replace
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from meshpoint._json import Undecodable
+from meshpoint.costs import Prices, amount
 from meshpoint.encryption import (
     EncryptionKeys,
     is_envelope,
@@ -30,7 +32,7 @@ from meshpoint.errors import (
     KeyMissingError,
     UnreadableValueError,
 )
-from meshpoint.history import HistoryOptions, Prices, parse_retention, plan_record
+from meshpoint.history import HistoryOptions, parse_retention, plan_record
 from meshpoint.integrity import SigningKeys, _plain, canonical, chain_hash, private_seed
 from meshpoint.store.sealing import RESULT, UNREADABLE, Sealer
 from meshpoint.verification import StoredHead, StoredRecord, verify_chain
@@ -220,7 +222,15 @@ def test_retention_policies_and_prices() -> None:
     prices = Prices({"m": {"prompt_tokens": 1.0, "completion_tokens": 4.0,
                            "cached_tokens": 0.5}})
     assert prices.cost("m", {"prompt_tokens": 1_000_000, "cached_tokens": 400_000,
-                             "completion_tokens": 100_000}) == pytest.approx(1.2)
+                             "completion_tokens": 100_000}) == Decimal("1.2")
+    # floats are read as the decimals they print as, and amounts never rounded
+    tiny = Prices({"m": {"prompt_tokens": 0.1, "completion_tokens": 0.0000007}})
+    assert tiny.cost("m", {"prompt_tokens": 3, "completion_tokens": 1}) == \
+        Decimal("0.0000003000007")
+    assert amount(Decimal("3.0000007E-7")) == "0.00000030000007" and amount(Decimal(0)) == "0"
+    for bad in (float("nan"), float("inf"), -1, "1"):
+        with pytest.raises(InvalidArgumentError, match="a number >= 0"):
+            Prices({"m": {"prompt_tokens": bad}})  # type: ignore[dict-item]
     assert prices.cost("unknown", {"prompt_tokens": 5}) is None
     with pytest.raises(InvalidArgumentError, match="not one of"):
         Prices({"m": {"input": 1.0}})

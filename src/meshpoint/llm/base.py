@@ -14,6 +14,7 @@ events and what most endpoints speak:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -71,3 +72,10 @@ class Model(Protocol):
                        tools: list[ToolSpec]) -> ModelResponse:
         """Answer the conversation ``messages``, possibly calling some of ``tools``."""
         ...
+
+
+def ask_again(problems: Sequence[str]) -> str:
+    """What a model is told after a reply that could not be used (the user message
+    that follows it when it is handed back for repair)."""
+    return ("Your reply above could not be used:\n" + "\n".join(f"- {p}" for p in problems)
+            + "\nReply again, correcting this.")

@@ -18,7 +18,9 @@ bare client call, each for a failure seen with real local servers (issue 17):
   ``retry_timeouts``: the server may still be generating it, and a slow generation
   would only run again, as long.
 * **Replies it cannot use are handed back to the model.** Tool-call arguments that are
-  not a JSON object or do not match the tool's schema, a reply cut off at the token
+  not a JSON object, hold a number JSON has not (``NaN``, ``Infinity``, or ``1e999``,
+  which would read as infinity), or do not match the tool's schema, a reply cut off at
+  the token
   limit (``finish_reason: "length"``), a JSON-mode reply that is not the asked JSON:
   the model is shown its reply and what is wrong with it, and asked again, up to
   ``repair_attempts`` times, before the call fails with a
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -57,7 +60,7 @@ from meshpoint.errors import (
     ModelTimeoutError,
 )
 from meshpoint.llm import json_mode
-from meshpoint.llm.base import ModelResponse, ToolCall, ToolSpec, Usage
+from meshpoint.llm.base import ModelResponse, ToolCall, ToolSpec, Usage, ask_again
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -207,7 +210,7 @@ class OpenAIModel:
                                      usage=usage, model=response.model)
             problems = result.problems
             feedback += [{"role": "assistant", "content": result.said or "(nothing)"},
-                         {"role": "user", "content": _ask_again(problems)}]
+                         {"role": "user", "content": ask_again(problems)}]
             if result.cut_off and plan is not None and plan.max_chars:
                 # The strings' bound did not end the JSON in time (escapes and spacing
                 # take tokens it does not count): the grammar holds the next one shorter.
@@ -339,7 +342,9 @@ class OpenAIModel:
     def _read_json(self, text: str | None, plan: json_mode.JsonPlan, prefix: str,
                    model: str) -> _Attempt:
         try:
-            parsed = json.loads(text or "")
+            parsed = loads_finite(text or "")
+        except NotFinite as error:
+            return _Attempt(None, (_not_finite_problem("the reply", error),), said=text or "")
         except json.JSONDecodeError as error:
             return _Attempt(None, (f"the reply is not JSON ({error})",), said=text or "")
         if not isinstance(parsed, dict):
@@ -405,11 +410,45 @@ def _chars(max_tokens: int | None) -> int | None:
     return None if max_tokens is None else max_tokens
 
 
+class NotFinite(ValueError):
+    """A reply's JSON holds a number JSON has not: NaN, an infinity, or one too large
+    for a float (``1e999``, which Python's JSON reads as infinity)."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__(token)
+        self.token = token
+
+
+def _not_finite(token: str) -> Any:
+    raise NotFinite(token)
+
+
+def _finite(token: str) -> float:
+    value = float(token)
+    if not math.isfinite(value):
+        raise NotFinite(token)
+    return value
+
+
+def loads_finite(text: str) -> Any:
+    """``json.loads``, refusing what JSON has no number for (:class:`NotFinite`): the
+    standard library reads ``NaN`` and ``Infinity``, and ``1e999`` as infinity, none of
+    which a task can store."""
+    return json.loads(text, parse_constant=_not_finite, parse_float=_finite)
+
+
+def _not_finite_problem(holder: str, error: NotFinite) -> str:
+    return (f"{holder} hold{'s' if holder == 'the reply' else ''} {error.token}, which is "
+            "not a finite number (JSON has no NaN or infinity): write a finite number")
+
+
 def _arguments(name: str, raw: str | None, offered: list[ToolSpec]) -> tuple[
         dict[str, Any], str | None]:
     """A native call's arguments parsed, or what is wrong with them."""
     try:
-        arguments = json.loads(raw or "{}")
+        arguments = loads_finite(raw or "{}")
+    except NotFinite as error:
+        return {}, _not_finite_problem(f"the arguments of {name!r}", error)
     except json.JSONDecodeError as error:
         return {}, f"the arguments of {name!r} are not valid JSON ({error})"
     if not isinstance(arguments, dict):
@@ -426,11 +465,6 @@ def _schema_problem(name: str, arguments: dict[str, Any], tool: ToolSpec) -> str
         return None
     where = "/".join(map(str, error.absolute_path)) or "arguments"
     return f"the arguments of {name!r} do not match its schema at {where}: {error.message}"
-
-
-def _ask_again(problems: Sequence[str]) -> str:
-    return ("Your reply above could not be used:\n" + "\n".join(f"- {p}" for p in problems)
-            + "\nReply again, correcting this.")
 
 
 def _shown(message: Any) -> str:

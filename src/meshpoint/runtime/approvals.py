@@ -79,6 +79,7 @@ class ApprovalCalls:
 
     pause_status = "input_required"
     immediate = False
+    runs_tools = True  # an approved call's tool runs when it is settled
 
     agent: Agent
     broker: Broker

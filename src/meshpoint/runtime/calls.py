@@ -18,7 +18,10 @@ place, :func:`meshpoint.runtime.instance.call_kinds`):
 When every call of the turn has its result, each kind :meth:`~CallKind.settle` s
 its calls' results into what the model is shown (a peer's answer becomes its text
 and its artifacts are kept; an approved call runs its tool now), and the turn goes
-on.
+on. A kind whose settling runs a tool (``runs_tools``) has each of its calls
+checkpointed once settled when the agent's policy says ``after_tools``: the calls
+settled so far are kept in the context (``flags["settled"]``), so a task taken over
+after a crash settles only the others, and an approved tool runs once.
 
 The store knows nothing of kinds: to it every outstanding item is a sub-task with
 correlation data and a deadline. A kind recognises its own items by their
@@ -27,7 +30,7 @@ correlation data (:meth:`~CallKind.owns`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,6 +41,8 @@ from meshpoint.runtime.agent import Agent, LocalTool, ToolCallInfo
 
 #: An outstanding item: its sub-task id and correlation data.
 Item = tuple[str, dict[str, Any]]
+#: The key of ``ctx.flags`` listing the current join's calls already settled.
+SETTLED = "settled"
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,9 @@ class CallKind(Protocol):
     #: True for a kind whose result is known at once (it never opens an item). A
     #: turn makes its immediate calls first, then opens the items it waits on.
     immediate: bool
+    #: True for a kind whose :meth:`settle` may run a tool (an approved call): with
+    #: ``after_tools``, the task is checkpointed after each of its calls is settled.
+    runs_tools: bool
 
     def handles(self, call: ToolCall) -> bool:
         """Whether this kind makes ``call``."""
@@ -101,6 +109,7 @@ class LocalTools:
 
     pause_status = "working"
     immediate = True
+    runs_tools = False  # its tools ran when the calls were made (checkpointed then)
 
     agent: Agent
 
@@ -174,19 +183,34 @@ class CallKinds:
         if kind is not None:
             await kind.withdraw(sub_task_id, correlation)
 
-    async def settle(self, ctx: TaskExecutionContext) -> None:
+    async def settle(self, ctx: TaskExecutionContext, *,
+                     after_tools: Callable[[], Awaitable[bool]] | None = None) -> bool:
         """Settle the results of the turn whose join is complete, each by the kind of
-        its call, in the model's call order."""
+        its call, in the model's call order, skipping those settled before (a task
+        taken over after a checkpoint made while it settled). ``after_tools`` is
+        awaited after each call of a kind that runs tools (a mid-turn checkpoint);
+        False from it stops here and is returned (the run must stop)."""
         invocation = ctx.current_invocation_id
         calls = ctx.parallel_tool_calls.get(invocation) if invocation else None
         if calls is None:
-            return
+            return True
         made = turn_calls(ctx)
+        settled: list[str] = ctx.flags.setdefault(SETTLED, [])
         for call_id, result in calls.ordered_results():
+            if call_id in settled:
+                continue
             call = made.get(call_id) or ToolCall(id=call_id, name="", arguments={})
-            value = await self.for_call(call).settle(ctx, call, result)
+            kind = self.for_call(call)
+            value = await kind.settle(ctx, call, result)
             if value is not result:
                 calls.results[call_id] = json_copy(value, f"result of {call_id!r}")
+            settled.append(call_id)
+            if kind.runs_tools and after_tools is not None and not await after_tools():
+                return False
+        # The results go to the conversation next (no await in between), which ends
+        # the join: nothing is left to settle twice.
+        del ctx.flags[SETTLED]
+        return True
 
 
 def turn_calls(ctx: TaskExecutionContext) -> dict[str, ToolCall]:

@@ -47,6 +47,8 @@ class Answering(Protocol):
 
     async def finish_canceled(self, run: TaskRun) -> None: ...
 
+    def note_end(self, task_id: str, state: a2a.TaskState, text: str) -> None: ...
+
 
 @dataclass(frozen=True)
 class Cancels:
@@ -143,7 +145,7 @@ class Cancels:
         # half-applied: the peers' own deadlines end their work).
         await self.store.cleanup_task(task_id, lease_owner=owner,
                                       outcome=outcome or OUTCOMES[state], ctx=ctx)
-        self.stats.note(state.value, task_id)
+        self.endings.note_end(task_id, state, text)
         if ctx is None:
             return "canceled"
         for sub_task_id, corr in list(ctx.active_peer_sub_tasks.items()):

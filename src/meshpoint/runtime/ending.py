@@ -28,6 +28,9 @@ logger = logging.getLogger("meshpoint.runtime")
 #: The outcome a task's checkpoint history records when it ends in each state.
 OUTCOMES = {a2a.TaskState.COMPLETED: "completed", a2a.TaskState.FAILED: "failed",
             a2a.TaskState.CANCELED: "canceled", a2a.TaskState.REJECTED: "failed"}
+#: The states of a task that failed: their reason is an ``error`` event and a field of
+#: the answer (``meshpoint_error``), beside the answer's text.
+FAILURES = (a2a.TaskState.FAILED, a2a.TaskState.REJECTED)
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class Endings:
             ctx.produced_artifacts.append(wire.answer_artifact(ctx.task_id, self.agent_name,
                                                                text))
         await self.answer(ctx, state, text)
-        self.stats.note(state.value, ctx.task_id)
+        self.note_end(ctx.task_id, state, text)
         try:
             if run.lease_owner is not None or run.maybe_stored:
                 await self.store.cleanup_task(ctx.task_id, lease_owner=run.lease_owner,
@@ -78,6 +81,17 @@ class Endings:
             self.in_hand.forget(run)
         if run.delivery is not None:
             await run.delivery.ack()
+
+    def note_end(self, task_id: str, state: a2a.TaskState, text: str) -> None:
+        """Count and log how the task ended; a failure's reason goes with it, as an
+        ``error`` event (step ``failed``) and in the ``answer`` event, so that the log
+        (``meshpoint events --type error``) says why, not only the server's log."""
+        if state in FAILURES:
+            self.stats.log("error", task_id, step="failed",
+                           output={"reason": text, "state": state.value})
+            self.stats.note(state.value, task_id, reason=text)
+        else:
+            self.stats.note(state.value, task_id)
 
     async def tell_blocked(self, error: TaskBlockedError) -> None:
         """Tell the caller of a task the store blocked (its history failed
@@ -119,10 +133,11 @@ class Endings:
         # One final answer per task: a turn re-run after a take-over (the first run
         # answered, then died before its cleanup) publishes the same msg_id, which the
         # broker drops within its dedupe window.
+        metadata = {"token_usage": ctx.token_usage.to_dict(), "agent": self.agent_name,
+                    "instance": self.instance_id}
+        if state in FAILURES:  # the reason, as a field (the status message has it too)
+            metadata["meshpoint_error"] = text
         await self.broker.publish(reply_to, wire.final_task(
             ctx.a2a_context.get("request_id") or ctx.task_id, ctx.task_id,
             ctx.a2a_context.get("context_id") or ctx.task_id, state, text,
-            ctx.produced_artifacts, {"token_usage": ctx.token_usage.to_dict(),
-                                     "agent": self.agent_name,
-                                     "instance": self.instance_id}),
-            msg_id=wire.answer_msg_id(ctx.task_id))
+            ctx.produced_artifacts, metadata), msg_id=wire.answer_msg_id(ctx.task_id))

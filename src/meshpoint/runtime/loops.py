@@ -4,7 +4,10 @@
   (``sweep_interval_s``) and withdraws them from whoever was to answer.
 * **Recovery** takes over tasks whose instance died while it held their lease
   (``recovery_interval_s``), fails tasks older than the agent's recovery timeout,
-  and reminds the callers of tasks waiting for a human (seed 004's rules).
+  and reminds the callers of tasks waiting for a human (seed 004's rules). Each task
+  gets one action, the first that matches in that order: expired, then resumed, then
+  left to (or its caller reminded of) a human; :func:`recovery_plan` says which,
+  without doing it (``meshpoint recover --dry-run``).
 * The **keeper** renews the leases and ack waits of the tasks in hand; a lease it
   can no longer renew was taken over, and its run stops quietly.
 * The **ledger** loop forgets the agent's ended tasks once no copy of their
@@ -73,7 +76,8 @@ class Sweeper:
             self.agent_name, lease_owner=owner, lease_ttl_s=self.lease_ttl_s)
         for resolution in resolutions:
             sub = resolution.sub_task
-            self.stats.note("timeout", sub.task_id)
+            self.stats.note("timeout", sub.task_id, sub_task_id=sub.sub_task_id,
+                            peer=sub.peer_agent_name)
             if resolution.join_complete and resolution.lease_owner == owner:
                 self.background.spawn(self.resume(sub.task_id, owner))
             try:
@@ -86,6 +90,33 @@ class Sweeper:
 #: The statuses of a task recovery takes over once its lease expired: its join
 #: completed, or it was checkpointed mid-turn.
 RESUMABLE = ("resuming", "working")
+#: What recovery does with a stored task, in the order it looks (seed 004's first
+#: match: an expired task is failed, whatever else it is).
+EXPIRE, RESUME = "fail (expired)", "resume"
+REMIND, LEAVE = "remind the caller", "leave (waits for a human)"
+#: Tasks one pass reads of each kind, at most.
+_PASS = 10_000
+
+
+async def recovery_plan(store: Store, agent_name: str, policy: RecoveryPolicy, *,
+                        timeout_s: float | None = None) -> list[tuple[str, str]]:
+    """``(task_id, action)`` for each stored task of ``agent_name`` that recovery
+    would act on now under ``policy`` (``timeout_s`` in place of its timeout), one
+    action per task, the first that matches: :data:`EXPIRE`, :data:`RESUME`, then
+    :data:`REMIND` or :data:`LEAVE` for a task waiting for a human. Reads only."""
+    timeout = policy.timeout_s if timeout_s is None else timeout_s
+    plan: dict[str, str] = {}
+    if timeout:
+        plan.update((t, EXPIRE) for t in await store.expired_tasks(
+            agent_name, older_than_s=timeout, limit=_PASS))
+    if policy.auto_resume:
+        for task_id in await store.resumable_tasks(agent_name, limit=_PASS):
+            plan.setdefault(task_id, RESUME)
+    waiting = await store.list_paused_tasks(agent_name=agent_name, status="input_required",
+                                            limit=_PASS)
+    for summary in waiting:
+        plan.setdefault(summary.task_id, REMIND if policy.auto_resume_hitl else LEAVE)
+    return list(plan.items())
 
 
 @dataclass(frozen=True)
@@ -113,18 +144,26 @@ class Recovery:
     key_missing: KeyMissing
 
     async def at_start(self) -> None:
-        """The pass an instance makes as it starts."""
-        await self.step()
+        """The pass an instance makes as it starts, in the first-match order of
+        :func:`recovery_plan`: the expired tasks fail before any is resumed."""
         await self.expire()
+        await self.step()
         if self.policy.auto_resume_hitl:
             await self.remind()
 
     async def step(self) -> None:
-        """Take over the tasks whose lease expired (``auto_resume``)."""
+        """Take over the tasks whose lease expired (``auto_resume``), but not an
+        expired one: :meth:`expire` fails it (first match, as the plan says)."""
         if not self.policy.auto_resume:
             return
-        for task_id in await self.store.resumable_tasks(self.agent_name):
-            if self.in_hand.get(task_id) is not None or task_id in self.key_missing:
+        resumable = await self.store.resumable_tasks(self.agent_name)
+        expired: set[str] = set()
+        if resumable and self.policy.timeout_s:  # rare: an instance died
+            expired.update(await self.store.expired_tasks(
+                self.agent_name, older_than_s=self.policy.timeout_s, limit=_PASS))
+        for task_id in resumable:
+            if (self.in_hand.get(task_id) is not None or task_id in expired
+                    or task_id in self.key_missing):
                 continue
             owner = self.owners.next()
             lease = await self.store.take_resume_lease(task_id, owner, self.lease_ttl_s,

@@ -3,16 +3,15 @@ making again the calls it finished.
 
 A turn of many model and tool calls may be checkpointed, status ``working``, at the
 points its agent's :class:`~meshpoint.runtime.agent.CheckpointPolicy` names: after
-each local tool call (``after_tools``), before each model call (``before_llm``), and before every
-``interval``-th model call (strategy ``interval`` or ``hybrid``). The first such
-checkpoint stores the task with this instance holding its lease and then
-acknowledges its request: from then on the store, not the broker, keeps the task,
-and the keeper renews the lease. If the instance dies, recovery takes the task over
-when the lease expires and continues it from its last checkpoint: the model calls
-and tool calls completed before it are not made again. With the defaults (strategy
-``event``, nothing else on) a task is checkpointed only when it pauses, and a task
-that never pauses writes nothing (DESIGN.md invariant 6).
-"""
+each local tool call and each approved tool's run (``after_tools``), before each model
+call (``before_llm``), and before every ``interval``-th model call (strategy
+``interval`` or ``hybrid``). The first such checkpoint stores the task with this
+instance holding its lease and then acknowledges its request: from then on the store,
+not the broker, keeps the task, and the keeper renews the lease. If the instance dies,
+recovery takes the task over when the lease expires and continues it from its last
+checkpoint: the model calls and tool calls completed before it are not made again.
+With the defaults (strategy ``event``, nothing else on) a task is checkpointed only
+when it pauses, and a task that never pauses writes nothing (DESIGN.md invariant 6)."""
 
 from __future__ import annotations
 
@@ -28,6 +27,7 @@ from meshpoint.errors import (
     StoreUnavailableError,
     UnknownTaskError,
 )
+from meshpoint.runtime.calls import SETTLED
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.tasks import InHand, LeaseOwners, TaskRun
 from meshpoint.store.base import Store
@@ -54,8 +54,9 @@ class MidTurn:
         another run of the task is the live one (it was taken over, or a copy of its
         request is running it). A store that fails leaves the run going as before."""
         ctx = run.ctx
-        mark = (len(ctx.session_events), sum(c.completed for c in
-                                             ctx.parallel_tool_calls.values()))
+        mark = (len(ctx.session_events),
+                sum(c.completed for c in ctx.parallel_tool_calls.values()),
+                len(ctx.flags.get(SETTLED) or ()))
         if mark == run.checkpointed_at:
             return True  # nothing new since the last one
         first = run.lease_owner is None

@@ -33,6 +33,7 @@ class PeerCalls:
 
     pause_status = "waiting_peers"
     immediate = False
+    runs_tools = False
 
     agent: Agent
     broker: Broker

@@ -39,9 +39,9 @@ class TaskRun:
     #: committed all the same (the connection dropped after the commit), so the
     #: in-memory path removes whatever rows it left when the task ends.
     maybe_stored: bool = False
-    #: What the last mid-turn checkpoint held (events, results): one with nothing new
-    #: is not written.
-    checkpointed_at: tuple[int, int] | None = None
+    #: What the last mid-turn checkpoint held (events, results, calls settled): one
+    #: with nothing new is not written.
+    checkpointed_at: tuple[int, int, int] | None = None
     #: The in-memory path's deadline timers, by sub-task id.
     timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
 

@@ -20,22 +20,25 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Protocol
+from typing import Any, Protocol
 
 from meshpoint import a2a
+from meshpoint._json import dump_bytes, json_copy
 from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import (
+    ContextSerializationError,
     InvalidArgumentError,
     KeyMissingError,
     LeaseNotHeldError,
     MeshpointError,
+    ModelError,
     StoreError,
     TaskBlockedError,
     UnknownTaskError,
 )
 from meshpoint.events import EventStore
 from meshpoint.history import request_digest
-from meshpoint.llm.base import ModelResponse
+from meshpoint.llm.base import ModelResponse, ask_again
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent
 from meshpoint.runtime.calls import CallKinds, turn_calls
@@ -45,6 +48,9 @@ from meshpoint.runtime.tasks import Background, InHand, KeyMissing, LeaseOwners,
 from meshpoint.store.base import Store
 
 logger = logging.getLogger("meshpoint.runtime")
+#: How often a reply the task cannot store is handed back to the model before the task
+#: fails (OpenAIModel repairs what it reads first, with its own ``repair_attempts``).
+REPAIR_ATTEMPTS = 2
 
 
 @dataclass(frozen=True)
@@ -262,6 +268,11 @@ class TurnLoop:
             await self.ends.finish(run, a2a.TaskState.FAILED, f"{type(error).__name__}: {error}")
 
     async def _call_model(self, ctx: TaskExecutionContext) -> ModelResponse:
+        """One model call (one step of the log), and its repairs: a reply the task
+        cannot store (a tool call's arguments holding NaN or an infinity, say) is
+        handed back to the model, told why, up to :data:`REPAIR_ATTEMPTS` times, as
+        OpenAIModel does with the replies it reads; ModelError if none is usable. The
+        tokens of every attempt are counted."""
         agent = self.agent
         messages = list(ctx.session_events)
         if agent.system_prompt:
@@ -269,8 +280,21 @@ class TurnLoop:
         self.stats.log("step_start", ctx.task_id, step="model",
                        input={"messages": len(messages), "model": agent.model.name})
         started = time.perf_counter()
+        feedback: list[dict[str, Any]] = []
+        problems: list[str] = []
         try:
-            response = await agent.model.complete(messages, agent.tool_specs)
+            for _ in range(1 + REPAIR_ATTEMPTS):
+                response = await agent.model.complete(messages + feedback, agent.tool_specs)
+                self._count_tokens(ctx, response)
+                problems = unusable(response)
+                if not problems:
+                    break
+                feedback += [{"role": "assistant", "content": shown(response)},
+                             {"role": "user", "content": ask_again(problems)}]
+            else:
+                raise ModelError(
+                    f"model {agent.model.name!r} gave no usable reply in "
+                    f"{1 + REPAIR_ATTEMPTS} attempts: {'; '.join(problems)}")
         except Exception as error:
             self.stats.log("error", ctx.task_id, step="model", output=error,
                            state={"duration_ms": ms_since(started)})
@@ -279,9 +303,13 @@ class TurnLoop:
             "text": response.text, "tool_calls": [
                 {"id": c.id, "name": c.name, "arguments": c.arguments}
                 for c in response.tool_calls]},
-                       state={"duration_ms": ms_since(started), "usage": response.usage})
+                       state={"duration_ms": ms_since(started), "usage": response.usage,
+                              "repaired": len(feedback) // 2})
         ctx.flags["model_calls"] = model_calls(ctx) + 1
-        usage = response.usage
+        return response
+
+    def _count_tokens(self, ctx: TaskExecutionContext, response: ModelResponse) -> None:
+        usage, agent = response.usage, self.agent
         try:
             ctx.record_token_usage(model=response.model or agent.model.name,
                                    source=agent.name, prompt_tokens=usage.prompt_tokens,
@@ -290,7 +318,6 @@ class TurnLoop:
         except InvalidArgumentError as error:  # the model's report, not the task, is wrong
             logger.warning("agent %s: task %s: the model's token usage is not counted: %s",
                            agent.name, ctx.task_id, error)
-        return response
 
     def _begin_round(self, ctx: TaskExecutionContext, response: ModelResponse) -> None:
         """Open a new invocation with the response's calls, in the model's order."""
@@ -308,9 +335,9 @@ class TurnLoop:
         """Make the current round's calls not made yet, each by its kind: the immediate
         ones first (each followed by a mid-turn checkpoint with ``after_tools``), then
         those that open items to wait on. With items outstanding the task pauses;
-        otherwise the round's results are settled and given to the conversation.
-        True to go on with the next model call; False once the task paused or this
-        run stopped."""
+        otherwise the round's results are settled (each approved tool that runs then
+        checkpointed, with ``after_tools``) and given to the conversation. True to go on
+        with the next model call; False once the task paused or this run stopped."""
         ctx = run.ctx
         invocation = ctx.current_invocation_id
         calls = ctx.parallel_tool_calls.get(invocation) if invocation else None
@@ -338,7 +365,13 @@ class TurnLoop:
             if outstanding:
                 await self.pauses.pause(run, outstanding)
                 return False
-        await self.kinds.settle(ctx)
+        # An approved call's tool runs as it is settled: with after_tools, each is
+        # checkpointed (its result and that it was settled) before the next one and
+        # before the next model call, so a crash in either does not run it again.
+        after_tools = self.agent.checkpoint.after_tools
+        if not await self.kinds.settle(ctx, after_tools=functools.partial(
+                self.mid_turn.checkpoint, run) if after_tools else None):
+            return False
         inject_results(ctx)
         return True
 
@@ -350,6 +383,32 @@ class TurnLoop:
         if ctx.flags.get("paused_by") != self.instance_id:
             self.stats.resumed_elsewhere += 1
         self.stats.note("resumed", ctx.task_id)
+
+
+def unusable(response: ModelResponse) -> list[str]:
+    """What keeps a model's reply out of the task, or nothing: its text and each tool
+    call's arguments must be JSON a checkpoint can store (no NaN or infinity, no
+    integer past 64 bits, no lone surrogate, only JSON types)."""
+    problems = []
+    for what, value in ((f"the arguments of {call.name!r}", call.arguments)
+                        for call in response.tool_calls):
+        try:
+            dump_bytes(json_copy(value, "arguments"))
+        except ContextSerializationError as error:
+            problems.append(f"{what} cannot be used: {error}")
+    try:
+        dump_bytes(json_copy(response.text, "the reply's text"))
+    except ContextSerializationError as error:
+        problems.append(str(error))
+    return problems
+
+
+def shown(response: ModelResponse) -> str:
+    """An unusable reply as text to show the model, its calls' arguments as written."""
+    parts = [response.text] if response.text else []
+    parts += [f"(call {call.name} with arguments {json.dumps(call.arguments, default=repr)})"
+              for call in response.tool_calls]
+    return "\n".join(parts) or "(nothing)"
 
 
 def model_calls(ctx: TaskExecutionContext) -> int:

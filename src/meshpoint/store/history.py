@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, exc
 
 from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
+from meshpoint.costs import spent
 from meshpoint.errors import (
     CheckpointConflictError,
     IntegrityError,
@@ -164,7 +165,9 @@ def head_of(record: StoredRecord, head: HeadRow | None = None) -> HistoryHead:
                        0 if head is None else head.pruned_through,
                        "" if head is None else head.pruned_hash,
                        signed=record.signature is not None
-                       or (head is not None and head.signature is not None))
+                       or (head is not None and head.signature is not None),
+                       cost=spent(record.document) if isinstance(record.document, dict)
+                       else None)
 
 
 def stored_last(conn: Connection, keys: dict[str, Any]

@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Column,
     Dialect,
@@ -280,9 +281,12 @@ events = Table(
     Column("input_data", JSONDoc),
     Column("output_data", JSONDoc),
     Column("state_snapshot", JSONDoc),
-    Column("created_at", Float, nullable=False),
-    Index("ix_agent_events_task", "tenant_id", "logical_task_id", "created_at"),
-    Index("ix_agent_events_agent", "tenant_id", "agent_name", "created_at"),
+    # When it was logged, in integer microseconds since the epoch: one exact value,
+    # stored and returned as it is (0013; seconds as a float were returned rounded,
+    # so an event's own timestamp was not a bound it fell on).
+    Column("created_at_us", BigInteger, nullable=False),
+    Index("ix_agent_events_task", "tenant_id", "logical_task_id", "created_at_us"),
+    Index("ix_agent_events_agent", "tenant_id", "agent_name", "created_at_us"),
 )
 
 #: Tasks that ended after a checkpoint, remembered for a while (see

@@ -433,7 +433,8 @@ class VerifiedRestore:
 
         row = {**params, "p_event_id": new_checkpoint_id(), "p_agent": agent,
                "p_task": task_id, "p_event_type": kind, "p_step": None, "p_input": None,
-               "p_output": detail, "p_state": None, "p_now": now}
+               "p_output": detail, "p_state": None,
+               "p_at_us": round(now * 1_000_000)}  # the store's clock
         try:
             return seal_event_row(self.sealer, row)
         except KeyMissingError:
@@ -461,12 +462,15 @@ def missing_signing_key(options: HistoryOptions, task_id: str, head: HeadRow | N
 
 def _parent_head(head: Any, good: StoredRecord) -> Any:
     """The head a rewind's record chains to: the stored head (the chain goes on from
-    where it ends, bad records and all, as evidence), with the tokens of ``good``."""
+    where it ends, bad records and all, as evidence), with the tokens and cost of
+    ``good``."""
     from meshpoint.history import HistoryHead
 
-    return HistoryHead(str(head.head_id), head.head_hash, head.records, head_of(good).tokens,
+    spent = head_of(good)
+    return HistoryHead(str(head.head_id), head.head_hash, head.records, spent.tokens,
                        head.pruned_through, head.pruned_hash,
-                       signed=head.signature is not None or good.signature is not None)
+                       signed=head.signature is not None or good.signature is not None,
+                       cost=spent.cost)
 
 
 def _a2a_context(task: TaskRow, sealer: Sealer, max_inflate: int) -> dict[str, Any]:
