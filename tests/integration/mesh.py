@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from meshpoint import a2a
-from meshpoint.broker.base import ConsumerOptions, Delivery, Handler, Subscription
+from meshpoint.broker.base import Broker, ConsumerOptions, Delivery, Handler, Subscription
 from meshpoint.broker.inprocess import InProcessBroker
 from meshpoint.runtime import Agent, AgentInstance, Client, RuntimeOptions, wire
 from meshpoint.store import SqlStore
@@ -52,12 +52,15 @@ class RecordingBroker(InProcessBroker):
 
 
 class Mesh:
-    """Instances of several agents on one store and one recording broker."""
+    """Instances of several agents on one store and one broker: by default a recording
+    in-process broker; ``broker`` puts them on another (a NatsBroker, say), which the
+    mesh then closes too."""
 
-    def __init__(self, store: SqlStore, options: RuntimeOptions = FAST) -> None:
+    def __init__(self, store: SqlStore, options: RuntimeOptions = FAST,
+                 broker: Broker | None = None) -> None:
         self.store = store
         self.options = options
-        self.broker = RecordingBroker()
+        self.broker: Broker = broker or RecordingBroker()
         self.instances: list[AgentInstance] = []
         self.dead_letters: list[tuple[str, dict[str, str]]] = []
         self.client = Client(self.broker, namespace=options.namespace)

@@ -11,7 +11,6 @@ running on another instance is told by a broadcast to every instance of the agen
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from dataclasses import dataclass
 from typing import Protocol
@@ -65,6 +64,7 @@ class Cancels:
     stats: InstanceStats
     lease_ttl_s: float
     max_deliver: int
+    max_message_bytes: int
 
     async def on_cancel(self, task_id: str, delivery: Delivery) -> None:
         """A ``tasks/cancel`` request for one of this agent's tasks."""
@@ -84,7 +84,7 @@ class Cancels:
             await delivery.ack()
             return
         await self.broker.publish(wire.control_subject(self.namespace, self.agent_name),
-                                 json.dumps({"cancel": task_id}).encode())
+                                 wire.cancel_broadcast(task_id))
         if outcome == "leased" and delivery.delivery_count < self.max_deliver:
             # Resuming elsewhere: if that instance is dead, its lease will expire and
             # the next attempt cancels the stored task itself.
@@ -143,11 +143,8 @@ class Cancels:
     async def on_control(self, delivery: Delivery) -> None:
         """A cancel broadcast to every instance of the agent."""
         try:
-            document = json.loads(delivery.message.data)
-            task_id = document["cancel"]
-            if type(task_id) is not str or not task_id:
-                raise ValueError("'cancel' must name a task id")
-        except (ValueError, KeyError, TypeError) as error:
+            task_id = wire.parse_control(delivery.message.data, max_bytes=self.max_message_bytes)
+        except BadMessageError as error:
             await self.dead_letters.reject(delivery,
                                             BadMessageError(f"bad control message: {error}"))
             return

@@ -110,7 +110,7 @@ class AgentInstance:
             agent_name=agent.name, namespace=o.namespace, instance_id=name, store=store,
             broker=broker, kinds=kinds, endings=endings, outages=outages, in_hand=in_hand,
             owners=owners, dead_letters=dead_letters, stats=stats, lease_ttl_s=o.lease_ttl_s,
-            max_deliver=o.max_deliver)
+            max_deliver=o.max_deliver, max_message_bytes=o.max_message_bytes)
         # The in-memory path continues a task through the turn loop, built below.
         memory = MemoryPath(in_hand=in_hand, kinds=kinds, stats=stats, background=background,
                             inbox=wire.inbox_prefix(o.namespace, name),

@@ -16,6 +16,8 @@ import hashlib
 import uuid
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
 from meshpoint import a2a
 from meshpoint.broker.base import check_subject
 from meshpoint.errors import BadMessageError, InvalidArgumentError
@@ -93,6 +95,27 @@ def send_request(request_id: str, text: str, *, metadata: dict[str, Any] | None 
     return a2a.encode(a2a.SendMessageRequest(id=request_id, params=a2a.MessageSendParams(
         message=a2a.Message(role="user", parts=[a2a.TextPart(text=text)],
                             message_id=request_id, metadata=metadata))))
+
+
+class CancelBroadcast(BaseModel):
+    """A control message: cancel ``cancel``, a task of the agent, wherever it runs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cancel: str = Field(min_length=1, max_length=255)
+
+
+_CONTROL: TypeAdapter[CancelBroadcast] = TypeAdapter(CancelBroadcast)
+
+
+def cancel_broadcast(task_id: str) -> bytes:
+    return CancelBroadcast(cancel=task_id).model_dump_json().encode()
+
+
+def parse_control(data: bytes, *, max_bytes: int = a2a.MAX_MESSAGE_BYTES) -> str:
+    """The task id a control message names; BadMessageError (naming what is wrong)
+    for anything else, however it is malformed."""
+    return a2a.parse_json(_CONTROL, "control message", data, max_bytes).cancel
 
 
 def cancel_request(task_id: str) -> bytes:
