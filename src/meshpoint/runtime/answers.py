@@ -18,7 +18,13 @@ from typing import Any
 
 from meshpoint import a2a
 from meshpoint.broker.base import Delivery
-from meshpoint.errors import BadMessageError, InvalidArgumentError, StoreError, UnknownSubTaskError
+from meshpoint.errors import (
+    BadMessageError,
+    InvalidArgumentError,
+    StoreError,
+    UnknownSubTaskError,
+    WrongAgentError,
+)
 from meshpoint.runtime import wire
 from meshpoint.runtime.memory import MemoryPath
 from meshpoint.runtime.outages import Outages
@@ -35,6 +41,8 @@ class Answers:
     ``resume(task_id, owner)`` continues a task whose join an answer completed."""
 
     instance_id: str
+    #: The instance's agent: an answer resolves only a sub-task of its tasks.
+    agent_name: str
     store: Store
     outages: Outages
     memory: MemoryPath
@@ -59,7 +67,13 @@ class Answers:
         try:
             resolution = await self.outages.outlast(delivery, lambda: (
                 self.store.resolve_peer_sub_task(sub_task_id, result, lease_owner=owner,
-                                                  lease_ttl_s=self.lease_ttl_s)))
+                                                  lease_ttl_s=self.lease_ttl_s,
+                                                  agent_name=self.agent_name)))
+        except WrongAgentError as error:
+            # Sent to this agent's subject, for another agent's task: nobody else ever
+            # takes it from here, and nothing of it was written.
+            await self.dead_letters.reject(delivery, BadMessageError(str(error)))
+            return
         except UnknownSubTaskError:
             resolution = None  # its task already ended (a late answer)
         except StoreError as error:

@@ -42,6 +42,7 @@ from meshpoint.errors import (
     AnswerRefusedError,
     ArgumentsRejectedError,
     BadMessageError,
+    MisdirectedAnswerError,
     NotPendingError,
     StoreError,
     UnknownSubTaskError,
@@ -241,16 +242,19 @@ class Decided:
 
 
 async def decide(store: Store, task_id: str, answer: Answer, *, by: str,
-                 lease_owner: str | None = None, lease_ttl_s: float = 30.0,
+                 agent: str | None = None, lease_owner: str | None = None,
+                 lease_ttl_s: float = 30.0,
                  clock: Callable[[], float] = time.time) -> Decided:
     """Check ``answer`` to ``task_id`` and record it (see the module docstring).
 
     Raises before writing anything: UnknownTaskError for a task the tenant does not
-    have paused; NotPendingError for a call that is not one of its pending approvals
-    (or a reply to a task waiting for none); ArgumentsRejectedError for edited
-    arguments that fail the tool's schema; AlreadyAnsweredError (with the standing
-    decision) for a call answered first. With ``lease_owner``, the answer that
-    completes the join takes the resume lease in the same transaction.
+    have paused; MisdirectedAnswerError for a task of another agent than ``agent``
+    (the one whose subject the answer came on, if given); NotPendingError for a
+    call that is not one of its pending approvals (or a reply to a task waiting for
+    none); ArgumentsRejectedError for edited arguments that fail the tool's schema;
+    AlreadyAnsweredError (with the standing decision) for a call answered first.
+    With ``lease_owner``, the answer that completes the join takes the resume lease
+    in the same transaction.
     """
     who = answer.by or by
     if isinstance(answer, Reply):
@@ -258,6 +262,7 @@ async def decide(store: Store, task_id: str, answer: Answer, *, by: str,
         waiting = [s for s in subs if s.status == "pending" and _is_approval(s)]
         if not waiting:
             raise NotPendingError(f"task {task_id!r} is not waiting for a human's input")
+        _check_agent(waiting[0], agent)
         decided, completing = [], None
         for sub in waiting:
             decision = {"decision": "replied", "call_id": sub.sub_task_id, "text": answer.text,
@@ -270,7 +275,7 @@ async def decide(store: Store, task_id: str, answer: Answer, *, by: str,
             raise AlreadyAnsweredError(f"every pending call of task {task_id!r} was "
                                        "answered first")
         return Decided(decided, completing)
-    sub = await _pending_approval(store, task_id, answer.call_id)
+    sub = await _pending_approval(store, task_id, answer.call_id, agent)
     if isinstance(answer, Approve):
         given = sub.correlation_data[APPROVAL]
         arguments = given["arguments"] if answer.arguments is None else answer.arguments
@@ -297,7 +302,8 @@ def check_arguments(tool: str, schema: dict[str, Any], arguments: Any) -> None:
             f"{error.message}")
 
 
-async def _pending_approval(store: Store, task_id: str, call_id: str) -> PeerSubTask:
+async def _pending_approval(store: Store, task_id: str, call_id: str,
+                            agent: str | None) -> PeerSubTask:
     try:
         sub = await store.get_peer_sub_task(call_id)
     except UnknownSubTaskError:
@@ -308,6 +314,7 @@ async def _pending_approval(store: Store, task_id: str, call_id: str) -> PeerSub
     if sub.task_id != task_id:
         await store.get_peer_sub_tasks_for_task(task_id)  # UnknownTaskError first
         raise NotPendingError(f"call {call_id!r} is not a call of task {task_id!r}")
+    _check_agent(sub, agent)
     if not _is_approval(sub):
         raise NotPendingError(
             f"call {call_id!r} of task {task_id!r} is a call to a peer, not one waiting "
@@ -315,6 +322,15 @@ async def _pending_approval(store: Store, task_id: str, call_id: str) -> PeerSub
     if sub.status != "pending":
         raise _already_answered(sub)
     return sub
+
+
+def _check_agent(sub: PeerSubTask, agent: str | None) -> None:
+    """MisdirectedAnswerError if ``sub``'s task is not ``agent``'s (when given)."""
+    if agent is not None and sub.agent_name != agent:
+        raise MisdirectedAnswerError(
+            f"task {sub.task_id!r} is a task of agent {sub.agent_name!r}, not agent "
+            f"{agent!r}, whose subject this answer came on: nothing was written; send it "
+            f"to {sub.agent_name!r}")
 
 
 def _is_approval(sub: PeerSubTask) -> bool:
@@ -335,7 +351,7 @@ async def _resolve(store: Store, sub: PeerSubTask, decision: dict[str, Any],
                    lease_owner: str | None, lease_ttl_s: float) -> Resolution | None:
     return await store.resolve_peer_sub_task(
         sub.sub_task_id, decision, resolved_by=RESOLVED_BY_HUMAN, lease_owner=lease_owner,
-        lease_ttl_s=lease_ttl_s)
+        lease_ttl_s=lease_ttl_s, agent_name=sub.agent_name)
 
 
 @dataclass(frozen=True)
@@ -346,6 +362,8 @@ class Inputs:
     ``resume(task_id, owner)`` continues a task under ``owner``'s lease."""
 
     instance_id: str
+    #: The instance's agent: an answer is taken only for a task of this agent.
+    agent_name: str
     store: Store
     broker: Broker
     outages: Outages
@@ -368,8 +386,15 @@ class Inputs:
         owner = self.owners.next()
         try:
             decided = await self.outages.outlast(delivery, lambda: decide(
-                self.store, task_id, answer, by=reply_to or "anonymous", lease_owner=owner,
-                lease_ttl_s=self.lease_ttl_s))
+                self.store, task_id, answer, by=reply_to or "anonymous",
+                agent=self.agent_name, lease_owner=owner, lease_ttl_s=self.lease_ttl_s))
+        except MisdirectedAnswerError as error:
+            # Not acknowledged and dropped: no instance of the task's own agent will
+            # see it on this subject. The sender is told, and it is dead-lettered.
+            self.stats.note("answer_refused", task_id)
+            await self._reply(reply_to, wire.error_response(request.id, error.code, str(error)))
+            await self.dead_letters.reject(delivery, BadMessageError(str(error)))
+            return
         except (AnswerRefusedError, UnknownTaskError) as error:
             self.stats.note("answer_refused", task_id)
             code = error.code if isinstance(error, AnswerRefusedError) else wire.TASK_NOT_FOUND

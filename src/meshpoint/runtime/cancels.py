@@ -25,6 +25,7 @@ from meshpoint.errors import (
     StoreError,
     TaskBlockedError,
     UnknownTaskError,
+    WrongAgentError,
 )
 from meshpoint.runtime import wire
 from meshpoint.runtime.calls import CallKinds
@@ -75,6 +76,11 @@ class Cancels:
             return
         try:
             outcome = await self.outages.outlast(delivery, lambda: self.cancel_stored(task_id))
+        except WrongAgentError as error:
+            # Another agent's task, on this agent's subject: it is not this agent's to
+            # cancel, and its own agent never sees this message.
+            await self.dead_letters.reject(delivery, BadMessageError(f"cancel refused: {error}"))
+            return
         except StoreError as error:
             logger.warning("%s: cancel of %s failed (%s); retrying", self.instance_id,
                            task_id, error)
@@ -99,14 +105,16 @@ class Cancels:
 
     async def end_stored(self, task_id: str, state: a2a.TaskState, text: str, *,
                          outcome: str | None = None) -> str:
-        """End a stored task nobody is running, in ``state``: its rows go, its items
-        are withdrawn, its caller is answered ``text``; its history records
-        ``outcome`` (by default the state's). Returns ``canceled`` (done), ``leased``
-        (another owner runs it) or ``unknown`` (not stored)."""
+        """End a stored task of this agent nobody is running, in ``state``: its rows
+        go, its items are withdrawn, its caller is answered ``text``; its history
+        records ``outcome`` (by default the state's). Returns ``canceled`` (done),
+        ``leased`` (another owner runs it) or ``unknown`` (not stored); WrongAgentError
+        for another agent's task, which is left alone."""
         owner = self.owners.next()
         try:
             lease = await self.store.take_resume_lease(
-                task_id, owner, self.lease_ttl_s, statuses=TASK_STATUSES)
+                task_id, owner, self.lease_ttl_s, statuses=TASK_STATUSES,
+                agent_name=self.agent_name)
         except UnknownTaskError:
             return "unknown"
         if lease is None:
@@ -117,7 +125,8 @@ class Cancels:
         except TaskBlockedError:
             # Blocking released the lease; the task still ends when asked to.
             if await self.store.take_resume_lease(task_id, owner, self.lease_ttl_s,
-                                                  statuses=TASK_STATUSES) is None:
+                                                  statuses=TASK_STATUSES,
+                                                  agent_name=self.agent_name) is None:
                 return "leased"
         except IntegrityError as error:
             logger.warning("%s: ending %s, whose history fails verification: %s",

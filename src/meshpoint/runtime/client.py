@@ -29,6 +29,7 @@ from meshpoint.errors import (
     BrokerError,
     InvalidArgumentError,
     MeshpointError,
+    MisdirectedAnswerError,
     NotPendingError,
     UnknownTaskError,
 )
@@ -234,7 +235,8 @@ def refusal(task_id: str, error: a2a.JSONRPCError) -> MeshpointError:
     if error.code == TASK_NOT_FOUND:
         return UnknownTaskError(task_id)
     decision = error.data.get("decision") if isinstance(error.data, dict) else None
-    for kind in (AlreadyAnsweredError, NotPendingError, ArgumentsRejectedError):
+    for kind in (AlreadyAnsweredError, NotPendingError, ArgumentsRejectedError,
+                 MisdirectedAnswerError):
         if error.code == kind.code:
             return kind(error.message, decision=decision)
     return AnswerRefusedError(error.message, decision=decision)

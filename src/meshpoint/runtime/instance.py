@@ -129,13 +129,14 @@ class AgentInstance:
             stats=stats, background=background, mid_turn=mid_turn, owners=owners,
             lease_ttl_s=o.lease_ttl_s, events=self.events)
         self._answers = Answers(
-            instance_id=name, store=store, outages=outages, memory=memory, in_hand=in_hand,
-            owners=owners, dead_letters=dead_letters, stats=stats, lease_ttl_s=o.lease_ttl_s,
-            max_message_bytes=o.max_message_bytes, resume=turns.resume)
-        self._inputs = Inputs(
-            instance_id=name, store=store, broker=broker, outages=outages, owners=owners,
-            dead_letters=dead_letters, stats=stats, lease_ttl_s=o.lease_ttl_s,
+            instance_id=name, agent_name=agent.name, store=store, outages=outages,
+            memory=memory, in_hand=in_hand, owners=owners, dead_letters=dead_letters,
+            stats=stats, lease_ttl_s=o.lease_ttl_s, max_message_bytes=o.max_message_bytes,
             resume=turns.resume)
+        self._inputs = Inputs(
+            instance_id=name, agent_name=agent.name, store=store, broker=broker,
+            outages=outages, owners=owners, dead_letters=dead_letters, stats=stats,
+            lease_ttl_s=o.lease_ttl_s, resume=turns.resume)
         self._dead_letters = dead_letters
         self._sweeper = Sweeper(
             agent_name=agent.name, instance_id=name, store=store, kinds=kinds, owners=owners,

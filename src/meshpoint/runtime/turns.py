@@ -13,6 +13,7 @@ when its join completes in memory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -133,6 +134,16 @@ class TurnLoop:
         except StoreError as error:
             logger.error("%s: cannot restore task %s: %s", self.instance_id, task_id, error)
             return
+        if restored.agent_name != self.agent.name:
+            # Never run another agent's task with this agent's model, tools and prompt
+            # (its answers and decisions are refused before anything is written: this
+            # guards whatever else could lead here). Its own agent's recovery takes it.
+            logger.error("%s: task %s belongs to agent %r, not %r: left to its agent",
+                         self.instance_id, task_id, restored.agent_name, self.agent.name)
+            self.stats.note("refused_foreign_task", task_id)
+            with contextlib.suppress(StoreError):
+                await self.store.release_resume_lease(task_id, owner)
+            return
         run = TaskRun(restored.context, lease_owner=owner)
         self.in_hand.add(run)
         self._note_resumed(run.ctx)
@@ -147,7 +158,8 @@ class TurnLoop:
         owner = self.owners.next()
         try:
             if await self.store.take_resume_lease(task_id, owner, self.lease_ttl_s,
-                                                  statuses=("blocked",)) is None:
+                                                  statuses=("blocked",),
+                                                  agent_name=self.agent.name) is None:
                 return True  # another instance took it first
             if self.events is not None:
                 await self.events.flush()  # this instance's latest steps count too

@@ -28,7 +28,7 @@ from meshpoint.history import HistoryHead, HistoryOptions, PlannedRecord, plan_r
 from meshpoint.store import queries as q
 from meshpoint.store.history import record_params
 from meshpoint.store.records import CheckpointReceipt
-from meshpoint.store.rows import check_id, check_timeout, check_ttl, plan_join
+from meshpoint.store.rows import check_agent, check_id, check_timeout, check_ttl, plan_join
 from meshpoint.store.schema import CHECKPOINT_STATUSES
 
 #: Keys of the checkpoint dict that are stored in tables of their own.
@@ -198,6 +198,7 @@ def _explain_refused_recheckpoint(conn: Connection, params: dict[str, Any]) -> N
     state = q.TASK_STATE.first(conn, params)
     if state is None:
         raise UnknownTaskError(task_id)
+    check_agent(f"task {task_id!r}", state.agent_name, params["p_agent"])
     if state.owner != owner:
         raise LeaseNotHeldError(task_id, owner)
     raise CheckpointConflictError(
