@@ -260,7 +260,7 @@ def cancel(task_id: Annotated[str, typer.Argument(help="The task.")],
     ``canceled`` and removes its rows. Needs the mesh's broker (NATS): a cancel is
     carried out by the instances, which the store alone cannot reach."""
     from meshpoint.config import load_config
-    from meshpoint.runtime import Client, wire
+    from meshpoint.runtime import wire
 
     async def run() -> str:
         mesh = load_config(config)
@@ -275,7 +275,7 @@ def cancel(task_id: Annotated[str, typer.Argument(help="The task.")],
                 f"task {task_id!r} has already ended ({ended}); there is nothing to cancel")
         broker = await mesh.open_broker()
         try:
-            async with Client(broker, namespace=mesh.namespace) as client:
+            async with mesh.client(broker) as client:
                 await client.cancel(name, task_id)
         finally:
             await broker.close()

@@ -47,6 +47,7 @@ from meshpoint.runtime.agent import (
 if TYPE_CHECKING:
     from meshpoint.broker import Broker
     from meshpoint.history import HistoryOptions
+    from meshpoint.runtime import Client
     from meshpoint.store import SqlStore
 
 _NAME = r"^[A-Za-z0-9_-]{1,64}$"
@@ -401,6 +402,13 @@ class MeshConfig(_Strict):
             raise ConfigurationError(f"history: {error}") from None
         return replace(options, agent_retention={
             name: agent.retention for name, agent in self.agents.items() if agent.retention})
+
+    def client(self, broker: Broker) -> Client:
+        """A :class:`~meshpoint.runtime.Client` of this mesh on ``broker``: its
+        namespace and the store's tenant (whose subjects its agents listen on)."""
+        from meshpoint.runtime import Client
+
+        return Client(broker, namespace=self.namespace, tenant=self.store.tenant)
 
     async def open_broker(self) -> Broker:
         from meshpoint.broker import open_broker

@@ -27,7 +27,7 @@ from meshpoint import a2a
 from meshpoint._retry import retried
 from meshpoint.config import MeshConfig
 from meshpoint.errors import BrokerError, MeshpointError, StoreUnavailableError
-from meshpoint.runtime import AgentInstance, Client
+from meshpoint.runtime import AgentInstance
 from meshpoint.store import SqlStore
 
 logger = logging.getLogger("meshpoint.serve")
@@ -148,7 +148,7 @@ async def submit(config: MeshConfig, agent_name: str, text: str, *,
     config.agent_config(agent_name)  # a clear error for a typo, before any I/O
     broker = await config.open_broker()
     try:
-        async with Client(broker, namespace=config.namespace) as client:
+        async with config.client(broker) as client:
             request_id = await client.submit(agent_name, text)
             try:
                 return await client.wait(request_id, timeout_s=timeout_s)

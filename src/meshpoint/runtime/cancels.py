@@ -32,6 +32,7 @@ from meshpoint.runtime.calls import CallKinds
 from meshpoint.runtime.ending import OUTCOMES
 from meshpoint.runtime.outages import Outages
 from meshpoint.runtime.stats import InstanceStats
+from meshpoint.runtime.subjects import Subjects
 from meshpoint.runtime.tasks import DeadLetters, InHand, LeaseOwners, TaskRun
 from meshpoint.store.base import TASK_STATUSES, Store
 
@@ -52,7 +53,7 @@ class Cancels:
     """Cancels the tasks of one instance's agent."""
 
     agent_name: str
-    namespace: str
+    subjects: Subjects
     instance_id: str
     store: Store
     broker: Broker
@@ -89,7 +90,7 @@ class Cancels:
         if outcome == "canceled":
             await delivery.ack()
             return
-        await self.broker.publish(wire.control_subject(self.namespace, self.agent_name),
+        await self.broker.publish(self.subjects.control(self.agent_name),
                                  wire.cancel_broadcast(task_id))
         if outcome == "leased" and delivery.delivery_count < self.max_deliver:
             # Resuming elsewhere: if that instance is dead, its lease will expire and

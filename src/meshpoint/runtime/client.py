@@ -35,6 +35,7 @@ from meshpoint.errors import (
 )
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import check_name
+from meshpoint.runtime.subjects import DEFAULT_TENANT, Subjects
 from meshpoint.runtime.wire import TASK_NOT_FOUND
 
 logger = logging.getLogger("meshpoint.client")
@@ -44,11 +45,16 @@ class Client:
     """Submits tasks to agents over ``broker``; use as ``async with Client(...)``."""
 
     def __init__(self, broker: Broker, *, namespace: str = "meshpoint",
-                 client_id: str | None = None) -> None:
+                 tenant: str = DEFAULT_TENANT, client_id: str | None = None) -> None:
         self.broker = broker
         self.namespace = check_name("namespace", namespace)
+        #: The tenant whose agents this client calls: its subjects are the tenant's.
+        self.subjects = Subjects(namespace, tenant)
         self.client_id = check_name("client_id", client_id or f"client-{wire.new_id()[:12]}")
-        self._prefix = wire.client_prefix(namespace, self.client_id)
+        #: This object's own subjects under the client's: two processes (or objects)
+        #: with one client id never share an inbox.
+        self.session = wire.new_id()[:16]
+        self._prefix = self.subjects.client(self.client_id, self.session)
         #: request id -> every final answer received for it (normally one).
         self.answers: dict[str, list[a2a.Task]] = {}
         self._waiters: dict[str, asyncio.Future[a2a.Task]] = {}
@@ -63,8 +69,8 @@ class Client:
 
     async def start(self) -> Client:
         self._subscription = await self.broker.subscribe(
-            f"{self._prefix}.>", f"{self.namespace}-{self.client_id}", self._on_message,
-            ConsumerOptions(ephemeral=True))
+            f"{self._prefix}.>", self.subjects.queue(f"client-{self.client_id}-{self.session}"),
+            self._on_message, ConsumerOptions(ephemeral=True))
         return self
 
     async def close(self) -> None:
@@ -86,7 +92,7 @@ class Client:
         request_id = check_name("request_id", request_id or wire.new_id())
         self._waiters.setdefault(request_id, asyncio.get_running_loop().create_future())
         await self.broker.publish(
-            wire.request_subject(self.namespace, agent), wire.send_request(request_id, text),
+            self.subjects.request(agent), wire.send_request(request_id, text),
             wire.reply_headers(f"{self._prefix}.response.{request_id}",
                                f"{self._prefix}.status.{request_id}"))
         return request_id
@@ -108,8 +114,7 @@ class Client:
 
     async def cancel(self, agent: str, task_id: str) -> None:
         """Ask ``agent`` to cancel ``task_id``; its caller is answered ``canceled``."""
-        await self.broker.publish(wire.request_subject(self.namespace, agent),
-                                  wire.cancel_request(task_id))
+        await self.broker.publish(self.subjects.request(agent), wire.cancel_request(task_id))
 
     async def wait_input(self, request_id: str, timeout_s: float | None = None
                          ) -> list[dict[str, Any]]:
@@ -168,7 +173,7 @@ class Client:
         future = self._replies[request_id] = asyncio.get_running_loop().create_future()
         try:
             await self.broker.publish(
-                wire.request_subject(self.namespace, agent),
+                self.subjects.request(agent),
                 wire.answer_request(request_id, task_id, answer, text=text,
                                     by=by or self.client_id),
                 wire.reply_headers(f"{self._prefix}.response.{request_id}",

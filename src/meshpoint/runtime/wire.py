@@ -1,13 +1,16 @@
 """Subjects, headers and the A2A documents agents exchange.
 
-Subjects follow seed 000's topic layout (DESIGN §4). Answers are addressed to
-the calling *agent*, so any of its instances can take them; only a task on the
-in-memory path (checkpointing off, or a failed checkpoint) has its peers answer
-to the *instance* that holds it (``...instance.<id>...``), since no other could.
+Subjects follow seed 000's topic layout (DESIGN §4) under a root per tenant
+(:mod:`meshpoint.runtime.subjects`). Answers are addressed to the calling *agent*,
+so any of its instances can take them; only a task on the in-memory path
+(checkpointing off, or a failed checkpoint) has its peers answer to the *instance*
+that holds it (``...instance.<agent>.<id>...``), since no other could.
 
 The reply subjects travel as headers (``Meshpoint-Reply-To`` and
 ``Meshpoint-Status-To``), like reply topics in the user properties of the source
-design, and are validated before use like everything else from the wire.
+design, and are validated before use like everything else from the wire: only a
+subject of the right kind under the tenant's own root is used
+(:meth:`~meshpoint.runtime.subjects.Subjects.reply_subject`).
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from meshpoint import a2a
-from meshpoint.broker.base import check_subject
-from meshpoint.errors import BadMessageError, InvalidArgumentError
+from meshpoint.errors import InvalidArgumentError
+from meshpoint.runtime.subjects import Subjects
 
 REPLY_TO = "Meshpoint-Reply-To"
 #: A2A's JSON-RPC error code for a task the agent does not have.
@@ -29,28 +32,22 @@ STATUS_TO = "Meshpoint-Status-To"
 
 
 def request_subject(ns: str, agent: str) -> str:
-    return f"{ns}.a2a.v1.agent.request.{agent}"
+    """The default tenant's request subject of ``agent`` (:class:`Subjects` has every
+    subject of any tenant)."""
+    return Subjects(ns).request(agent)
 
 
 def response_subject(ns: str, agent: str, sub_task_id: str) -> str:
-    return f"{ns}.a2a.v1.agent.response.{agent}.{sub_task_id}"
+    return Subjects(ns).response(agent, sub_task_id)
 
 
 def status_subject(ns: str, agent: str, sub_task_id: str) -> str:
-    return f"{ns}.a2a.v1.agent.status.{agent}.{sub_task_id}"
+    return Subjects(ns).status(agent, sub_task_id)
 
 
 def control_subject(ns: str, agent: str) -> str:
     """Broadcast to every live instance of an agent (cancel of a running task)."""
-    return f"{ns}.a2a.v1.agent.control.{agent}"
-
-
-def inbox_prefix(ns: str, instance_id: str) -> str:
-    return f"{ns}.a2a.v1.instance.{instance_id}"
-
-
-def client_prefix(ns: str, client_id: str) -> str:
-    return f"{ns}.a2a.v1.client.{client_id}"
+    return Subjects(ns).control(agent)
 
 
 def answer_msg_id(task_id: str) -> str:
@@ -78,23 +75,16 @@ def reply_headers(reply_to: str, status_to: str) -> dict[str, str]:
     return {REPLY_TO: reply_to, STATUS_TO: status_to}
 
 
-def header_subject(headers: Any, name: str) -> str | None:
-    """A reply subject from a message's headers, or None; BadMessageError if invalid."""
-    value = headers.get(name)
-    if value is None:
-        return None
-    try:
-        check_subject(value, pattern=False)
-    except InvalidArgumentError as error:
-        raise BadMessageError(f"header {name}: {error}") from None
-    return str(value)
-
-
-def send_request(request_id: str, text: str, *, metadata: dict[str, Any] | None = None
-                 ) -> bytes:
+def send_request(request_id: str, text: str, *, metadata: dict[str, Any] | None = None,
+                 context_id: str | None = None) -> bytes:
+    """A new task's request. A peer call names its task as the ``context_id``, which
+    the peer's answer carries back (A2A's grouping of related tasks): an answer whose
+    sub-task is gone can then be told a late one (its task ended, or moved on) from
+    one no task of the tenant ever waited for."""
     return a2a.encode(a2a.SendMessageRequest(id=request_id, params=a2a.MessageSendParams(
         message=a2a.Message(role="user", parts=[a2a.TextPart(text=text)],
-                            message_id=request_id, metadata=metadata))))
+                            message_id=request_id, metadata=metadata,
+                            context_id=context_id))))
 
 
 class CancelBroadcast(BaseModel):

@@ -229,6 +229,13 @@ class Store(Protocol):
         otherwise)."""
         ...
 
+    async def task_known(self, task_id: str, agent_name: str) -> bool:
+        """Whether ``agent_name``'s task ``task_id`` is paused, or ended recently
+        enough to be remembered (see :meth:`forget_ended_tasks`): how an answer whose
+        sub-task is gone is told a late one from one no task of the tenant waited
+        for."""
+        ...
+
     async def forget_ended_tasks(self, agent_name: str, *, older_than_s: float) -> int:
         """Forget ``agent_name``'s tasks that ended more than ``older_than_s`` ago
         (once no copy of their requests can come back); returns how many. Until then

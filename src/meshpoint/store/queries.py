@@ -228,6 +228,12 @@ RECORD_ENDED = Statement(
     "record_ended", "Records in the ledger of ended tasks that a task ended.",
     insert(N).from_select(["tenant_id", "logical_task_id", "agent_name", "ended_at"],
                           select(tenant, task, agent, now).where(~ENDED)))
+TASK_KNOWN = Statement(
+    "task_known", "Whether agent p_agent's task p_task is paused, or is remembered in the "
+    "ledger of ended tasks.",
+    select(or_(select(literal(1)).where(TASK_KEY, T.c.agent_name == agent).exists(),
+               select(literal(1)).where(N.c.tenant_id == tenant, N.c.logical_task_id == task,
+                                        N.c.agent_name == agent).exists())))
 FORGET_ENDED = Statement(
     "forget_ended", "Forgets an agent's tasks that ended before p_before.",
     delete(N).where(N.c.agent_name == agent, N.c.tenant_id == tenant,

@@ -627,6 +627,16 @@ class SqlStore(Store):
 
         await self._write(f"cleaning up task {task_id!r}", body)
 
+    async def task_known(self, task_id: str, agent_name: str) -> bool:
+        check_id("task_id", task_id)
+        check_id("agent_name", agent_name)
+
+        def body(conn: Connection) -> bool:
+            return bool(q.TASK_KNOWN.scalar(conn, self._keys(p_task=task_id,
+                                                             p_agent=agent_name)))
+
+        return await self._read(f"looking for task {task_id!r}", body)
+
     async def forget_ended_tasks(self, agent_name: str, *, older_than_s: float) -> int:
         check_id("agent_name", agent_name)
         check_timeout("older_than_s", older_than_s)
