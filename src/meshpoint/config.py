@@ -28,6 +28,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -43,6 +44,7 @@ from meshpoint.runtime.agent import (
     RecoveryPolicy,
     RuntimeOptions,
 )
+from meshpoint.runtime.approvers import ANY, ApproverConfig, Approvers
 
 if TYPE_CHECKING:
     from meshpoint.broker import Broker
@@ -94,6 +96,13 @@ class BrokerConfig(_Strict):
 
     #: ``nats://host:4222`` (NATS with JetStream) or ``memory://``.
     url: str = "nats://127.0.0.1:4222"
+    #: The NATS user this process connects as: one of those ``meshpoint nats-config``
+    #: writes for this mesh (an agent's for ``serve``, a client's or approver's for
+    #: ``submit``), usually ``${MESHPOINT_BROKER_USER}`` set per process. Unset (or
+    #: empty): no user, or the URL's.
+    user: str | None = None
+    #: That user's password (``${VAR}``); never shown in a repr or a log.
+    password: SecretStr | None = None
     stream_prefix: str = "MESHPOINT_"
     #: How long a NATS stream keeps messages (acknowledged or not).
     max_age_s: float = Field(default=7 * 86400.0, gt=0)
@@ -102,6 +111,11 @@ class BrokerConfig(_Strict):
     #: How long a publish keeps retrying while NATS is unreachable.
     publish_timeout_s: float = Field(default=30.0, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)
+
+    @field_validator("user", "password", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value
 
     @model_validator(mode="after")
     def _window_within_age(self) -> BrokerConfig:
@@ -310,6 +324,14 @@ class HistoryConfig(_Strict):
             prices=Prices(self.prices, self.currency), retention=self.retention)
 
 
+class ClientConfig(_Strict):
+    """A client of the mesh (a web backend, ``meshpoint submit``): it gets a NATS user
+    of its own from ``meshpoint nats-config``, which may submit to ``agents`` only."""
+
+    #: The agents it may send tasks (and cancels) to; unset: every agent.
+    agents: list[str] | None = None
+
+
 class AgentConfig(_Strict):
     description: str = ""
     model: ModelConfig = Field(default_factory=ScriptedModelConfig)
@@ -335,11 +357,46 @@ class MeshConfig(_Strict):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     agents: dict[str, AgentConfig] = Field(min_length=1)
     history: HistoryConfig = Field(default_factory=HistoryConfig)
+    #: Who may decide the calls that wait for a human (id -> public key and scope;
+    #: :mod:`meshpoint.runtime.approvers`). None configured: anyone may, and the
+    #: name a decision gives is recorded as claimed only.
+    approvers: dict[str, ApproverConfig] = Field(default_factory=dict)
+    #: The mesh's clients by name (their NATS users: ``meshpoint nats-config``).
+    clients: dict[str, ClientConfig] = Field(default_factory=dict)
 
     @field_validator("store", "broker", mode="before")
     @classmethod
     def _url_shorthand(cls, value: Any) -> Any:
         return {"url": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _clients_of_known_agents(self) -> MeshConfig:
+        for name, client in self.clients.items():
+            if not re.match(_NAME, name):
+                raise ValueError(f"client name {name!r} must be 1-64 letters, digits, _ or -")
+            for agent in client.agents or ():
+                if agent not in self.agents:
+                    raise ValueError(
+                        f"clients.{name}.agents: {agent!r} is not an agent of this file "
+                        f"(expected one of {sorted(self.agents)})")
+        return self
+
+    @model_validator(mode="after")
+    def _approvers_of_known_agents(self) -> MeshConfig:
+        for approver, spec in self.approvers.items():
+            for agent, tools in spec.agents.items():
+                if agent != ANY and agent not in self.agents:
+                    raise ValueError(
+                        f"approvers.{approver}.agents: {agent!r} is not an agent of this "
+                        f"file (expected one of {sorted(self.agents)}, or {ANY!r})")
+                known = {t.name for t in self.agents[agent].tools} if agent != ANY else set()
+                unknown = sorted(set(tools) - known - {ANY}) if agent != ANY else []
+                if unknown:
+                    raise ValueError(
+                        f"approvers.{approver}.agents.{agent}: {unknown[0]!r} is not a tool "
+                        f"of agent {agent!r} (its tools: {sorted(known) or 'none'}, or "
+                        f"{ANY!r})")
+        return self
 
     @field_validator("agents")
     @classmethod
@@ -403,19 +460,38 @@ class MeshConfig(_Strict):
         return replace(options, agent_retention={
             name: agent.retention for name, agent in self.agents.items() if agent.retention})
 
+    def build_approvers(self) -> Approvers:
+        """The :class:`~meshpoint.runtime.approvers.Approvers` of ``approvers:`` (their
+        keys read now: a missing or wrong one is a ConfigurationError naming it)."""
+        try:
+            return Approvers.from_config(self.approvers)
+        except InvalidArgumentError as error:
+            raise ConfigurationError(f"approvers: {error}") from None
+
     def client(self, broker: Broker) -> Client:
         """A :class:`~meshpoint.runtime.Client` of this mesh on ``broker``: its
-        namespace and the store's tenant (whose subjects its agents listen on)."""
+        namespace and the store's tenant (whose subjects its agents listen on), and,
+        when ``broker.user`` is one of the mesh's clients or approvers, that one's
+        client id (the only one its NATS permissions allow)."""
         from meshpoint.runtime import Client
+        from meshpoint.runtime.subjects import broker_user, tenant_token
 
-        return Client(broker, namespace=self.namespace, tenant=self.store.tenant)
+        user, client_id = self.broker.user, None
+        for role, names in (("client", self.clients), ("approver", self.approvers)):
+            for name in names:
+                if user == broker_user(self.namespace, self.store.tenant, role, name):
+                    client_id = tenant_token(name)
+        return Client(broker, namespace=self.namespace, tenant=self.store.tenant,
+                      client_id=client_id)
 
     async def open_broker(self) -> Broker:
         from meshpoint.broker import open_broker
 
         if self.broker.url.startswith(("nats://", "tls://")):
-            return await open_broker(self.broker.url,
-                                     **self.broker.model_dump(exclude={"url"}))
+            password = self.broker.password
+            return await open_broker(self.broker.url, **self.broker.model_dump(
+                exclude={"url", "password"}), password=None if password is None else
+                password.get_secret_value())
         return await open_broker(self.broker.url,
                                  dedupe_window_s=self.broker.dedupe_window_s)
 

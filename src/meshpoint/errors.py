@@ -30,11 +30,13 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     │   │   └── IntegrityError      a history record or its chain fails verification
     │   └── TaskBlockedError        a task whose history cannot be trusted is blocked
     ├── BrokerError                 the message broker refused or failed an operation
-    │   └── BrokerClosedError       the broker was closed
+    │   ├── BrokerClosedError       the broker was closed
+    │   └── BrokerPermissionError   the broker's user may not publish or read that
     ├── AnswerRefusedError          a human's answer to a waiting task was refused
     │   ├── AlreadyAnsweredError    the call was answered first (its ``decision``)
     │   ├── NotPendingError         the task does not wait on that call, or on any input
     │   ├── MisdirectedAnswerError  the answer went to another agent than the task's
+    │   ├── DecisionRefusedError    not signed by an approver who may decide that call
     │   └── ArgumentsRejectedError  edited arguments fail the tool's JSON schema
     ├── BadMessageError             a message is malformed, unknown or too large
     └── ModelError                  a model endpoint failed or answered nonsense
@@ -288,6 +290,13 @@ class BrokerClosedError(BrokerError):
     """The broker was closed; open a new one."""
 
 
+class BrokerPermissionError(BrokerError):
+    """The broker refused this connection's user an operation its permissions do not
+    allow (NATS: a permissions violation): publishing to a subject that is not its
+    role's, or reading another user's queue. Not retried; the message names the
+    subject the server refused."""
+
+
 class AnswerRefusedError(MeshpointError):
     """An answer to a task waiting for a human (approve, deny, reply) was refused;
     nothing was written. ``code`` is its JSON-RPC error code on the wire; ``decision``
@@ -320,6 +329,16 @@ class MisdirectedAnswerError(AnswerRefusedError):
     the task's own agent."""
 
     code = -32053
+
+
+class DecisionRefusedError(AnswerRefusedError):
+    """With approvers configured, a decision must be signed by one of them who may
+    decide the call's tool: this one is unsigned, names an unknown approver, does not
+    verify with that approver's key (forged, or changed since it was signed), or
+    decides a tool its approver may not. Nothing was written; the task keeps
+    waiting."""
+
+    code = -32054
 
 
 class ArgumentsRejectedError(AnswerRefusedError, InvalidArgumentError):

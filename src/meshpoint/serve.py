@@ -47,6 +47,7 @@ async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None 
     ``runtime.startup_timeout_s`` (hosts restart in any order); a signal meanwhile ends the
     process cleanly."""
     agent = config.build_agent(agent_name)
+    approvers = config.build_approvers()
     startup_timeout_s = config.runtime.startup_timeout_s
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -61,7 +62,7 @@ async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None 
             return
         try:
             instance = AgentInstance(agent, store, broker, instance_id=instance_id,
-                                     options=config.runtime_options())
+                                     options=config.runtime_options(), approvers=approvers)
             await instance.start()
             logger.info("%s serving agent %s (namespace %s, broker %s)",
                         instance.instance_id, agent_name, config.namespace, config.broker.url)

@@ -94,7 +94,7 @@ async def test_an_operator_lists_shows_and_approves_from_another_process(
 
     done = await ok_json(where, "approve", task_id, call_id, "--arguments",
                          '{"query": "Send the fixed report"}', "--by", "ops")
-    assert [(d["decision"], d["by"], d["edited"]) for d in done["decisions"]] == [
+    assert [(d["decision"], d["claimed_by"], d["edited"]) for d in done["decisions"]] == [
         ("approved", "ops", True)]
     answer = await mesh.client.wait(request_id, timeout_s=20)  # recovery resumes it
     assert answer.status.state is a2a.TaskState.COMPLETED
@@ -158,9 +158,11 @@ async def test_another_tenant_sees_nothing_and_a_second_answer_is_told_who_won(
                                "--by", "dana", "--json")
     refused = json.loads(out)
     assert code == 1 and refused["kind"] == "AlreadyAnsweredError"
-    assert (refused["decision"]["decision"], refused["decision"]["by"]) == ("approved", "ops")
+    assert (refused["decision"]["decision"], refused["decision"]["claimed_by"]) == (
+        "approved", "ops")
     code, _, err = await tasks(where, "approve", task_id, call_id)
-    assert code == 1 and "already answered (approved, by ops)" in " ".join(err.split())
+    assert code == 1 and "already answered (approved, claimed by ops, unverified)" in \
+        " ".join(err.split())
     assert not effects.runs  # the task still waits on its peer
 
     await peer.answer(next(iter(peer.requests)), "the figures")

@@ -22,6 +22,13 @@ How the contract maps onto JetStream:
 * **Settlements** are JetStream acks (``+ACK``, ``-NAK`` with a delay, ``+WPI``,
   ``+TERM``). A settlement that cannot be sent (the connection is down) is logged and
   dropped: the message comes back after its ack wait, as after a lost ack.
+* **Users.** With a ``user`` (``connect(user=, password=)`` or credentials in the
+  URL) the connection is that NATS user's, one of those ``meshpoint nats-config``
+  writes: its replies come to an inbox of its own (``_INBOX_<user>``), and the
+  server refuses what its permissions do not allow (:class:`BrokerPermissionError`,
+  at once, naming the subject). An ephemeral queue's consumer gets an unguessable
+  name (never listed to users), so that no other user can read from it; a durable
+  queue's consumer is named after the queue, and users' permissions name theirs.
 * **Restarts.** The client reconnects forever; a publish retries (with the same
   ``Nats-Msg-Id``, so a retry is never stored twice) until ``publish_timeout_s``;
   members keep pulling through the outage. Streams and consumers are on disk, so a
@@ -35,6 +42,7 @@ import contextlib
 import hashlib
 import logging
 import re
+import secrets
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -71,7 +79,12 @@ from meshpoint.broker.base import (
     check_subject,
     default_dead_letter_subject,
 )
-from meshpoint.errors import BrokerClosedError, BrokerError, InvalidArgumentError
+from meshpoint.errors import (
+    BrokerClosedError,
+    BrokerError,
+    BrokerPermissionError,
+    InvalidArgumentError,
+)
 
 logger = logging.getLogger("meshpoint.broker.nats")
 
@@ -84,6 +97,12 @@ _TRANSIENT = (asyncio.TimeoutError, nats.errors.TimeoutError, nats.errors.Connec
 #: How often an idle member checks that its consumer still exists on the server.
 CONSUMER_CHECK_S = 5.0
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def inbox_prefix(user: str) -> str:
+    """The subject prefix of a NATS user's replies (pull deliveries, API answers):
+    one per user, so that a user's permissions can allow its own replies only."""
+    return f"_INBOX_{safe_name(user)}"
 
 
 def safe_name(name: str) -> str:
@@ -101,8 +120,14 @@ class NatsBroker(Broker):
     def __init__(self, nc: NatsClient, url: str, *, stream_prefix: str = "MESHPOINT_",
                  max_age_s: float = 7 * 86400.0, dedupe_window_s: float = 120.0,
                  publish_timeout_s: float = 30.0, pull_expires_s: float = 1.0,
-                 ephemeral_inactive_s: float = 60.0) -> None:
+                 ephemeral_inactive_s: float = 60.0, user: str | None = None) -> None:
         self.nc = nc
+        #: The NATS user this connection is (None: the server's default, no auth).
+        self.user = user
+        #: What the server refused this user lately (subject -> its error), oldest first.
+        self._denied: dict[str, str] = {}
+        #: An ephemeral queue -> the unguessable name of its consumer on the server.
+        self._ephemeral: dict[str, str] = {}
         self.js: JetStreamContext = nc.jetstream(timeout=5.0)
         self.url = url
         self.stream_prefix = stream_prefix
@@ -122,15 +147,32 @@ class NatsBroker(Broker):
     @classmethod
     async def connect(cls, url: str = "nats://127.0.0.1:4222", *,
                       connect_timeout_s: float = 10.0, name: str | None = None,
+                      user: str | None = None, password: str | None = None,
                       **options: Any) -> NatsBroker:
-        """Connect to the NATS server at ``url`` (reconnecting forever afterwards).
+        """Connect to the NATS server at ``url`` (reconnecting forever afterwards), as
+        ``user`` with ``password`` if given (else as the URL's credentials, if any).
         Raises :class:`BrokerError` if it cannot be reached within
-        ``connect_timeout_s``; ``options`` are those of :class:`NatsBroker`."""
-        nc = NatsClient()
-        broker = cls(nc, url, **options)  # the client connects below
+        ``connect_timeout_s`` or refuses the user; ``options`` are those of
+        :class:`NatsBroker`."""
+        from urllib.parse import unquote, urlsplit
 
-        async def quiet(_error: Exception) -> None:  # reconnects are logged below
-            return None
+        parts = urlsplit(url)
+        if user is None and parts.username:
+            user = unquote(parts.username)
+        nc = NatsClient()
+        broker = cls(nc, url, user=user, **options)  # the client connects below
+
+        async def quiet(error: Exception) -> None:  # reconnects are logged below
+            # What the server refuses this user arrives here, not at the call that
+            # asked (a publish or request then times out): remember it, so that the
+            # call can say so at once.
+            # nats-py lowercases the server's error, subject included: keys are too.
+            text = str(error).lower()
+            if "permissions violation" in text:
+                subject = text.rsplit(" to ", 1)[-1].strip("'\" ")
+                broker._denied[subject] = text.removeprefix("nats: ").split(" to ", 1)[0]
+                while len(broker._denied) > 256:
+                    broker._denied.pop(next(iter(broker._denied)))
 
         async def disconnected() -> None:
             if not broker.closing and not nc.is_closed:  # closing: expected
@@ -145,15 +187,32 @@ class NatsBroker(Broker):
                 "reconnect_time_wait": 0.25, "connect_timeout": 2, "error_cb": quiet,
                 "disconnected_cb": disconnected, "reconnected_cb": reconnected,
                 "allow_reconnect": True}
+            if user is not None:
+                settings["inbox_prefix"] = inbox_prefix(user)
+                if password is not None or not parts.username:
+                    settings.update(user=user, password=password or "")
             await asyncio.wait_for(nc.connect(**settings), connect_timeout_s)
+        except nats.errors.AuthorizationError:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            raise BrokerError(f"NATS at {parts.hostname}:{parts.port} refused user {user!r}: "
+                              "wrong user or password (Authorization Violation)") from None
         except (TimeoutError, OSError, nats.errors.Error) as error:
             with contextlib.suppress(Exception):
                 await nc.close()
+            if "uthorization" in str(error) or "uthorization" in repr(nc.last_error):
+                raise BrokerError(f"NATS at {parts.hostname}:{parts.port} refused user "
+                                  f"{user!r}: wrong user or password") from None
             raise BrokerError(
                 f"cannot reach NATS at {url} within {connect_timeout_s:g}s ({error!r}); "
                 f"start nats-server with JetStream (-js) or fix the broker URL") from None
         try:
             await broker.js.account_info()
+        except nats.errors.TimeoutError:
+            await nc.close()
+            raise BrokerError(f"NATS user {user!r} may not use JetStream's API "
+                              f"($JS.API.INFO): {broker._denial('$JS.API.') or 'timed out'}"
+                              ) from None
         except nats.errors.Error as error:
             await nc.close()
             raise BrokerError(f"NATS at {url} has no JetStream ({error}); start nats-server "
@@ -248,11 +307,30 @@ class NatsBroker(Broker):
             # out on reconnect even after we reported it failed.
             raise nats.errors.ConnectionReconnectingError
         stream = await self._ensure_stream(namespace)
+        self._denied.pop(subject.lower(), None)
         try:
             await self.js.publish(subject, data, headers=headers, timeout=2.0)
         except nats.js.errors.NoStreamResponseError:
             self._streams.discard(stream)  # deleted under us: create it again
             raise
+        except (nats.errors.TimeoutError, TimeoutError):
+            refused = self._denied.pop(subject.lower(), None)
+            if refused is not None:
+                raise BrokerPermissionError(self._refused(refused, subject)) from None
+            raise
+
+    def _denial(self, prefix: str) -> str | None:
+        """The latest refused subject starting with ``prefix`` (as the server named it,
+        lowercased), forgotten once told."""
+        for subject in reversed(list(self._denied)):
+            if subject.startswith(prefix.lower()):
+                return f"{self._denied.pop(subject)} to {subject!r}"
+        return None
+
+    def _refused(self, what: str, subject: str | None = None) -> str:
+        told = f'{what} to "{subject}"' if subject is not None else what
+        return (f"NATS refused user {self.user!r}: {told} (its permissions do not allow "
+                "it; see `meshpoint nats-config`)")
 
     async def _retrying(self, doing: str, attempt: Callable[[], Awaitable[None]]) -> None:
         """``attempt()``, retried every 0.05 s, doubling up to 1 s, while NATS is not
@@ -271,8 +349,18 @@ class NatsBroker(Broker):
                 stop=lambda state: loop.time() + state.upcoming_sleep > deadline,
                 reraise=True)
 
+        async def checked() -> None:
+            try:
+                await once()
+            except _TRANSIENT:
+                # A JetStream API call the server refused this user only times out.
+                refused = self._denial("$JS.")
+                if refused is not None:
+                    raise BrokerPermissionError(self._refused(refused)) from None
+                raise
+
         try:
-            await retried(once, policy, lambda error: isinstance(error, _TRANSIENT))
+            await retried(checked, policy, lambda error: isinstance(error, _TRANSIENT))
         except _TRANSIENT as error:
             raise BrokerError(f"NATS at {self.url}: could not {doing} within "
                               f"{self.publish_timeout_s:g}s ({error!r})") from None
@@ -290,7 +378,7 @@ class NatsBroker(Broker):
                 f"namespace, which names the stream)")
         options = options or ConsumerOptions()
         stream = self.stream_name(tokens[0])
-        consumer = safe_name(queue)
+        consumer = self.consumer_of(queue, ephemeral=options.ephemeral)
 
         async def setup() -> None:
             await self._ensure_stream(tokens[0])
@@ -302,6 +390,14 @@ class NatsBroker(Broker):
         await member.start()
         self._members.setdefault((stream, consumer), set()).add(member)
         return member
+
+    def consumer_of(self, queue: str, *, ephemeral: bool = False) -> str:
+        """The name of ``queue``'s consumer on the server: the queue's own (made safe)
+        for a durable queue, which every process shares; for an ephemeral one, of this
+        broker only, a random name nobody else can guess."""
+        if not ephemeral:
+            return safe_name(queue)
+        return self._ephemeral.setdefault(queue, f"eph_{secrets.token_hex(16)}")
 
     async def close(self) -> None:
         if self.closed:
@@ -327,6 +423,9 @@ class NatsBroker(Broker):
         members.discard(member)
         if not members:
             self._members.pop(key, None)
+            if member.options.ephemeral:
+                self._ephemeral = {q: c for q, c in self._ephemeral.items()
+                                   if c != member.consumer}
             if member.options.ephemeral and not self.nc.is_closed:
                 with contextlib.suppress(Exception):
                     await self.js.delete_consumer(member.stream, member.consumer)

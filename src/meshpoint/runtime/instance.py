@@ -39,6 +39,7 @@ from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent, RuntimeOptions, check_name
 from meshpoint.runtime.answers import Answers
 from meshpoint.runtime.approvals import ApprovalCalls, Inputs
+from meshpoint.runtime.approvers import Approvers
 from meshpoint.runtime.boundary import PauseBoundary
 from meshpoint.runtime.calls import CallKind, CallKinds, LocalTools
 from meshpoint.runtime.cancels import Cancels
@@ -64,12 +65,13 @@ from meshpoint.store.base import Store
 logger = logging.getLogger("meshpoint.runtime")
 
 
-def call_kinds(agent: Agent, broker: Broker, subjects: Subjects,
-               stats: InstanceStats) -> list[CallKind]:
+def call_kinds(agent: Agent, broker: Broker, subjects: Subjects, stats: InstanceStats,
+               approvers: Approvers | None = None) -> list[CallKind]:
     """The kinds of call an instance makes, in the order they claim a call: where a
     new kind is registered. The first kind with an item outstanding names the
     pause: a task waiting on a human and on peers is ``input_required``."""
-    return [ApprovalCalls(agent=agent, broker=broker, stats=stats),
+    return [ApprovalCalls(agent=agent, broker=broker, stats=stats, approvers=approvers,
+                          tenant=subjects.tenant),
             PeerCalls(agent=agent, broker=broker, subjects=subjects), LocalTools(agent=agent)]
 
 
@@ -82,11 +84,15 @@ def turn_checks(agent: Agent) -> list[TurnCheck]:
 class AgentInstance:
     """One instance of ``agent``. ``await start()`` joins the agent's queues;
     ``await drain()`` stops gracefully; ``await stop()`` and ``await kill()`` stop at
-    once, as a crash would (nothing in hand is acknowledged, no lease is released)."""
+    once, as a crash would (nothing in hand is acknowledged, no lease is released).
+    Its subjects are its store's tenant's. With ``approvers``, a decision on a call
+    waiting for approval is taken only if one of them signed it
+    (:mod:`meshpoint.runtime.approvers`)."""
 
     def __init__(self, agent: Agent, store: Store, broker: Broker, *,
                  instance_id: str | None = None,
-                 options: RuntimeOptions | None = None) -> None:
+                 options: RuntimeOptions | None = None,
+                 approvers: Approvers | None = None) -> None:
         self.agent = agent
         self.store = store
         self.broker = broker
@@ -105,7 +111,7 @@ class AgentInstance:
         outages = Outages(instance_id=name, lifecycle=lifecycle)
         #: The subjects of the store's tenant: two tenants never share a subject.
         self.subjects = subjects = Subjects(o.namespace, store.tenant_id)
-        kinds = CallKinds(call_kinds(agent, broker, subjects, stats))
+        kinds = CallKinds(call_kinds(agent, broker, subjects, stats, approvers))
         endings = Endings(agent_name=agent.name, instance_id=name, store=store, broker=broker,
                           kinds=kinds, in_hand=in_hand, stats=stats,
                           lease_ttl_s=o.lease_ttl_s)
@@ -139,7 +145,7 @@ class AgentInstance:
         self._inputs = Inputs(
             instance_id=name, agent_name=agent.name, store=store, broker=broker,
             outages=outages, owners=owners, dead_letters=dead_letters, stats=stats,
-            lease_ttl_s=o.lease_ttl_s, resume=turns.resume)
+            lease_ttl_s=o.lease_ttl_s, resume=turns.resume, approvers=approvers)
         self._dead_letters = dead_letters
         self._sweeper = Sweeper(
             agent_name=agent.name, instance_id=name, store=store, kinds=kinds, owners=owners,

@@ -85,6 +85,9 @@ class PeerCalls:
         await self.broker.publish(self.subjects.request(peer),
                                    wire.cancel_request(peer_task_id))
 
+    def refused(self, ctx: TaskExecutionContext, call: ToolCall, result: Any) -> str | None:
+        return None
+
     async def settle(self, ctx: TaskExecutionContext, call: ToolCall, result: Any) -> Any:
         """The peer's answer (or its timeout) as the model sees it: the answer's text,
         or the result as JSON when it has none. Its artifacts and token usage become

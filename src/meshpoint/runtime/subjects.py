@@ -52,12 +52,22 @@ ReplyKind = Literal["response", "status"]
 
 
 def tenant_token(tenant: str) -> str:
-    """The subject token of ``tenant`` (see the module docstring)."""
+    """The subject token of ``tenant`` (see the module docstring); any other name
+    becomes a token the same way (an approver's id, say)."""
     if type(tenant) is not str or not tenant:
-        raise InvalidArgumentError(f"a tenant is a non-empty str, got {tenant!r}")
+        raise InvalidArgumentError(f"a name is a non-empty str, got {tenant!r}")
     if _PLAIN.match(tenant):
         return tenant
     return "_" + hashlib.sha256(tenant.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def broker_user(namespace: str, tenant: str, role: str, name: str) -> str:
+    """The NATS user ``meshpoint nats-config`` gives ``role`` (agent, client,
+    approver) ``name`` of a tenant's mesh: ``<ns>.<role>.<name>`` (the name as a
+    token), with the tenant's token after the namespace for any tenant but the
+    default. A client's or approver's client id is its name's token."""
+    prefix = namespace if tenant == DEFAULT_TENANT else f"{namespace}.{tenant_token(tenant)}"
+    return f"{prefix}.{role}.{tenant_token(name)}"
 
 
 @dataclass(frozen=True)

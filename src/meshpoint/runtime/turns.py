@@ -286,6 +286,14 @@ class TurnLoop:
         calls = ctx.parallel_tool_calls.get(invocation) if invocation else None
         if invocation is None or calls is None:
             return True  # no round in flight (checkpointed before a model call)
+        for call, reason in self.kinds.review(ctx):
+            # Its result is dropped: the call is made again below (an approval waits
+            # for a decision again), never settled with what its kind refused.
+            logger.warning("%s: task %s: the result of call %s (%s) is refused: %s; the "
+                           "call is made again", self.instance_id, ctx.task_id, call.id,
+                           call.name, reason)
+            self.stats.log("result_refused", ctx.task_id, step=call.name,
+                           input={"function_call_id": call.id}, output={"reason": reason})
         if calls.completed < calls.total:
             todo = [(call, self.kinds.for_call(call)) for call in turn_calls(ctx).values()
                     if call.id in calls.call_order and call.id not in calls.results]

@@ -188,17 +188,18 @@ def input_required(request_id: str | int, task_id: str, context_id: str, text: s
         final=False)))
 
 
-def answer_request(request_id: str, task_id: str, answer: dict[str, Any] | None, *,
-                   text: str | None = None, by: str | None = None) -> bytes:
-    """A human's answer to a waiting task: a ``message/send`` naming the task, with the
-    answer as a data part (approve, deny) or as text (a reply)."""
-    parts: list[a2a.TextPart | a2a.DataPart | a2a.FilePart] = []
-    if answer is not None:
-        parts.append(a2a.DataPart(data={"meshpoint_answer": answer}))
-    if text is not None:
-        parts.append(a2a.TextPart(text=text))
+def answer_request(request_id: str, task_id: str,
+                   answer: BaseModel | dict[str, Any]) -> bytes:
+    """A human's answer to a waiting task: a ``message/send`` naming the task, the
+    answer (:mod:`meshpoint.runtime.decisions`: approve, deny or reply, perhaps
+    signed; or its JSON form) as a data part, and its claimed author in the metadata
+    too."""
+    document = answer if isinstance(answer, dict) else answer.model_dump(
+        mode="json", exclude_none=True)
+    by = document.get("by")
     return a2a.encode(a2a.SendMessageRequest(id=request_id, params=a2a.MessageSendParams(
-        message=a2a.Message(role="user", parts=parts, message_id=request_id, task_id=task_id,
+        message=a2a.Message(role="user", parts=[a2a.DataPart(data={"meshpoint_answer": document})],
+                            message_id=request_id, task_id=task_id,
                             metadata={"meshpoint_by": by} if by else None))))
 
 
