@@ -40,8 +40,8 @@ def store_section(where: list[str]) -> str:
 async def tasks(where: list[str], *args: str) -> tuple[int, str, str]:
     """``meshpoint tasks ARGS`` on the store ``where`` names (``meshpoint stats``,
     ``recover``: without ``tasks``); the event loop keeps serving the mesh meanwhile."""
-    command = list(args) if args[0] in ("stats", "recover") else ["tasks", *args]
-    if args[0] != "cancel" and "--config" not in args:
+    command = list(args) if args[0] in ("stats", "recover", "keys") else ["tasks", *args]
+    if args[0] not in ("cancel", "keys") and "--config" not in args:
         command += where
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "meshpoint.cli", *command,
@@ -247,3 +247,45 @@ async def test_cancel_from_another_process_over_nats(
         await instance.stop()
         await broker.delete_namespace(ns)
         await broker.close()
+
+
+async def test_with_approvers_the_command_line_signs_its_decisions_or_is_refused(
+        mesh: Mesh, where: list[str], tmp_path: Path) -> None:
+    """``meshpoint keys approver new`` makes the CFO's key pair; with the mesh's
+    approvers, ``tasks approve`` without the CFO's key is refused (nothing written),
+    and with it the decision is recorded as the CFO's, verified, and the task runs
+    its tool once."""
+    from meshpoint.config import load_config
+
+    key = tmp_path / "keys" / "cfo.key"
+    code, out, err = await tasks(where, "keys", "approver", "new", "--id", "cfo@example.com",
+                                 "--out", str(key), "--json")
+    made = json.loads(out)
+    assert code == 0 and made["private_key"] == str(key), err
+    assert key.stat().st_mode & 0o777 == 0o600 and "PRIVATE KEY" in key.read_text()
+    code, _, err = await tasks(where, "keys", "approver", "new", "--id", "x", "--out", str(key))
+    assert code == 1 and "exists" in err
+    config = tmp_path / "mesh.yaml"
+    config.write_text(store_section(where) + (
+        "agents:\n  coordinator:\n    tools: [{name: send, function: 'os:getcwd', "
+        "needs_approval: true}]\n"
+        f"approvers:\n  cfo@example.com: {{key: 'file:{made['public_key']}', "
+        "agents: {coordinator: [send]}}\n"))
+    effects = SideEffects()
+    await mesh.run(approving(effects), approvers=load_config(config).build_approvers())
+    request_id, task_id, pending = await paused(mesh, "Send the report")
+    call_id = pending[0]["call_id"]
+
+    code, out, _ = await tasks(where, "approve", task_id, call_id, "--config", str(config),
+                               "--by", "cfo@example.com", "--json")
+    assert code == 1 and json.loads(out)["kind"] == "DecisionRefusedError"
+    assert "unsigned" in json.loads(out)["error"]
+    code, _, err = await tasks(where, "approve", task_id, call_id, "--config", str(config),
+                               "--key", f"file:{key}")
+    assert code == 2 and "--by" in err
+    done = await ok_json(where, "approve", task_id, call_id, "--config", str(config),
+                         "--key", f"file:{key}", "--by", "cfo@example.com")
+    assert [(d["by"], d["verified"]) for d in done["decisions"]] == [("cfo@example.com", True)]
+    answer = await mesh.client.wait(request_id, timeout_s=20)
+    assert answer.status.state is a2a.TaskState.COMPLETED
+    assert list(effects.runs.values()) == [1]
