@@ -13,12 +13,15 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
 from sqlalchemy import Connection
 
+from meshpoint.runtime import RuntimeOptions
 from meshpoint.store import SqlStore, open_store
 from meshpoint.store.schema import metadata
 from tests.integration.mesh import Mesh
@@ -249,6 +252,51 @@ async def live_store(backend: str, store_url: str,
     (for the runtime, whose leases and deadlines must really expire)."""
     async with await _empty_store(backend, store_url, store_options) as opened:
         yield opened
+
+
+@pytest.fixture(params=["inprocess", pytest.param("nats", marks=pytest.mark.nats)])
+def broker_kind(request: pytest.FixtureRequest) -> str:
+    """The broker a test runs on: the in-process broker, and NATS JetStream."""
+    return str(request.param)
+
+
+@asynccontextmanager
+async def mesh_on(kind: str, store: SqlStore, request: pytest.FixtureRequest,
+                  options: RuntimeOptions | None = None) -> AsyncIterator[Mesh]:
+    """A started :class:`Mesh` on ``store`` and a broker of ``kind``. On NATS the mesh
+    has a namespace (so a stream) of its own, deleted afterwards."""
+    from tests.integration.mesh import FAST
+
+    options = options or FAST
+    if kind == "inprocess":
+        started = await Mesh(store, options).start()
+        try:
+            yield started
+        finally:
+            await started.close()
+        return
+    from meshpoint.broker.nats import NatsBroker
+
+    url = request.getfixturevalue("nats_url")
+    options = replace(options, namespace=f"t{uuid.uuid4().hex[:12]}")
+    broker = await NatsBroker.connect(url, pull_expires_s=0.3)
+    started = await Mesh(store, options, broker).start()
+    try:
+        yield started
+    finally:
+        await started.close()
+        cleanup = await NatsBroker.connect(url)
+        await cleanup.delete_namespace(options.namespace)
+        await cleanup.close()
+
+
+@pytest.fixture
+async def broker_mesh(broker_kind: str, live_store: SqlStore,
+                      request: pytest.FixtureRequest) -> AsyncIterator[Mesh]:
+    """A started :class:`Mesh` on an empty store of the parametrised backend and a
+    broker of each kind (the in-process broker, NATS)."""
+    async with mesh_on(broker_kind, live_store, request) as started:
+        yield started
 
 
 @pytest.fixture

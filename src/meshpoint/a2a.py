@@ -5,16 +5,17 @@ Agents exchange JSON-RPC 2.0 documents: requests ``message/send`` and
 ``TaskStatusUpdateEvent`` or a ``TaskArtifactUpdateEvent`` (told apart by
 ``kind``). Field names are camelCase on the wire and snake_case in Python.
 
-:func:`parse_request` and :func:`parse_response` are the only way bytes from the
-broker become objects: anything malformed, of an unknown method or kind, or
-larger than ``max_bytes`` raises :class:`~meshpoint.errors.BadMessageError` with a
-reason fit for a dead-letter header. They never raise anything else.
+:func:`parse_request` and :func:`parse_response` (and :func:`parse_json`, which they
+and meshpoint's own control messages use) are the only way bytes from the broker
+become objects: anything malformed, nested too deeply, of an unknown method or
+kind, or larger than ``max_bytes`` raises :class:`~meshpoint.errors.BadMessageError`
+with a reason fit for a dead-letter header. They never raise anything else.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.alias_generators import to_camel
@@ -23,6 +24,7 @@ from meshpoint.errors import BadMessageError
 
 #: Default largest message accepted from the wire (1 MiB).
 MAX_MESSAGE_BYTES = 1 << 20
+T = TypeVar("T")
 
 
 class _Model(BaseModel):
@@ -201,20 +203,27 @@ def encode(document: _Model) -> bytes:
 def parse_request(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES
                   ) -> SendMessageRequest | CancelTaskRequest:
     """Validate a JSON-RPC request from the wire, or raise BadMessageError."""
-    _check_size(data, max_bytes)
-    try:
-        return _REQUESTS.validate_json(data)
-    except ValidationError as error:
-        raise BadMessageError(_explain("request", error, data)) from None
+    return parse_json(_REQUESTS, "request", data, max_bytes)
 
 
 def parse_response(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Response:
     """Validate a JSON-RPC response from the wire, or raise BadMessageError."""
+    return parse_json(_RESPONSES, "response", data, max_bytes)
+
+
+def parse_json(adapter: TypeAdapter[T], what: str, data: bytes, max_bytes: int) -> T:
+    """``data`` validated by ``adapter``, or BadMessageError naming what is wrong with
+    the ``what``: too large, not JSON, nested too deeply, or not of its shape. The
+    boundary where bytes from the wire become objects: nothing else escapes it
+    (pydantic's parser stops at its own depth limit; a RecursionError from deeper
+    down is caught here too)."""
     _check_size(data, max_bytes)
     try:
-        return _RESPONSES.validate_json(data)
+        return adapter.validate_json(data)
     except ValidationError as error:
-        raise BadMessageError(_explain("response", error, data)) from None
+        raise BadMessageError(_explain(what, error, data)) from None
+    except RecursionError:
+        raise BadMessageError(f"the {what} is {_TOO_DEEP}") from None
 
 
 def _check_size(data: bytes, max_bytes: int) -> None:
@@ -225,8 +234,13 @@ def _check_size(data: bytes, max_bytes: int) -> None:
             f"message of {len(data):,} bytes is larger than the limit of {max_bytes:,}")
 
 
+_TOO_DEEP = "nested too deeply to be read (JSON nested past the parser's limit)"
+
+
 def _explain(what: str, error: ValidationError, data: bytes) -> str:
     first = error.errors(include_url=False)[0]
+    if first["type"] == "json_invalid" and "recursion limit" in str(first["msg"]):
+        return f"the {what} is {_TOO_DEEP}"
     if first["type"] == "json_invalid":
         return f"the {what} is not valid JSON: {first['msg']}"
     if first["type"] == "union_tag_invalid" and not first["loc"]:
@@ -236,4 +250,5 @@ def _explain(what: str, error: ValidationError, data: bytes) -> str:
             return f"unknown method {method!r}; meshpoint accepts {', '.join(_METHODS)}"
     where = ".".join(str(part) for part in first["loc"]) or what
     extra = f" (and {error.error_count() - 1} more problems)" if error.error_count() > 1 else ""
-    return f"invalid A2A {what}: {where}: {first['msg']}{extra}"
+    label = f"A2A {what}" if what in ("request", "response") else what
+    return f"invalid {label}: {where}: {first['msg']}{extra}"

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from rich.table import Table
 
 from meshpoint import a2a
+from meshpoint.cli_broker import broker_commands
 from meshpoint.cli_common import (
     AsJson,
     Config,
@@ -31,7 +32,7 @@ from meshpoint.cli_common import (
     shown,
 )
 from meshpoint.cli_events import event_commands
-from meshpoint.cli_history import history_commands
+from meshpoint.cli_history import history_commands, keys_app
 from meshpoint.cli_tasks import recover, tasks_app
 from meshpoint.errors import ConfigurationError, MeshpointError
 
@@ -41,6 +42,7 @@ app.add_typer(tasks_app, name="tasks")
 app.command()(recover)
 history_commands(app, tasks_app)
 event_commands(app, tasks_app)
+broker_commands(app, keys_app)
 
 #: ``serve`` and ``submit`` need the whole mesh, not only its store.
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", envvar="MESHPOINT_CONFIG",

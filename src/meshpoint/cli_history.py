@@ -289,7 +289,8 @@ def purge(dry_run: Annotated[bool, typer.Option(
                   + (f"; {left} chain(s) left alone (see why above)" if left else ""))
 
 
-keys_app = typer.Typer(help="The encryption key ring of the checkpoint history.",
+keys_app = typer.Typer(help="Keys: the encryption key ring of the checkpoint history; "
+                            "approvers' key pairs (keys approver new).",
                        no_args_is_help=True)
 KeyRing = Annotated[Path | None, typer.Option(
     "--keyring", help="The key ring file (default: the config's history.encryption.keyring).")]

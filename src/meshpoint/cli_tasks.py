@@ -6,9 +6,13 @@ or ``MESHPOINT_STORE_URL``) or the mesh config (``--config``), see
 (``approve``, ``deny``, ``reply``) is checked and recorded exactly as an instance
 would (:func:`meshpoint.runtime.approvals.decide`); when it completes the task's
 join, the first instance of the agent whose recovery pass runs next resumes the
-task. Each command prints a table, or one JSON object with ``--json``, and exits 1
-with the reason on an unknown task (another tenant's tasks are unknown), a call
-that is not pending, or arguments that fail the tool's schema.
+task. With ``--key`` an answer is signed as approver ``--by`` (the mesh's
+approvers then take it; :mod:`meshpoint.runtime.approvers`), and with ``--config``
+it is verified against the config's approvers before anything is written; the
+instance that settles the task verifies it again in any case. Each command prints
+a table, or one JSON object with ``--json``, and exits 1 with the reason on an
+unknown task (another tenant's tasks are unknown), a call that is not pending,
+arguments that fail the tool's schema, or a decision no approver signed.
 """
 
 from __future__ import annotations
@@ -39,14 +43,26 @@ from meshpoint.errors import IntegrityError, InvalidArgumentError, NotFoundError
 
 tasks_app = typer.Typer(help="Paused tasks: list, show, and answer those waiting for a human.",
                         no_args_is_help=True)
-By = Annotated[str | None, typer.Option("--by", help="Who answers (default: user@host).")]
+By = Annotated[str | None, typer.Option(
+    "--by", help="Who answers: with --key, the approver whose key signs; without, a name "
+                 "recorded only as claimed (default: user@host).")]
+Key = Annotated[str | None, typer.Option(
+    "--key", envvar="MESHPOINT_APPROVER_KEY",
+    help="Sign the decision as approver --by with this private key: env:VAR, file:PATH, or "
+         "the key (`meshpoint keys approver new` makes one). Needed when the mesh has "
+         "approvers.")]
 
 
-def _who(by: str | None) -> str:
+def _who(by: str | None, key: str | None) -> str:
+    if key is not None and by is None:
+        raise typer.BadParameter("--key signs as an approver: name it with --by (its id in "
+                                 "the config's approvers)", param_hint="--by")
     return by or f"{getpass.getuser()}@{socket.gethostname()}"
 
 
 def _print_decisions(decisions: list[dict[str, Any]], task_id: str, as_json: bool) -> None:
+    from meshpoint.runtime.approvals import decided_by
+
     if as_json:
         print(json.dumps({"task_id": task_id, "decisions": decisions}))
         return
@@ -55,15 +71,33 @@ def _print_decisions(decisions: list[dict[str, Any]], task_id: str, as_json: boo
                 "denied": f"denied ({d.get('reason')})",
                 "replied": "answered in words"}[d["decision"]]
         console.print(f"call {shown(d['call_id'])} of task {shown(task_id)}: {shown(what)}, "
-                      f"by {shown(d['by'])}")
+                      f"{shown(decided_by(d))}")
 
 
 def _answer(url: str | None, config: Path | None, schema: str | None, tenant: str | None,
-            as_json: bool, task_id: str, answer: Any) -> None:
-    from meshpoint.runtime.approvals import decide
+            as_json: bool, task_id: str, answer: Any, key: str | None) -> None:
+    """Check and record ``answer`` as an instance would, signed with ``key`` if given;
+    with ``--config``, checked against its approvers too (the instance that settles
+    the task checks it again in any case)."""
+    from meshpoint.runtime.approvals import APPROVAL, Reply, decide
+    from meshpoint.runtime.approvers import ApproverKey
 
     async def body(store: Any) -> list[dict[str, Any]]:
-        return (await decide(store, task_id, answer, by=answer.by)).decisions
+        approvers = None
+        if config is not None:
+            from meshpoint.config import load_config
+
+            approvers = load_config(config).build_approvers()
+        signed = answer
+        if key is not None:
+            if isinstance(answer, Reply):  # a signed reply names the calls it answers
+                pending = [s.sub_task_id for s in await store.get_peer_sub_tasks_for_task(
+                    task_id) if s.status == "pending" and APPROVAL in s.correlation_data]
+                signed = answer.model_copy(update={"call_ids": pending or None})
+            signed = ApproverKey.load(answer.by, key).sign(
+                tenant=store.tenant_id, task_id=task_id, answer=signed)
+        return (await decide(store, task_id, signed, by=answer.by,
+                             approvers=approvers)).decisions
 
     _print_decisions(run_on_store(url, config, schema, tenant, as_json, body), task_id,
                      as_json)
@@ -76,7 +110,7 @@ def approve(task_id: Annotated[str, typer.Argument(help="The task.")],
                 "--arguments", help="Edited arguments, a JSON object.")] = None,
             url: Url = None, config: Config = None, schema: Schema = None,
             tenant: Tenant = None,
-            by: By = None, as_json: AsJson = False) -> None:
+            by: By = None, key: Key = None, as_json: AsJson = False) -> None:
     """Approve a call waiting for approval, as the model gave it or with edited
     arguments (checked against the tool's JSON schema before anything is written)."""
     from meshpoint.runtime.approvals import Approve
@@ -90,7 +124,7 @@ def approve(task_id: Annotated[str, typer.Argument(help="The task.")],
         if not isinstance(edited, dict):
             raise typer.BadParameter("must be a JSON object", param_hint="--arguments")
     _answer(url, config, schema, tenant, as_json, task_id,
-            Approve(call_id=call_id, arguments=edited, by=_who(by)))
+            Approve(call_id=call_id, arguments=edited, by=_who(by, key)), key)
 
 
 @tasks_app.command()
@@ -99,12 +133,12 @@ def deny(task_id: Annotated[str, typer.Argument(help="The task.")],
          reason: Annotated[str, typer.Option("--reason", help="Shown to the model.")],
          url: Url = None, config: Config = None, schema: Schema = None,
          tenant: Tenant = None,
-         by: By = None, as_json: AsJson = False) -> None:
+         by: By = None, key: Key = None, as_json: AsJson = False) -> None:
     """Deny a call waiting for approval; the model is told the reason."""
     from meshpoint.runtime.approvals import Deny
 
     _answer(url, config, schema, tenant, as_json, task_id,
-            Deny(call_id=call_id, reason=reason, by=_who(by)))
+            Deny(call_id=call_id, reason=reason, by=_who(by, key)), key)
 
 
 @tasks_app.command()
@@ -112,12 +146,13 @@ def reply(task_id: Annotated[str, typer.Argument(help="The task.")],
           text: Annotated[str, typer.Argument(help="The answer, in words.")],
           url: Url = None, config: Config = None, schema: Schema = None,
           tenant: Tenant = None,
-          by: By = None, as_json: AsJson = False) -> None:
+          by: By = None, key: Key = None, as_json: AsJson = False) -> None:
     """Answer a waiting task in words: its pending calls are not run and the model is
     shown the text."""
     from meshpoint.runtime.approvals import Reply
 
-    _answer(url, config, schema, tenant, as_json, task_id, Reply(text=text, by=_who(by)))
+    _answer(url, config, schema, tenant, as_json, task_id, Reply(text=text, by=_who(by, key)),
+            key)
 
 
 @tasks_app.command("list")
@@ -225,13 +260,15 @@ def show(task_id: Annotated[str, typer.Argument(help="The task.")],
                       f"{w['deadline'] - now:.1f}")
     console.print(table)
     if task["answered"]:
+        from meshpoint.runtime.approvals import decided_by
+
         done = Table(title="answered")
         for column in ("call", "tool", "decision", "by", "at"):
             done.add_column(column)
         for a in task["answered"]:
             done.add_row(shown(a.get("call_id")), shown(a.get("tool")), shown(a["decision"]),
-                         shown(a.get("by")), time.strftime("%Y-%m-%d %H:%M:%S",
-                                                           time.localtime(a.get("at") or 0)))
+                         shown(decided_by(a)), time.strftime(
+                             "%Y-%m-%d %H:%M:%S", time.localtime(a.get("at") or 0)))
         console.print(done)
     for event in task["conversation"]:
         console.print(f"[dim]{shown(event.get('role'))}:[/dim] {shown(_said(event))}",
@@ -269,7 +306,7 @@ def cancel(task_id: Annotated[str, typer.Argument(help="The task.")],
     ``--force``; one whose history says it ended is refused always."""
     from meshpoint.config import load_config
     from meshpoint.history import END_PHASES
-    from meshpoint.runtime import Client, wire
+    from meshpoint.runtime import wire
 
     async def run() -> str:
         mesh = load_config(config)
@@ -290,7 +327,7 @@ def cancel(task_id: Annotated[str, typer.Argument(help="The task.")],
                 "instance, before its first checkpoint: --force sends the cancel anyway")
         broker = await mesh.open_broker()
         try:
-            async with Client(broker, namespace=mesh.namespace) as client:
+            async with mesh.client(broker) as client:
                 await client.cancel(name, task_id)
         finally:
             await broker.close()

@@ -19,8 +19,7 @@ import os
 import re
 from dataclasses import replace
 from pathlib import Path
-from types import UnionType
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -36,6 +35,7 @@ from pydantic import (
 
 from meshpoint._redact import redact_url
 from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
+from meshpoint.config_errors import explain
 from meshpoint.errors import ConfigurationError, InvalidArgumentError, MeshpointError
 from meshpoint.llm.base import Model
 from meshpoint.runtime.agent import (
@@ -46,12 +46,14 @@ from meshpoint.runtime.agent import (
     RecoveryPolicy,
     RuntimeOptions,
 )
+from meshpoint.runtime.approvers import ANY, ApproverConfig, Approvers
 from meshpoint.store.engine import MIGRATION_LOCK_TIMEOUT_S
 from meshpoint.tls import TlsConfig
 
 if TYPE_CHECKING:
     from meshpoint.broker import Broker
     from meshpoint.history import HistoryOptions
+    from meshpoint.runtime import Client
     from meshpoint.store import SqlStore
 
 _NAME = r"^[A-Za-z0-9_-]{1,64}$"
@@ -135,6 +137,13 @@ class BrokerConfig(_HasUrl):
 
     #: ``nats://host:4222`` (NATS with JetStream) or ``memory://``.
     url: str = "nats://127.0.0.1:4222"
+    #: The NATS user this process connects as: one of those ``meshpoint nats-config``
+    #: writes for this mesh (an agent's for ``serve``, a client's or approver's for
+    #: ``submit``), usually ``${MESHPOINT_BROKER_USER}`` set per process. Unset (or
+    #: empty): no user, or the URL's.
+    user: str | None = None
+    #: That user's password (``${VAR}``); never shown in a repr or a log.
+    password: SecretStr | None = None
     stream_prefix: str = "MESHPOINT_"
     #: How long a NATS stream keeps messages (acknowledged or not).
     max_age_s: float = Field(default=7 * 86400.0, gt=0)
@@ -145,6 +154,11 @@ class BrokerConfig(_HasUrl):
     connect_timeout_s: float = Field(default=10.0, gt=0)
     #: TLS to NATS (:class:`meshpoint.tls.TlsConfig`); a ``tls://`` URL requires it too.
     tls: TlsConfig | None = None
+
+    @field_validator("user", "password", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value
 
     @model_validator(mode="after")
     def _window_within_age(self) -> BrokerConfig:
@@ -367,6 +381,14 @@ class HistoryConfig(_Strict):
             prices=Prices(self.prices, self.currency), retention=self.retention)
 
 
+class ClientConfig(_Strict):
+    """A client of the mesh (a web backend, ``meshpoint submit``): it gets a NATS user
+    of its own from ``meshpoint nats-config``, which may submit to ``agents`` only."""
+
+    #: The agents it may send tasks (and cancels) to; unset: every agent.
+    agents: list[str] | None = None
+
+
 class AgentConfig(_Strict):
     description: str = ""
     model: ModelConfig = Field(default_factory=ScriptedModelConfig)
@@ -396,11 +418,46 @@ class MeshConfig(_Strict):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     agents: dict[str, AgentConfig] = Field(default_factory=dict)
     history: HistoryConfig = Field(default_factory=HistoryConfig)
+    #: Who may decide the calls that wait for a human (id -> public key and scope;
+    #: :mod:`meshpoint.runtime.approvers`). None configured: anyone may, and the
+    #: name a decision gives is recorded as claimed only.
+    approvers: dict[str, ApproverConfig] = Field(default_factory=dict)
+    #: The mesh's clients by name (their NATS users: ``meshpoint nats-config``).
+    clients: dict[str, ClientConfig] = Field(default_factory=dict)
 
     @field_validator("store", "broker", mode="before")
     @classmethod
     def _url_shorthand(cls, value: Any) -> Any:
         return {"url": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _clients_of_known_agents(self) -> MeshConfig:
+        for name, client in self.clients.items():
+            if not re.match(_NAME, name):
+                raise ValueError(f"client name {name!r} must be 1-64 letters, digits, _ or -")
+            for agent in client.agents or ():
+                if agent not in self.agents:
+                    raise ValueError(
+                        f"clients.{name}.agents: {agent!r} is not an agent of this file "
+                        f"(expected one of {sorted(self.agents)})")
+        return self
+
+    @model_validator(mode="after")
+    def _approvers_of_known_agents(self) -> MeshConfig:
+        for approver, spec in self.approvers.items():
+            for agent, tools in spec.agents.items():
+                if agent != ANY and agent not in self.agents:
+                    raise ValueError(
+                        f"approvers.{approver}.agents: {agent!r} is not an agent of this "
+                        f"file (expected one of {sorted(self.agents)}, or {ANY!r})")
+                known = {t.name for t in self.agents[agent].tools} if agent != ANY else set()
+                unknown = sorted(set(tools) - known - {ANY}) if agent != ANY else []
+                if unknown:
+                    raise ValueError(
+                        f"approvers.{approver}.agents.{agent}: {unknown[0]!r} is not a tool "
+                        f"of agent {agent!r} (its tools: {sorted(known) or 'none'}, or "
+                        f"{ANY!r})")
+        return self
 
     @field_validator("agents")
     @classmethod
@@ -465,12 +522,40 @@ class MeshConfig(_Strict):
         return replace(options, agent_retention={
             name: agent.retention for name, agent in self.agents.items() if agent.retention})
 
+    def build_approvers(self) -> Approvers:
+        """The :class:`~meshpoint.runtime.approvers.Approvers` of ``approvers:`` (their
+        keys read now: a missing or wrong one is a ConfigurationError naming it)."""
+        try:
+            return Approvers.from_config(self.approvers)
+        except InvalidArgumentError as error:
+            raise ConfigurationError(f"approvers: {error}") from None
+
+    def client(self, broker: Broker) -> Client:
+        """A :class:`~meshpoint.runtime.Client` of this mesh on ``broker``: its
+        namespace and the store's tenant (whose subjects its agents listen on), and,
+        when ``broker.user`` is one of the mesh's clients or approvers, that one's
+        client id (the only one its NATS permissions allow)."""
+        from meshpoint.runtime import Client
+        from meshpoint.runtime.subjects import broker_user, tenant_token
+
+        user, client_id = self.broker.user, None
+        for role, names in (("client", self.clients), ("approver", self.approvers)):
+            for name in names:
+                if user == broker_user(self.namespace, self.store.tenant, role, name):
+                    client_id = tenant_token(name)
+        return Client(broker, namespace=self.namespace, tenant=self.store.tenant,
+                      client_id=client_id)
+
     async def open_broker(self) -> Broker:
         from meshpoint.broker import open_broker
 
         if self.broker.url.startswith(("nats://", "tls://")):
+            password = self.broker.password
             return await open_broker(self.broker.url, tls=self.broker.tls,
-                                     **self.broker.model_dump(exclude={"url", "tls"}))
+                                     **self.broker.model_dump(exclude={"url", "tls",
+                                                                       "password"}),
+                                     password=None if password is None else
+                                     password.get_secret_value())
         return await open_broker(self.broker.url, tls=self.broker.tls,
                                  dedupe_window_s=self.broker.dedupe_window_s)
 
@@ -544,7 +629,7 @@ def load_config(path: str | Path) -> MeshConfig:
     try:
         return MeshConfig.model_validate(_expand_env(raw, ()))
     except ValidationError as error:
-        problems = [_explain(e) for e in error.errors(include_url=False)]
+        problems = [explain(e, MeshConfig) for e in error.errors(include_url=False)]
         raise ConfigurationError(f"{path}: " + (problems[0] if len(problems) == 1 else (
             f"{len(problems)} problems:\n  - " + "\n  - ".join(problems)))) from None
     except MeshpointError as error:
@@ -568,65 +653,3 @@ def _expand_env(value: Any, where: tuple[Any, ...]) -> Any:
 
         return _ENV.sub(substitute, value)
     return value
-
-
-def _explain(error: Any) -> str:
-    """One pydantic error as ``key.path: what was expected (got ...)``."""
-    path, _ = _walk(error["loc"])
-    where = ".".join(path) or "(top level)"
-    if error["type"] == "extra_forbidden":
-        _, model = _walk(error["loc"][:-1])
-        allowed = sorted(f.alias or name for name, f in model.model_fields.items()) if (
-            model is not None) else []
-        hint = f"; expected one of: {', '.join(allowed)}" if allowed else ""
-        return f"{where}: unknown key{hint}"
-    if error["type"] == "missing":
-        return f"{where}: required key is missing"
-    message = str(error["msg"])
-    if error["type"] == "value_error":
-        message = message.removeprefix("Value error, ")
-        if message.startswith(f"{where}."):  # it names a deeper key itself
-            return message
-    got = error.get("input")
-    shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
-    return f"{where}: {message}{shown}"
-
-
-def _walk(loc: tuple[Any, ...]) -> tuple[list[str], type[BaseModel] | None]:
-    """Follow a pydantic error location through the config's types: the key path as
-    the file spells it (without the tag pydantic inserts for a ``kind:`` union), and
-    the model found at its end, if any."""
-    node: Any = MeshConfig
-    path: list[str] = []
-    for part in loc:
-        node = _unwrap(node)
-        if isinstance(node, type) and issubclass(node, BaseModel):
-            field = next((f for name, f in node.model_fields.items()
-                          if part in (name, f.alias)), None)
-            node = field.annotation if field is not None else None
-        elif get_origin(node) in (dict, list):
-            node = get_args(node)[-1]
-        elif get_origin(node) in (Union, UnionType):  # tagged: this part is the tag
-            node = next((m for m in get_args(node) if _kind(m) == part), None)
-            continue
-        else:
-            node = None
-        path.append(str(part))
-    node = _unwrap(node)
-    return path, node if isinstance(node, type) and issubclass(node, BaseModel) else None
-
-
-def _unwrap(node: Any) -> Any:
-    """``Annotated[X, ...]`` and ``X | None`` as ``X``."""
-    while get_origin(node) is Annotated:
-        node = get_args(node)[0]
-    if get_origin(node) in (Union, UnionType):
-        members = [m for m in get_args(node) if m is not type(None)]
-        if len(members) == 1:
-            return members[0]
-    return node
-
-
-def _kind(model: Any) -> Any:
-    fields = getattr(model, "model_fields", {})
-    return fields["kind"].default if "kind" in fields else None

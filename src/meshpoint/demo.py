@@ -149,7 +149,7 @@ class Approver:
         except AlreadyAnsweredError as error:
             # The instance that took our answer died before replying; its copy was
             # taken again and found our own decision.
-            if error.decision and error.decision.get("by") == self.client.client_id:
+            if error.decision and error.decision.get("claimed_by") == self.client.client_id:
                 self.decided[sub.sub_task_id] = {"approved": "approved", "denied": "denied"}[
                     error.decision["decision"]]
         except MeshpointError:

@@ -27,6 +27,7 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     │   │   ├── CheckpointConflictError   the task or a sub-task id is already stored
     │   │   │   └── TaskEndedError        the task already ended (a late copy of its request)
     │   │   ├── LeaseNotHeldError         the caller does not hold the task's resume lease
+    │   │   ├── WrongAgentError           the task (or sub-task) is another agent's
     │   │   └── ThreadSupersededError     another writer continued the LangGraph thread first
     │   ├── CorruptCheckpointError  a stored row does not decode; it was not used
     │   │   ├── IntegrityError      a history record or its chain fails verification
@@ -35,10 +36,13 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     │   │                             (also a KeyMissingError)
     │   └── TaskBlockedError        a task whose history cannot be trusted is blocked
     ├── BrokerError                 the message broker refused or failed an operation
-    │   └── BrokerClosedError       the broker was closed
+    │   ├── BrokerClosedError       the broker was closed
+    │   └── BrokerPermissionError   the broker's user may not publish or read that
     ├── AnswerRefusedError          a human's answer to a waiting task was refused
     │   ├── AlreadyAnsweredError    the call was answered first (its ``decision``)
     │   ├── NotPendingError         the task does not wait on that call, or on any input
+    │   ├── MisdirectedAnswerError  the answer went to another agent than the task's
+    │   ├── DecisionRefusedError    not signed by an approver who may decide that call
     │   └── ArgumentsRejectedError  edited arguments fail the tool's JSON schema
     ├── BadMessageError             a message is malformed, unknown or too large
     └── ModelError                  a model endpoint failed or answered nonsense
@@ -218,6 +222,19 @@ class LeaseNotHeldError(ConflictError):
         self.owner = owner
 
 
+class WrongAgentError(ConflictError):
+    """The task (or the task of the sub-task) named belongs to another agent than the
+    one the operation is for: an answer, decision or cancel that reached the wrong
+    agent's subject, or a re-checkpoint by another agent. A task never changes agent;
+    nothing was written."""
+
+    def __init__(self, what: str, owner: str, other: str) -> None:
+        super().__init__(f"{what} belongs to agent {owner!r}, not {other!r}: nothing was "
+                         "written")
+        self.owner = owner
+        self.other = other
+
+
 class ThreadSupersededError(ConflictError):
     """A LangGraph loop step continues a checkpoint that another loop step already
     continued: two workers ran the same thread from the same checkpoint, and this one
@@ -314,6 +331,13 @@ class BrokerClosedError(BrokerError):
     """The broker was closed; open a new one."""
 
 
+class BrokerPermissionError(BrokerError):
+    """The broker refused this connection's user an operation its permissions do not
+    allow (NATS: a permissions violation): publishing to a subject that is not its
+    role's, or reading another user's queue. Not retried; the message names the
+    subject the server refused."""
+
+
 class AnswerRefusedError(MeshpointError):
     """An answer to a task waiting for a human (approve, deny, reply) was refused;
     nothing was written. ``code`` is its JSON-RPC error code on the wire; ``decision``
@@ -338,6 +362,24 @@ class NotPendingError(AnswerRefusedError):
     wrong, names a peer's call, or the task has moved on."""
 
     code = -32052
+
+
+class MisdirectedAnswerError(AnswerRefusedError):
+    """The answer was sent to another agent than the one whose task waits for it (its
+    subject names one agent, the task is another's). Nothing was written; send it to
+    the task's own agent."""
+
+    code = -32053
+
+
+class DecisionRefusedError(AnswerRefusedError):
+    """With approvers configured, a decision must be signed by one of them who may
+    decide the call's tool: this one is unsigned, names an unknown approver, does not
+    verify with that approver's key (forged, or changed since it was signed), or
+    decides a tool its approver may not. Nothing was written; the task keeps
+    waiting."""
+
+    code = -32054
 
 
 class ArgumentsRejectedError(AnswerRefusedError, InvalidArgumentError):

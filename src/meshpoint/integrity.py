@@ -55,6 +55,7 @@ __all__ = [
     "chain_hash",
     "hashes_equal",
     "head_message",
+    "load_key",
 ]
 
 #: The parent hash of a task's first record.
@@ -268,3 +269,11 @@ def _load_key(key_id: str, text: str) -> Ed25519PrivateKey | Ed25519PublicKey:
         raise ConfigurationError(f"signing key {key_id!r} is a {type(loaded).__name__}, "
                                  "not an Ed25519 key")
     return loaded
+
+
+def load_key(name: str, source: str) -> Ed25519PrivateKey | Ed25519PublicKey:
+    """An Ed25519 key from ``source`` as :meth:`SigningKeys.from_config` reads each of
+    its keys (``env:NAME``, ``file:PATH``, or the key itself: PEM private or public,
+    or the base64 of a 32-byte seed); ``name`` says whose key it is in errors. The
+    approvers' keys (:mod:`meshpoint.runtime.approvers`) are read this way too."""
+    return _load_key(name, _read_source(name, source))

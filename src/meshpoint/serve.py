@@ -28,7 +28,7 @@ from meshpoint._redact import redact_url
 from meshpoint._retry import retried
 from meshpoint.config import MeshConfig
 from meshpoint.errors import BrokerError, MeshpointError, StoreUnavailableError
-from meshpoint.runtime import AgentInstance, Client
+from meshpoint.runtime import AgentInstance
 from meshpoint.store import SqlStore
 
 logger = logging.getLogger("meshpoint.serve")
@@ -48,6 +48,7 @@ async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None 
     ``runtime.startup_timeout_s`` (hosts restart in any order); a signal meanwhile ends the
     process cleanly."""
     agent = config.build_agent(agent_name)
+    approvers = config.build_approvers()
     startup_timeout_s = config.runtime.startup_timeout_s
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -62,7 +63,7 @@ async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None 
             return
         try:
             instance = AgentInstance(agent, store, broker, instance_id=instance_id,
-                                     options=config.runtime_options())
+                                     options=config.runtime_options(), approvers=approvers)
             await instance.start()
             logger.info("%s serving agent %s (namespace %s, broker %s)",
                         instance.instance_id, agent_name, config.namespace,
@@ -150,7 +151,7 @@ async def submit(config: MeshConfig, agent_name: str, text: str, *,
     config.agent_config(agent_name)  # a clear error for a typo, before any I/O
     broker = await config.open_broker()
     try:
-        async with Client(broker, namespace=config.namespace) as client:
+        async with config.client(broker) as client:
             request_id = await client.submit(agent_name, text)
             try:
                 return await client.wait(request_id, timeout_s=timeout_s)

@@ -43,10 +43,11 @@ def store_section(where: list[str]) -> str:
 
 async def tasks(where: list[str], *args: str) -> tuple[int, str, str]:
     """``meshpoint tasks ARGS`` on the store ``where`` names (``meshpoint stats``,
-    ``recover``, ``events``: without ``tasks``); the event loop keeps serving the mesh
-    meanwhile."""
-    command = list(args) if args[0] in ("stats", "recover", "events") else ["tasks", *args]
-    if args[0] != "cancel" and "--config" not in args:
+    ``recover``, ``events``, ``keys``: without ``tasks``); the event loop keeps serving
+    the mesh meanwhile."""
+    command = (list(args) if args[0] in ("stats", "recover", "events", "keys")
+               else ["tasks", *args])
+    if args[0] not in ("cancel", "keys") and "--config" not in args:
         command += where
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "meshpoint.cli", *command,
@@ -99,7 +100,7 @@ async def test_an_operator_lists_shows_and_approves_from_another_process(
 
     done = await ok_json(where, "approve", task_id, call_id, "--arguments",
                          '{"query": "Send the fixed report"}', "--by", "ops")
-    assert [(d["decision"], d["by"], d["edited"]) for d in done["decisions"]] == [
+    assert [(d["decision"], d["claimed_by"], d["edited"]) for d in done["decisions"]] == [
         ("approved", "ops", True)]
     answer = await mesh.client.wait(request_id, timeout_s=20)  # recovery resumes it
     assert answer.status.state is a2a.TaskState.COMPLETED
@@ -163,9 +164,11 @@ async def test_another_tenant_sees_nothing_and_a_second_answer_is_told_who_won(
                                "--by", "dana", "--json")
     refused = json.loads(out)
     assert code == 1 and refused["kind"] == "AlreadyAnsweredError"
-    assert (refused["decision"]["decision"], refused["decision"]["by"]) == ("approved", "ops")
+    assert (refused["decision"]["decision"], refused["decision"]["claimed_by"]) == (
+        "approved", "ops")
     code, _, err = await tasks(where, "approve", task_id, call_id)
-    assert code == 1 and "already answered (approved, by ops)" in " ".join(err.split())
+    assert code == 1 and "already answered (approved, claimed by ops, unverified)" in \
+        " ".join(err.split())
     assert not effects.runs  # the task still waits on its peer
 
     await peer.answer(next(iter(peer.requests)), "the figures")
@@ -395,3 +398,43 @@ async def test_an_explicit_flag_beats_the_config_which_beats_the_environment(
         {"MESHPOINT_STORE_URL": where[1], "MESHPOINT_CONFIG": ""}, "stats", *where[2:],
         "--tenant", "acme", "--json")
     assert code == 0 and json.loads(out)["total"] == 1, err
+async def test_with_approvers_the_command_line_signs_its_decisions_or_is_refused(
+        mesh: Mesh, where: list[str], tmp_path: Path) -> None:
+    """``meshpoint keys approver new`` makes the CFO's key pair; with the mesh's
+    approvers, ``tasks approve`` without the CFO's key is refused (nothing written),
+    and with it the decision is recorded as the CFO's, verified, and the task runs
+    its tool once."""
+    from meshpoint.config import load_config
+
+    key = tmp_path / "keys" / "cfo.key"
+    code, out, err = await tasks(where, "keys", "approver", "new", "--id", "cfo@example.com",
+                                 "--out", str(key), "--json")
+    made = json.loads(out)
+    assert code == 0 and made["private_key"] == str(key), err
+    assert key.stat().st_mode & 0o777 == 0o600 and "PRIVATE KEY" in key.read_text()
+    code, _, err = await tasks(where, "keys", "approver", "new", "--id", "x", "--out", str(key))
+    assert code == 1 and "exists" in err
+    config = tmp_path / "mesh.yaml"
+    config.write_text(store_section(where) + (
+        "agents:\n  coordinator:\n    tools: [{name: send, function: 'os:getcwd', "
+        "needs_approval: true}]\n"
+        f"approvers:\n  cfo@example.com: {{key: 'file:{made['public_key']}', "
+        "agents: {coordinator: [send]}}\n"))
+    effects = SideEffects()
+    await mesh.run(approving(effects), approvers=load_config(config).build_approvers())
+    request_id, task_id, pending = await paused(mesh, "Send the report")
+    call_id = pending[0]["call_id"]
+
+    code, out, _ = await tasks(where, "approve", task_id, call_id, "--config", str(config),
+                               "--by", "cfo@example.com", "--json")
+    assert code == 1 and json.loads(out)["kind"] == "DecisionRefusedError"
+    assert "unsigned" in json.loads(out)["error"]
+    code, _, err = await tasks(where, "approve", task_id, call_id, "--config", str(config),
+                               "--key", f"file:{key}")
+    assert code == 2 and "--by" in err
+    done = await ok_json(where, "approve", task_id, call_id, "--config", str(config),
+                         "--key", f"file:{key}", "--by", "cfo@example.com")
+    assert [(d["by"], d["verified"]) for d in done["decisions"]] == [("cfo@example.com", True)]
+    answer = await mesh.client.wait(request_id, timeout_s=20)
+    assert answer.status.state is a2a.TaskState.COMPLETED
+    assert list(effects.runs.values()) == [1]

@@ -70,7 +70,7 @@ async def _main(plan: ApproverPlan, barrier: Any) -> None:
                 assert isinstance(error, AlreadyAnsweredError), error
                 assert error.decision is not None, error
                 report.told.append((call_id, error.decision["decision"],
-                                    str(error.decision.get("by"))))
+                                    str(error.decision.get("claimed_by"))))
                 continue
             report.accepted += 1
             report.won.extend((d["call_id"], d["decision"]) for d in decided.decisions)

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from meshpoint import a2a
-from meshpoint.broker.base import ConsumerOptions, Delivery, Handler, Subscription
+from meshpoint.broker.base import Broker, ConsumerOptions, Delivery, Handler, Subscription
 from meshpoint.broker.inprocess import InProcessBroker
 from meshpoint.runtime import Agent, AgentInstance, Client, RuntimeOptions, wire
 from meshpoint.store import SqlStore
@@ -52,15 +52,19 @@ class RecordingBroker(InProcessBroker):
 
 
 class Mesh:
-    """Instances of several agents on one store and one recording broker."""
+    """Instances of several agents on one store and one broker: by default a recording
+    in-process broker; ``broker`` puts them on another (a NatsBroker, say), which the
+    mesh then closes too."""
 
-    def __init__(self, store: SqlStore, options: RuntimeOptions = FAST) -> None:
+    def __init__(self, store: SqlStore, options: RuntimeOptions = FAST,
+                 broker: Broker | None = None) -> None:
         self.store = store
         self.options = options
-        self.broker = RecordingBroker()
+        self.broker: Broker = broker or RecordingBroker()
         self.instances: list[AgentInstance] = []
         self.dead_letters: list[tuple[str, dict[str, str]]] = []
-        self.client = Client(self.broker, namespace=options.namespace)
+        self.client = Client(self.broker, namespace=options.namespace,
+                             tenant=store.tenant_id)
 
     async def start(self) -> Mesh:
         await self.client.start()
@@ -126,6 +130,9 @@ class ManualPeer:
         self.requests: dict[str, tuple[str, str, str]] = {}
         #: Task ids named by the tasks/cancel requests received.
         self.cancels: list[str] = []
+        #: sub_task_id -> the context the request named (its caller's task), which
+        #: answers and status updates carry back, as A2A asks.
+        self.contexts: dict[str, str] = {}
 
     async def start(self) -> ManualPeer:
         ns = self.mesh.options.namespace
@@ -141,6 +148,7 @@ class ManualPeer:
             headers = delivery.message.headers
             self.requests[str(request.id)] = (request.params.message.text,
                                               headers[wire.REPLY_TO], headers[wire.STATUS_TO])
+            self.contexts[str(request.id)] = request.params.message.context_id or "ctx"
         await delivery.ack()
 
     def task_id(self, sub_task_id: str) -> str:
@@ -150,11 +158,12 @@ class ManualPeer:
     async def status(self, sub_task_id: str) -> None:
         _, _, status_to = self.requests[sub_task_id]
         await self.mesh.broker.publish(status_to, wire.status_update(
-            sub_task_id, self.task_id(sub_task_id), "ctx", a2a.TaskState.WORKING))
+            sub_task_id, self.task_id(sub_task_id), self.contexts[sub_task_id],
+            a2a.TaskState.WORKING))
 
     async def answer(self, sub_task_id: str, text: str) -> None:
         _, reply_to, _ = self.requests[sub_task_id]
         task_id = self.task_id(sub_task_id)
         await self.mesh.broker.publish(reply_to, wire.final_task(
-            sub_task_id, task_id, "ctx", a2a.TaskState.COMPLETED, text,
+            sub_task_id, task_id, self.contexts[sub_task_id], a2a.TaskState.COMPLETED, text,
             [wire.answer_artifact(task_id, self.agent, text)], {"agent": self.agent}))

@@ -86,11 +86,13 @@ async def race(url: str, options: dict[str, Any], tmp_path: Path, *, tasks: int,
                 assert sub.status == "resolved" and sub.resolved_by == "human"
                 stored[sub.sub_task_id] = as_decision(sub.result)
         for (call_id, name), decision in won.items():
-            assert (stored[call_id]["decision"], stored[call_id]["by"]) == (decision, name)
+            assert (stored[call_id]["decision"], stored[call_id]["claimed_by"]) == (decision,
+                                                                                  name)
         # Each refused approve or deny was told the decision that stands, and by whom.
         told = [entry for r in reports.values() for entry in r["told"]]
         for call_id, decision, by in told:
-            assert (decision, by) == (stored[call_id]["decision"], stored[call_id]["by"])
+            assert (decision, by) == (stored[call_id]["decision"],
+                                      stored[call_id]["claimed_by"])
         # Every answer given was accepted, or refused with a reason: none vanished.
         replies_refused = sum(r["replies_refused"] for r in reports.values())
         accepted = sum(r["accepted"] for r in reports.values())

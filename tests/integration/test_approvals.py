@@ -79,7 +79,8 @@ async def test_a_call_needing_approval_pauses_and_runs_once_approved_on_another_
     await pauser.kill()
 
     decision = await mesh.client.approve(task_id, pending[0]["call_id"], by="alice")
-    assert decision["decision"] == "approved" and decision["by"] == "alice"
+    assert decision["decision"] == "approved" and decision["claimed_by"] == "alice"
+    assert decision["verified"] is False and "by" not in decision  # no approvers: a claim
     answer = await mesh.client.wait(request_id, timeout_s=10)
     assert answer.status.state is a2a.TaskState.COMPLETED
     assert "sent 'Send the report'" in answer.status.message.text  # type: ignore[union-attr]
@@ -116,7 +117,7 @@ async def test_an_approval_and_the_approved_tools_run_are_in_the_event_log(
 
     await eventually(lambda: _count(steps, 3), what="the approval's and the tool's events")
     approval, start, done = await steps()
-    assert (approval.event_type, approval.output_data["by"]) == ("approval", "alice")
+    assert (approval.event_type, approval.output_data["claimed_by"]) == ("approval", "alice")
     assert (start.event_type, done.event_type) == ("step_start", "step_complete")
     assert start.input_data["arguments"] == edited
     assert done.output_data == "sent 'Send the summary'"
@@ -201,8 +202,8 @@ async def test_of_two_racing_approvers_exactly_one_wins(mesh: Mesh, run: int) ->
         assert isinstance(won, dict), outcomes
         assert isinstance(lost, AlreadyAnsweredError), outcomes
         assert lost.decision is not None
-        assert (lost.decision["decision"], lost.decision["by"]) == (won["decision"],
-                                                                   won["by"])
+        assert (lost.decision["decision"], lost.decision["claimed_by"]) == (
+            won["decision"], won["claimed_by"])
     for request_id, task_id, pending in tasks:
         await mesh.client.approve(task_id, pending[1]["call_id"])
         await mesh.client.wait(request_id, timeout_s=10)

@@ -82,11 +82,12 @@ async def test_a_queue_deleted_on_the_server_is_re_created(private_nats: Private
                                    ConsumerOptions(ephemeral=ephemeral))
             await broker.publish(f"ns.{queue}", b"before")
             await eventually(lambda: seen[-1:] == [b"before"], what="the first message")
-            await broker.js.delete_consumer(broker.stream_name("ns"), queue)
+            consumer = broker.consumer_of(queue, ephemeral=ephemeral)
+            await broker.js.delete_consumer(broker.stream_name("ns"), consumer)
 
-            async def re_created(queue: str = queue) -> bool:
+            async def re_created(consumer: str = consumer) -> bool:
                 try:
-                    await broker.js.consumer_info(broker.stream_name("ns"), queue)
+                    await broker.js.consumer_info(broker.stream_name("ns"), consumer)
                 except nats.js.errors.NotFoundError:
                     return False
                 return True

@@ -48,8 +48,8 @@ async def test_bad_messages_on_every_subject_are_dead_lettered_and_change_nothin
         (response, json.dumps({"jsonrpc": "2.0", "id": sub,
                                "result": {"kind": "bogus"}}).encode(), {}, "invalid A2A"),
         (wire.status_subject(ns, "coordinator", sub), b"[]", {}, "invalid A2A response"),
-        (f"{wire.inbox_prefix(ns, coordinators[0].instance_id)}.response.{sub}", b"null", {},
-         "invalid A2A response"),
+        (f"{coordinators[0].subjects.inbox('coordinator', coordinators[0].instance_id)}"
+         f".response.{sub}", b"null", {}, "invalid A2A response"),
         (wire.control_subject(ns, "coordinator"), b'{"cancel": 7}', {}, "bad control message"),
     ]
     for subject, data, headers, _ in bad:
@@ -76,13 +76,3 @@ async def test_bad_messages_on_every_subject_are_dead_lettered_and_change_nothin
     assert task.status.message is not None and "a real answer" in task.status.message.text
     echo = await mesh.client.ask("echo", "still alive?", 10)
     assert echo.status.state is a2a.TaskState.COMPLETED
-
-
-async def test_answer_for_an_unknown_sub_task_is_acked_and_ignored(mesh: Mesh) -> None:
-    await mesh.run(Agent("coordinator", ScriptedModel()))
-    ns = mesh.options.namespace
-    await mesh.broker.publish(wire.response_subject(ns, "coordinator", "nosuchsub"),
-                              wire.final_task("nosuchsub", "t", "c", a2a.TaskState.COMPLETED,
-                                              "x", [], {}))
-    await eventually(lambda: len(mesh.events("ignored_answer")) == 1, what="the ignore")
-    assert mesh.dead_letters == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from meshpoint import a2a
 from meshpoint.errors import BadMessageError
+from meshpoint.runtime import wire
 
 
 def send_request() -> a2a.SendMessageRequest:
@@ -94,3 +96,25 @@ def test_any_bytes_parse_or_raise_bad_message_only(data: bytes) -> None:
             parse(data)
         except BadMessageError:
             pass
+
+
+@pytest.mark.parametrize("parse", [a2a.parse_request, a2a.parse_response,
+                                   lambda data: wire.parse_control(data)])
+def test_json_nested_past_any_parser_s_limit_is_a_bad_message(parse: Any) -> None:
+    """Nesting far past the recursion limit is refused as a BadMessageError saying so
+    (before: a control message raised RecursionError out of its handler)."""
+    deep = b'{"cancel": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+    with pytest.raises(BadMessageError, match="nested too deeply"):
+        parse(deep)
+
+
+def test_control_messages_are_checked_at_the_boundary() -> None:
+    assert wire.parse_control(wire.cancel_broadcast("task-1")) == "task-1"
+    for bad, why in ((b'{"cancel": 7}', "cancel: Input should be a valid string"),
+                     (b'{"cancel": ""}', "cancel: String should have at least 1"),
+                     (b'{"cancel": "t", "also": 1}', "also: Extra inputs"),
+                     (b"[]", "invalid control message"), (b"{", "not valid JSON")):
+        with pytest.raises(BadMessageError, match=why):
+            wire.parse_control(bad)
+    with pytest.raises(BadMessageError, match="larger than the limit"):
+        wire.parse_control(b" " * 2000, max_bytes=1000)

@@ -255,3 +255,45 @@ def test_encryption_leaves_the_families_it_is_told_in_clear(tmp_path: Path) -> N
     options = load_config(write(tmp_path, text)).history.options()
     assert options.encrypt_exclude == {"events", "langgraph"}
     assert options.seals("conversation") and not options.seals("events")
+def test_approvers_clients_and_broker_users(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``approvers:`` and ``clients:`` name agents and tools of the file; the broker's
+    user and password come from the environment, the password never in a repr; a
+    client's or approver's process uses the client id its NATS user may."""
+    from meshpoint.runtime.approvers import ApproverKey
+    from meshpoint.runtime.subjects import tenant_token
+
+    key = ApproverKey.generate("cfo@example.com")
+    (tmp_path / "cfo.pub.pem").write_text(key.public_pem())
+    monkeypatch.setenv("PW", "s3cret-password")
+    broker = "{url: 'nats://127.0.0.1:4222', user: travel.client.web, password: '${PW}'}"
+    text = MINIMAL.replace("broker: memory://", f"broker: {broker}") + f"""
+clients:
+  web: {{agents: [coordinator]}}
+approvers:
+  cfo@example.com: {{key: "file:{tmp_path / 'cfo.pub.pem'}", agents: {{flights: ["*"]}}}}
+"""
+    config = load_config(write(tmp_path, text))
+    assert "s3cret" not in repr(config) and "s3cret" not in repr(config.broker)
+    assert config.broker.password is not None
+    assert config.broker.password.get_secret_value() == "s3cret-password"
+    assert len(config.build_approvers()) == 1
+    assert config.client(object()).client_id == "web"  # type: ignore[arg-type]
+    approver = config.model_copy(update={"broker": config.broker.model_copy(
+        update={"user": "travel.approver." + tenant_token("cfo@example.com")})})
+    assert approver.client(object()).client_id == tenant_token(  # type: ignore[arg-type]
+        "cfo@example.com")
+    for bad, expected in (
+            ("clients: {web: {agents: [nobody]}}", "clients.web.agents: 'nobody' is not an "
+                                                   "agent"),
+            ("approvers: {x: {key: k, agents: {nobody: ['*']}}}",
+             "approvers.x.agents: 'nobody' is not an agent"),
+            ("approvers: {x: {key: k, agents: {flights: [refund]}}}",
+             "approvers.x.agents.flights: 'refund' is not a tool of agent 'flights'"),
+            ("approvers: {x: {key: k, agents: {}}}", "approvers.x.agents")):
+        with pytest.raises(ConfigurationError, match=re.escape(expected)):
+            load_config(write(tmp_path, MINIMAL + bad + "\n"))
+    broken = load_config(write(tmp_path, MINIMAL + "approvers: {x: {key: 'env:NOPE', "
+                                                   "agents: {flights: ['*']}}}\n"))
+    with pytest.raises(ConfigurationError, match="NOPE is not set"):
+        broken.build_approvers()

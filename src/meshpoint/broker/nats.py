@@ -7,7 +7,8 @@ How the contract maps onto JetStream:
   capturing ``<namespace>.>`` (file storage, limits retention bounded by
   ``max_age_s``, a dedupe window of ``dedupe_window_s``). Several brokers, processes
   and hosts share it.
-* **A queue is a pull consumer** on that stream, named after the queue, filtered by
+* **A queue is a pull consumer** on that stream (its members, which pull from it,
+  are in :mod:`meshpoint.broker.nats_members`), named after the queue, filtered by
   the subscription's subject, with explicit acks and the queue's ``ack_wait_s``.
   A durable queue is a durable consumer (delivering from the start of the stream, so
   messages published before its first member wait for it); the members of a queue,
@@ -22,6 +23,13 @@ How the contract maps onto JetStream:
 * **Settlements** are JetStream acks (``+ACK``, ``-NAK`` with a delay, ``+WPI``,
   ``+TERM``). A settlement that cannot be sent (the connection is down) is logged and
   dropped: the message comes back after its ack wait, as after a lost ack.
+* **Users.** With a ``user`` (``connect(user=, password=)`` or credentials in the
+  URL) the connection is that NATS user's, one of those ``meshpoint nats-config``
+  writes: its replies come to an inbox of its own (``_INBOX_<user>``), and the
+  server refuses what its permissions do not allow (:class:`BrokerPermissionError`,
+  at once, naming the subject). An ephemeral queue's consumer gets an unguessable
+  name (never listed to users), so that no other user can read from it; a durable
+  queue's consumer is named after the queue, and users' permissions name theirs.
 * **Restarts.** The client reconnects forever; a publish retries (with the same
   ``Nats-Msg-Id``, so a retry is never stored twice) until ``publish_timeout_s``;
   members keep pulling through the outage. Streams and consumers are on disk, so a
@@ -35,6 +43,7 @@ import contextlib
 import hashlib
 import logging
 import re
+import secrets
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -43,7 +52,6 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -59,34 +67,34 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 from meshpoint._redact import redact_url
 from meshpoint._retry import retried
 from meshpoint.broker.base import (
-    DEAD_LETTER_DELIVERIES,
-    DEAD_LETTER_REASON,
-    DEAD_LETTER_SUBJECT,
     Broker,
     ConsumerOptions,
-    Delivery,
     Handler,
-    Message,
     Subscription,
     check_msg_id,
     check_subject,
     default_dead_letter_subject,
 )
+from meshpoint.broker.nats_members import TRANSIENT, Member
 from meshpoint.broker.nats_tls import NoTls, TlsClient, TlsRefused, first_connection
-from meshpoint.errors import BrokerClosedError, BrokerError, InvalidArgumentError, TlsError
+from meshpoint.errors import (
+    BrokerClosedError,
+    BrokerError,
+    BrokerPermissionError,
+    InvalidArgumentError,
+    TlsError,
+)
 from meshpoint.tls import TlsConfig, tls_failure
 
 logger = logging.getLogger("meshpoint.broker.nats")
 
-#: Errors that mean "NATS is not reachable right now": retry, do not give up.
-_TRANSIENT = (asyncio.TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
-              nats.errors.ConnectionReconnectingError, nats.errors.StaleConnectionError,
-              nats.errors.OutboundBufferLimitError, nats.errors.NoRespondersError,
-              nats.js.errors.ServiceUnavailableError, nats.js.errors.NoStreamResponseError,
-              OSError)
-#: How often an idle member checks that its consumer still exists on the server.
-CONSUMER_CHECK_S = 5.0
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def inbox_prefix(user: str) -> str:
+    """The subject prefix of a NATS user's replies (pull deliveries, API answers):
+    one per user, so that a user's permissions can allow its own replies only."""
+    return f"_INBOX_{safe_name(user)}"
 
 
 def safe_name(name: str) -> str:
@@ -104,8 +112,14 @@ class NatsBroker(Broker):
     def __init__(self, nc: NatsClient, url: str, *, stream_prefix: str = "MESHPOINT_",
                  max_age_s: float = 7 * 86400.0, dedupe_window_s: float = 120.0,
                  publish_timeout_s: float = 30.0, pull_expires_s: float = 1.0,
-                 ephemeral_inactive_s: float = 60.0) -> None:
+                 ephemeral_inactive_s: float = 60.0, user: str | None = None) -> None:
         self.nc = nc
+        #: The NATS user this connection is (None: the server's default, no auth).
+        self.user = user
+        #: What the server refused this user lately (subject -> its error), oldest first.
+        self._denied: dict[str, str] = {}
+        #: An ephemeral queue -> the unguessable name of its consumer on the server.
+        self._ephemeral: dict[str, str] = {}
         self.js: JetStreamContext = nc.jetstream(timeout=5.0)
         #: The server's URL as messages show it: credentials replaced by ``***``.
         self.url = redact_url(url)
@@ -121,24 +135,32 @@ class NatsBroker(Broker):
         self._streams: set[str] = set()
         self._stream_lock = asyncio.Lock()
         #: (stream, consumer) -> members of that queue in this process.
-        self._members: dict[tuple[str, str], set[_Member]] = {}
+        self._members: dict[tuple[str, str], set[Member]] = {}
 
     @classmethod
     async def connect(cls, url: str = "nats://127.0.0.1:4222", *,
                       connect_timeout_s: float = 10.0, name: str | None = None,
-                      tls: TlsConfig | None = None, **options: Any) -> NatsBroker:
-        """Connect to the NATS server at ``url`` (reconnecting forever afterwards).
+                      tls: TlsConfig | None = None, user: str | None = None,
+                      password: str | None = None, **options: Any) -> NatsBroker:
+        """Connect to the NATS server at ``url`` (reconnecting forever afterwards), as
+        ``user`` with ``password`` if given (else as the URL's credentials, if any).
         Raises :class:`BrokerError` if it cannot be reached within
-        ``connect_timeout_s``; ``options`` are those of :class:`NatsBroker`.
+        ``connect_timeout_s`` or refuses the user; ``options`` are those of
+        :class:`NatsBroker`.
 
         ``tls`` (or a ``tls://`` URL) requires TLS (:mod:`meshpoint.tls`): a server
         that offers none, or whose certificate does not verify, is refused at once
         with :class:`~meshpoint.errors.TlsError`, before anything is sent to it."""
+        from urllib.parse import unquote, urlsplit
+
+        parts = urlsplit(url)
+        if user is None and parts.username:
+            user = unquote(parts.username)
         setting = "broker.tls" if tls is not None else "the broker URL's tls:// scheme"
         required = tls if tls is not None else TlsConfig() if url.startswith("tls://") \
             else None
         nc = TlsClient(require_tls=required is not None)
-        broker = cls(nc, url, **options)  # the client connects below
+        broker = cls(nc, url, user=user, **options)  # the client connects below
         shown = broker.url
         errors: list[Exception] = []
         loop = asyncio.get_running_loop()
@@ -149,6 +171,16 @@ class NatsBroker(Broker):
             if required is not None and not refused.done() and (
                     isinstance(error, NoTls) or tls_failure(error) is not None):
                 refused.set_result(error)  # nats-py would try again, forever
+            # What the server refuses this user arrives here, not at the call that
+            # asked (a publish or request then times out): remember it, so that the
+            # call can say so at once.
+            # nats-py lowercases the server's error, subject included: keys are too.
+            text = str(error).lower()
+            if "permissions violation" in text:
+                subject = text.rsplit(" to ", 1)[-1].strip("'\" ")
+                broker._denied[subject] = text.removeprefix("nats: ").split(" to ", 1)[0]
+                while len(broker._denied) > 256:
+                    broker._denied.pop(next(iter(broker._denied)))
 
         async def disconnected() -> None:
             if not broker.closing and not nc.is_closed:  # closing: expected
@@ -164,6 +196,11 @@ class NatsBroker(Broker):
             "allow_reconnect": True}
         if required is not None:
             settings["tls"] = required.ssl_context(setting)
+        if user is not None:
+            settings["inbox_prefix"] = inbox_prefix(user)
+            if password is not None or not parts.username:
+                settings.update(user=user, password=password or "")
+        where = f"{parts.hostname}:{parts.port}"
         try:
             await asyncio.wait_for(first_connection(nc, settings, refused), connect_timeout_s)
         except TlsRefused as error:
@@ -178,9 +215,17 @@ class NatsBroker(Broker):
             raise TlsError(
                 f"TLS to NATS at {shown} failed: {tls_failure(error.cause)} ({setting}: "
                 f"{required.describe()})") from None
+        except nats.errors.AuthorizationError:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            raise BrokerError(f"NATS at {where} refused user {user!r}: wrong user or "
+                              "password (Authorization Violation)") from None
         except (TimeoutError, OSError, nats.errors.Error) as error:
             with contextlib.suppress(Exception):
                 await nc.close()
+            if "uthorization" in str(error) or "uthorization" in repr(nc.last_error):
+                raise BrokerError(f"NATS at {where} refused user {user!r}: wrong user or "
+                                  "password") from None
             last = f"; the last error: {errors[-1]!r}" if errors and errors[-1] is not error \
                 else ""
             raise BrokerError(
@@ -189,6 +234,11 @@ class NatsBroker(Broker):
             ) from None
         try:
             await broker.js.account_info()
+        except nats.errors.TimeoutError:
+            await nc.close()
+            raise BrokerError(f"NATS user {user!r} may not use JetStream's API "
+                              f"($JS.API.INFO): {broker._denial('$JS.API.') or 'timed out'}"
+                              ) from None
         except nats.errors.Error as error:
             await nc.close()
             raise BrokerError(f"NATS at {shown} has no JetStream ({error}); start "
@@ -223,7 +273,7 @@ class NatsBroker(Broker):
                 self._streams.add(name)
         return name
 
-    async def _ensure_consumer(self, stream: str, consumer: str, subject: str,
+    async def ensure_consumer(self, stream: str, consumer: str, subject: str,
                                options: ConsumerOptions, *, lost: bool = False) -> None:
         """Create the queue's consumer unless it exists. ``lost``: it existed and the
         server no longer has it (an ephemeral one idle too long, or deleted by hand);
@@ -283,11 +333,30 @@ class NatsBroker(Broker):
             # out on reconnect even after we reported it failed.
             raise nats.errors.ConnectionReconnectingError
         stream = await self._ensure_stream(namespace)
+        self._denied.pop(subject.lower(), None)
         try:
             await self.js.publish(subject, data, headers=headers, timeout=2.0)
         except nats.js.errors.NoStreamResponseError:
             self._streams.discard(stream)  # deleted under us: create it again
             raise
+        except (nats.errors.TimeoutError, TimeoutError):
+            refused = self._denied.pop(subject.lower(), None)
+            if refused is not None:
+                raise BrokerPermissionError(self._refused(refused, subject)) from None
+            raise
+
+    def _denial(self, prefix: str) -> str | None:
+        """The latest refused subject starting with ``prefix`` (as the server named it,
+        lowercased), forgotten once told."""
+        for subject in reversed(list(self._denied)):
+            if subject.startswith(prefix.lower()):
+                return f"{self._denied.pop(subject)} to {subject!r}"
+        return None
+
+    def _refused(self, what: str, subject: str | None = None) -> str:
+        told = f'{what} to "{subject}"' if subject is not None else what
+        return (f"NATS refused user {self.user!r}: {told} (its permissions do not allow "
+                "it; see `meshpoint nats-config`)")
 
     async def _retrying(self, doing: str, attempt: Callable[[], Awaitable[None]]) -> None:
         """``attempt()``, retried every 0.05 s, doubling up to 1 s, while NATS is not
@@ -302,13 +371,23 @@ class NatsBroker(Broker):
 
         def policy() -> AsyncRetrying:
             return AsyncRetrying(
-                retry=retry_if_exception_type(_TRANSIENT), wait=wait_exponential(0.05, max=1.0),
+                retry=retry_if_exception_type(TRANSIENT), wait=wait_exponential(0.05, max=1.0),
                 stop=lambda state: loop.time() + state.upcoming_sleep > deadline,
                 reraise=True)
 
+        async def checked() -> None:
+            try:
+                await once()
+            except TRANSIENT:
+                # A JetStream API call the server refused this user only times out.
+                refused = self._denial("$JS.")
+                if refused is not None:
+                    raise BrokerPermissionError(self._refused(refused)) from None
+                raise
+
         try:
-            await retried(once, policy, lambda error: isinstance(error, _TRANSIENT))
-        except _TRANSIENT as error:
+            await retried(checked, policy, lambda error: isinstance(error, TRANSIENT))
+        except TRANSIENT as error:
             raise BrokerError(f"NATS at {self.url}: could not {doing} within "
                               f"{self.publish_timeout_s:g}s ({error!r})") from None
         except nats.js.errors.APIError as error:
@@ -325,18 +404,26 @@ class NatsBroker(Broker):
                 f"namespace, which names the stream)")
         options = options or ConsumerOptions()
         stream = self.stream_name(tokens[0])
-        consumer = safe_name(queue)
+        consumer = self.consumer_of(queue, ephemeral=options.ephemeral)
 
         async def setup() -> None:
             await self._ensure_stream(tokens[0])
-            await self._ensure_consumer(stream, consumer, subject, options)
+            await self.ensure_consumer(stream, consumer, subject, options)
 
         await self._retrying(f"subscribe to {subject}", setup)
         dead_letter = options.dead_letter_subject or default_dead_letter_subject(tokens, queue)
-        member = _Member(self, stream, consumer, subject, handler, options, dead_letter)
+        member = Member(self, stream, consumer, subject, handler, options, dead_letter)
         await member.start()
         self._members.setdefault((stream, consumer), set()).add(member)
         return member
+
+    def consumer_of(self, queue: str, *, ephemeral: bool = False) -> str:
+        """The name of ``queue``'s consumer on the server: the queue's own (made safe)
+        for a durable queue, which every process shares; for an ephemeral one, of this
+        broker only, a random name nobody else can guess."""
+        if not ephemeral:
+            return safe_name(queue)
+        return self._ephemeral.setdefault(queue, f"eph_{secrets.token_hex(16)}")
 
     async def close(self) -> None:
         if self.closed:
@@ -355,229 +442,16 @@ class NatsBroker(Broker):
         if self.closed:
             raise BrokerClosedError("the broker is closed")
 
-    async def _left(self, member: _Member) -> None:
+    async def left(self, member: Member) -> None:
         """A member stopped; delete an ephemeral queue when its last member did."""
         key = (member.stream, member.consumer)
         members = self._members.get(key, set())
         members.discard(member)
         if not members:
             self._members.pop(key, None)
+            if member.options.ephemeral:
+                self._ephemeral = {q: c for q, c in self._ephemeral.items()
+                                   if c != member.consumer}
             if member.options.ephemeral and not self.nc.is_closed:
                 with contextlib.suppress(Exception):
                     await self.js.delete_consumer(member.stream, member.consumer)
-
-
-class _Delivery(Delivery):
-    """A JetStream message in a member's hands."""
-
-    def __init__(self, member: _Member, msg: Msg, count: int) -> None:
-        self._member = member
-        self._msg = msg
-        headers = {k: v for k, v in (msg.headers or {}).items() if not k.startswith("Nats-")}
-        self.message = Message(msg.subject, msg.data, headers)
-        self.delivery_count = count
-        self._deadline = asyncio.get_running_loop().time() + member.options.ack_wait_s
-        self.settled = False
-
-    def _take(self) -> bool:
-        """Settle once; a settlement after the ack wait ran out is ignored (the message
-        may be in another member's hands by now), as in the in-process broker."""
-        if self.settled:
-            return False
-        self.settled = True
-        return asyncio.get_running_loop().time() <= self._deadline
-
-    async def _send(self, what: str, send: Callable[[], Awaitable[None]]) -> None:
-        try:
-            await send()
-        except (*_TRANSIENT, nats.errors.Error) as error:
-            logger.warning("could not %s a message on %s (%r); it comes back after its "
-                           "ack wait", what, self.message.subject, error)
-
-    async def ack(self) -> None:
-        if self._take():
-            await self._send("ack", self._msg.ack)
-
-    async def in_progress(self) -> None:
-        loop = asyncio.get_running_loop()
-        if not self.settled and loop.time() <= self._deadline:
-            self._deadline = loop.time() + self._member.options.ack_wait_s
-            await self._send("extend", self._msg.in_progress)
-
-    async def nak(self, delay_s: float = 0.0) -> None:
-        if delay_s < 0:
-            raise InvalidArgumentError(f"delay_s must be >= 0, got {delay_s!r}")
-        if self._take():
-            await self._send("nak", lambda: self._msg.nak(delay_s or None))
-
-    async def term(self, reason: str) -> None:
-        if self._take():
-            if await self._member.dead_letter(self._msg, f"terminated: {reason}",
-                                              self.delivery_count):
-                await self._send("terminate", self._msg.term)
-            else:
-                await self._send("nak", lambda: self._msg.nak(1.0))
-
-
-class _Member(Subscription):
-    """One member of a queue: pulls one message at a time, only when it has a free
-    slot and a connection, and handles up to ``max_in_flight`` at once."""
-
-    def __init__(self, broker: NatsBroker, stream: str, consumer: str, subject: str,
-                 handler: Handler, options: ConsumerOptions, dead_letter_subject: str) -> None:
-        self.broker = broker
-        self.stream = stream
-        self.consumer = consumer
-        self.subject = subject
-        self.handler = handler
-        self.options = options
-        self.dead_letter_subject = dead_letter_subject
-        self.slots = asyncio.Semaphore(options.max_in_flight)
-        self.in_flight: set[asyncio.Task[None]] = set()
-        self.loop_task: asyncio.Task[None] | None = None
-        self.pull: JetStreamContext.PullSubscription | None = None
-        self.pulling = True
-        self.stopped = False
-        self.checked_at = 0.0
-
-    async def start(self) -> None:
-        self.pull = await self.broker.js.pull_subscribe_bind(consumer=self.consumer,
-                                                             stream=self.stream)
-        self.loop_task = asyncio.create_task(self._take(), name=f"member of {self.consumer}")
-
-    async def _take(self) -> None:
-        assert self.pull is not None
-        pause = 0.05
-        while self.pulling:
-            await self.slots.acquire()
-            if not self.broker.nc.is_connected:
-                # A pull request made now would be buffered and sent on reconnect, late.
-                self.slots.release()
-                await asyncio.sleep(0.1)
-                continue
-            try:
-                msgs = await self.pull.fetch(1, timeout=self.broker.pull_expires_s)
-            except (TimeoutError, nats.errors.TimeoutError):
-                self.slots.release()
-                # Pulls from a consumer the server no longer has just time out: look
-                # for it now and then while idle.
-                now = asyncio.get_running_loop().time()
-                if now - self.checked_at >= CONSUMER_CHECK_S:
-                    self.checked_at = now
-                    await self._recreate_if_lost()
-                continue
-            except BaseException as error:
-                self.slots.release()
-                if isinstance(error, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
-                    raise
-                await self._recover(error, pause)
-                pause = min(2.0, pause * 2)
-                continue
-            pause = 0.05
-            if not self.pulling:  # a drain began while this pull was out: give it back
-                self.slots.release()
-                with contextlib.suppress(*_TRANSIENT, nats.errors.Error):
-                    await msgs[0].nak()
-                return
-            task = asyncio.create_task(self._handle(msgs[0]))
-            self.in_flight.add(task)
-            task.add_done_callback(self.in_flight.discard)
-
-    async def _recover(self, error: BaseException, pause: float) -> None:
-        """A pull failed: wait, and re-create the queue if the server lost it (an
-        ephemeral queue idle too long while this process was cut off, or a consumer
-        deleted by an operator)."""
-        logger.debug("pull from %s failed: %r", self.consumer, error)
-        await asyncio.sleep(pause)
-        await self._recreate_if_lost()
-
-    async def _recreate_if_lost(self) -> None:
-        if not self.broker.nc.is_connected:
-            return
-        try:
-            await self.broker.js.consumer_info(self.stream, self.consumer)
-        except nats.js.errors.NotFoundError:
-            with contextlib.suppress(*_TRANSIENT, nats.errors.Error):
-                await self.broker._ensure_consumer(self.stream, self.consumer, self.subject,
-                                                   self.options, lost=True)
-        except (*_TRANSIENT, nats.errors.Error):
-            pass
-
-    async def _handle(self, msg: Msg) -> None:
-        try:
-            count = msg.metadata.num_delivered or 1
-            if count > self.options.max_deliver:
-                reason = (f"not acknowledged after {count - 1} deliveries "
-                          f"(max_deliver={self.options.max_deliver})")
-                if await self.dead_letter(msg, reason, count - 1):
-                    with contextlib.suppress(*_TRANSIENT, nats.errors.Error):
-                        await msg.ack()
-                return
-            delivery = _Delivery(self, msg, count)
-            try:
-                await self.handler(delivery)
-            except asyncio.CancelledError:
-                raise  # the member stopped: the message comes back after its ack wait
-            except Exception:
-                logger.exception("handler of queue %s failed on %s", self.consumer,
-                                 msg.subject)
-                if not delivery.settled:
-                    await delivery.nak(min(1.0, 0.05 * count))
-        finally:
-            self.slots.release()
-
-    async def dead_letter(self, msg: Msg, reason: str, deliveries: int) -> bool:
-        """Publish ``msg`` to the dead-letter subject; False if that failed (then the
-        message must stay, to be dead-lettered on a later delivery)."""
-        logger.warning("dead-lettering a message on %s from queue %s: %s", msg.subject,
-                       self.consumer, reason)
-        headers = {k: v for k, v in (msg.headers or {}).items() if not k.startswith("Nats-")}
-        headers.update({DEAD_LETTER_SUBJECT: msg.subject, DEAD_LETTER_REASON: reason,
-                        DEAD_LETTER_DELIVERIES: str(deliveries)})
-        try:
-            await self.broker.publish(
-                self.dead_letter_subject, msg.data, headers,
-                msg_id=f"dead.{self.stream}.{self.consumer}.{msg.metadata.sequence.stream}")
-        except BrokerError as error:
-            logger.error("could not dead-letter a message on %s: %s", msg.subject, error)
-            return False
-        return True
-
-    async def drain(self, timeout_s: float) -> None:
-        await self._stop_pulling(gently=True)
-        if self.in_flight:
-            await asyncio.wait(set(self.in_flight), timeout=timeout_s)
-        await self.stop()
-
-    async def _stop_pulling(self, *, gently: bool = False) -> None:
-        """Stop the pull loop. ``gently`` lets a pull in progress end by itself and
-        gives back (nak) a message it brings, rather than cancelling it and leaving a
-        message it may hold stranded until its ack wait."""
-        self.pulling = False
-        if self.loop_task is not None:
-            if gently:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(self.loop_task),
-                                           self.broker.pull_expires_s + 1.0)
-            self.loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.loop_task
-        if self.pull is not None:
-            # No interest left in the pull's inbox: the server hands a pending pull
-            # request nothing more.
-            with contextlib.suppress(Exception):
-                await self.pull.unsubscribe()
-            self.pull = None
-
-    async def stop(self) -> None:
-        if self.stopped:
-            return
-        self.stopped = True
-        await self._stop_pulling()
-        tasks = list(self.in_flight)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self.broker._left(self)

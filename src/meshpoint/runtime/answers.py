@@ -2,7 +2,11 @@
 
 An answer to a stored task is claimed and recorded in one transaction; its message
 is acknowledged only after that commits (a store error naks it for later).
-Duplicates and late answers resolve nothing and are acknowledged. The resolution
+Duplicates and late answers resolve nothing and are acknowledged; an answer to
+another agent's task is refused and dead-lettered; an answer whose sub-task no
+task has, and that names (as its context) no task the agent has or had, is never
+acknowledged and dropped: it is redelivered, then dead-lettered with the reason
+past ``max_deliver``. The resolution
 that completes the join took the resume lease in the same transaction: this
 instance then resumes the task. A status update (or progress on the answer
 subject) restarts the item's deadline and claims nothing. Answers for a task
@@ -18,7 +22,13 @@ from typing import Any
 
 from meshpoint import a2a
 from meshpoint.broker.base import Delivery
-from meshpoint.errors import BadMessageError, InvalidArgumentError, StoreError, UnknownSubTaskError
+from meshpoint.errors import (
+    BadMessageError,
+    InvalidArgumentError,
+    StoreError,
+    UnknownSubTaskError,
+    WrongAgentError,
+)
 from meshpoint.runtime import wire
 from meshpoint.runtime.memory import MemoryPath
 from meshpoint.runtime.outages import Outages
@@ -27,6 +37,9 @@ from meshpoint.runtime.tasks import DeadLetters, InHand, LeaseOwners
 from meshpoint.store.base import Store
 
 logger = logging.getLogger("meshpoint.runtime")
+#: How long an answer no task of this instance's tenant and agent waits for is held
+#: back before its next delivery.
+UNPLACED_RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -35,6 +48,8 @@ class Answers:
     ``resume(task_id, owner)`` continues a task whose join an answer completed."""
 
     instance_id: str
+    #: The instance's agent: an answer resolves only a sub-task of its tasks.
+    agent_name: str
     store: Store
     outages: Outages
     memory: MemoryPath
@@ -44,6 +59,8 @@ class Answers:
     stats: InstanceStats
     lease_ttl_s: float
     max_message_bytes: int
+    #: Deliveries of an answer nobody can place before it is dead-lettered.
+    max_deliver: int
     resume: Callable[[str, str], Awaitable[None]]
 
     async def on_response(self, delivery: Delivery) -> None:
@@ -59,9 +76,25 @@ class Answers:
         try:
             resolution = await self.outages.outlast(delivery, lambda: (
                 self.store.resolve_peer_sub_task(sub_task_id, result, lease_owner=owner,
-                                                  lease_ttl_s=self.lease_ttl_s)))
+                                                  lease_ttl_s=self.lease_ttl_s,
+                                                  agent_name=self.agent_name)))
+        except WrongAgentError as error:
+            # Sent to this agent's subject, for another agent's task: nobody else ever
+            # takes it from here, and nothing of it was written.
+            await self.dead_letters.reject(delivery, BadMessageError(str(error)))
+            return
         except UnknownSubTaskError:
-            resolution = None  # its task already ended (a late answer)
+            try:
+                late = await self._names_a_known_task(response, delivery)
+            except StoreError as error:
+                logger.warning("%s: could not look for the task of answer %s (%s); "
+                               "retrying later", self.instance_id, sub_task_id, error)
+                await delivery.nak(1.0)
+                return
+            if not late:
+                await self._leave_for_its_owner(sub_task_id, response, delivery)
+                return
+            resolution = None  # its task ended, or moved on: a late answer
         except StoreError as error:
             logger.warning("%s: could not record the answer to %s (%s); retrying later",
                            self.instance_id, sub_task_id, error)
@@ -79,6 +112,36 @@ class Answers:
                        message=response)
         if resolution.join_complete and resolution.lease_owner == owner:
             await self.resume(resolution.sub_task.task_id, owner)
+
+    async def _names_a_known_task(self, response: a2a.SuccessResponse | a2a.ErrorResponse,
+                                  delivery: Delivery) -> bool:
+        """Whether an answer whose sub-task is gone names, as its context, a task of
+        this agent that the tenant has paused or remembers ended: then it is late (a
+        duplicate, or an answer after a timeout, whose task has moved on since)."""
+        context = _context_of(response)
+        if context is None:
+            return False
+        return await self.outages.outlast(
+            delivery, lambda: self.store.task_known(context, self.agent_name))
+
+    async def _leave_for_its_owner(self, sub_task_id: str,
+                                   response: a2a.SuccessResponse | a2a.ErrorResponse,
+                                   delivery: Delivery) -> None:
+        """An answer this instance cannot place is never acknowledged and dropped: it is
+        handed back for redelivery (the broker may give it to whoever can place it),
+        and once it has been delivered ``max_deliver`` times it is dead-lettered with
+        the reason, where an operator sees it."""
+        if delivery.delivery_count < self.max_deliver:
+            await delivery.nak(UNPLACED_RETRY_S)
+            return
+        context = _context_of(response)
+        self.stats.note("unplaced_answer", sub_task_id)
+        await self.dead_letters.reject(delivery, BadMessageError(
+            f"no task of tenant {self.store.tenant_id!r} waits for sub-task {sub_task_id!r}, "
+            f"and the answer names no task agent {self.agent_name!r} has or had "
+            f"(context {context!r}): another tenant's or agent's answer, a forged one, or "
+            f"an answer to a task that ended long ago; delivered {delivery.delivery_count} "
+            "times"))
 
     async def on_status(self, delivery: Delivery) -> None:
         parsed = await self._parse(delivery)
@@ -136,3 +199,15 @@ class Answers:
             await self.dead_letters.reject(delivery, error)
             return None
         return sub_task_id, response
+
+
+def _context_of(response: a2a.SuccessResponse | a2a.ErrorResponse) -> str | None:
+    """The context an answer names: the calling task, for a peer that echoes the
+    request's ``contextId`` as A2A asks (meshpoint's agents do)."""
+    if isinstance(response, a2a.SuccessResponse):
+        result = response.result
+        if isinstance(result, a2a.Task | a2a.TaskStatusUpdateEvent | a2a.TaskArtifactUpdateEvent):
+            return result.context_id or None
+        if isinstance(result, a2a.Message):
+            return result.context_id
+    return None

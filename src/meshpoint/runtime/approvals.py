@@ -28,11 +28,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from meshpoint import a2a
 from meshpoint.broker.base import Broker, Delivery
@@ -42,6 +41,8 @@ from meshpoint.errors import (
     AnswerRefusedError,
     ArgumentsRejectedError,
     BadMessageError,
+    DecisionRefusedError,
+    MisdirectedAnswerError,
     NotPendingError,
     StoreError,
     UnknownSubTaskError,
@@ -51,7 +52,19 @@ from meshpoint.errors import (
 from meshpoint.llm.base import ToolCall
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent
+from meshpoint.runtime.approvers import Approvers
 from meshpoint.runtime.calls import Item, Opened, run_tool
+from meshpoint.runtime.decisions import (
+    ANSWER_KEY,
+    RECORDED,
+    Answer,
+    Approve,
+    Deny,
+    Reply,
+    answer_of,
+    parse_answer,
+    signed_record,
+)
 from meshpoint.runtime.outages import Outages
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.tasks import DeadLetters, LeaseOwners
@@ -59,14 +72,17 @@ from meshpoint.store.base import Store
 from meshpoint.store.records import PeerSubTask, Resolution
 from meshpoint.store.sealing import UNREADABLE
 
+__all__ = ["ANSWER_KEY", "APPROVAL", "Answer", "ApprovalCalls", "Approve", "Decided", "Deny",
+           "Inputs", "Reply", "decide", "parse_answer"]
+
 logger = logging.getLogger("meshpoint.runtime")
 
 #: The correlation key that makes an item an approval: what the human decides on.
 APPROVAL = "approval"
 #: ``resolved_by`` of an item a human answered.
 RESOLVED_BY_HUMAN = "human"
-#: The key of the DataPart an answer travels in (A2A ``message/send`` naming the task).
-ANSWER_KEY = "meshpoint_answer"
+#: ``ctx.flags`` key: the model's call id -> the id of the approval item it waits on.
+APPROVAL_CALLS = "approval_calls"
 
 
 # -- the pause ------------------------------------------------------------------------
@@ -85,6 +101,10 @@ class ApprovalCalls:
     broker: Broker
     #: The instance's: where each decision and an approved tool's run are logged.
     stats: InstanceStats
+    #: Who may decide (None or empty: anyone, each decision's name only claimed).
+    approvers: Approvers | None = None
+    #: The store's tenant, which a signed decision names.
+    tenant: str = "default"
 
     def handles(self, call: ToolCall) -> bool:
         tool = self.agent.local_tool(call.name)
@@ -98,6 +118,9 @@ class ApprovalCalls:
         tool = self.agent.local_tool(call.name)
         assert tool is not None, "handles() said this call is a local tool's"
         call_id = wire.new_id()
+        # Which item this call waits on, kept with the task: a decision recorded for
+        # another item (copied into this one's row) is refused when it settles.
+        ctx.flags.setdefault(APPROVAL_CALLS, {})[call.id] = call_id
         ctx.register_peer_sub_task(call_id, {
             "invocation_id": invocation_id, "function_call_id": call.id,
             "timeout_s": tool.approval_timeout_s,
@@ -123,10 +146,43 @@ class ApprovalCalls:
     async def withdraw(self, sub_task_id: str, correlation: dict[str, Any]) -> None:
         """Nobody is to be told: a late answer is refused as not pending."""
 
+    def refused(self, ctx: TaskExecutionContext, call: ToolCall, result: Any) -> str | None:
+        """With approvers configured, why a decision cannot be settled: it must be one
+        of theirs for this very call, signed over what it records (a decision can
+        reach the store without an instance's check: ``meshpoint tasks approve``, or
+        anyone who can write the database). None to settle it; the call is made
+        again otherwise (a new item: the task keeps waiting). A deadline's denial
+        needs no approver."""
+        if not self.approvers or not isinstance(result, dict) or \
+                result.get("decision") not in RECORDED.values():
+            return None
+        expected = (ctx.flags.get(APPROVAL_CALLS) or {}).get(call.id)
+        try:
+            if expected is not None and result.get("call_id") != expected:
+                raise DecisionRefusedError(
+                    f"it decides call {result.get('call_id')!r}, not {expected!r}, the one "
+                    f"{call.name!r} waits on")
+            answer = answer_of(result)
+            approver = self.approvers.verify(
+                tenant=self.tenant, task_id=ctx.task_id, answer=answer,
+                calls=[(result["call_id"], self.agent.name, call.name)])
+        except ValueError as error:
+            claimed = result.get("claimed_by") or result.get("by")
+            return f"{error} (claimed by {claimed!r})"
+        except DecisionRefusedError as error:
+            return str(error)
+        # What is recorded of it from now on names its verified approver.
+        result.update(by=approver, verified=True)
+        result.pop("claimed_by", None)
+        return None
+
     async def settle(self, ctx: TaskExecutionContext, call: ToolCall, result: Any) -> Any:
-        """Run an approved call's tool now, with the arguments as the human left them;
-        a call not approved gets a result saying why. Each decision is kept in the
-        task's ``flags["approvals"]`` (who answered, when, what)."""
+        """Run an approved call's tool now, with the arguments as the human left them
+        (edited, or else the model's own: never arguments a decision records without
+        saying it edited them); a call not approved gets a result saying why. Each
+        decision is kept in the task's ``flags["approvals"]`` (who answered, when,
+        what)."""
+        (ctx.flags.get(APPROVAL_CALLS) or {}).pop(call.id, None)
         decision = as_decision(result)
         ctx.flags.setdefault("approvals", []).append(
             {"function_call_id": call.id, "tool": call.name, **decision})
@@ -139,7 +195,7 @@ class ApprovalCalls:
             tool = self.agent.local_tool(call.name)
             if tool is None:
                 return {"error": f"unknown tool {call.name!r}"}
-            arguments = decision["arguments"]
+            arguments = decision["arguments"] if decision.get("edited") else call.arguments
             return await self.stats.tool_step(
                 ctx.task_id, call.id, call.name, arguments,
                 lambda: run_tool(tool, ctx, call, arguments))
@@ -171,69 +227,6 @@ def as_decision(result: Any) -> dict[str, Any]:
 # -- answers ----------------------------------------------------------------------------
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Approve(_Strict):
-    """Approve a pending call, with its arguments edited or as the model gave them."""
-
-    decision: Literal["approve"] = "approve"
-    call_id: str = Field(min_length=1, max_length=255)
-    arguments: dict[str, Any] | None = None
-    by: str | None = Field(default=None, max_length=200)
-
-
-class Deny(_Strict):
-    """Deny a pending call; ``reason`` is shown to the model."""
-
-    decision: Literal["deny"] = "deny"
-    call_id: str = Field(min_length=1, max_length=255)
-    reason: str = Field(default="denied", max_length=10_000)
-    by: str | None = Field(default=None, max_length=200)
-
-
-class Reply(_Strict):
-    """Answer in words instead: every pending call of the task is left unrun and the
-    model is shown the text."""
-
-    decision: Literal["reply"] = "reply"
-    text: str = Field(min_length=1, max_length=100_000)
-    by: str | None = Field(default=None, max_length=200)
-
-
-Answer = Approve | Deny | Reply
-_ANSWERS: dict[str, type[Approve | Deny | Reply]] = {
-    "approve": Approve, "deny": Deny, "reply": Reply}
-
-
-def parse_answer(message: a2a.Message) -> Answer:
-    """The answer a ``message/send`` naming a task carries: a DataPart
-    ``{"meshpoint_answer": {...}}`` (approve or deny), or else its text (a reply).
-    BadMessageError if it carries neither or a malformed one."""
-    by = (message.metadata or {}).get("meshpoint_by")
-    for part in message.parts:
-        if isinstance(part, a2a.DataPart) and ANSWER_KEY in part.data:
-            raw = part.data[ANSWER_KEY]
-            kind = raw.get("decision") if isinstance(raw, dict) else None
-            model = _ANSWERS.get(kind) if isinstance(kind, str) else None
-            if model is None:
-                raise BadMessageError(
-                    f"{ANSWER_KEY}.decision must be one of {sorted(_ANSWERS)}, got {kind!r}")
-            try:
-                return model.model_validate(
-                    {**raw, "by": raw.get("by", by if isinstance(by, str) else None)})
-            except ValidationError as error:
-                first = error.errors(include_url=False)[0]
-                where = ".".join(str(p) for p in first["loc"]) or ANSWER_KEY
-                raise BadMessageError(f"bad answer: {where}: {first['msg']}") from None
-    if not message.text:
-        raise BadMessageError(
-            f"a message naming a task must carry an answer: a data part "
-            f"{{{ANSWER_KEY!r}: ...}} or text (a reply)")
-    return Reply(text=message.text, by=by if isinstance(by, str) else None)
-
-
 @dataclass(frozen=True, slots=True)
 class Decided:
     """What an accepted answer did: each item's decision, and the resolution that
@@ -244,29 +237,36 @@ class Decided:
 
 
 async def decide(store: Store, task_id: str, answer: Answer, *, by: str,
+                 agent: str | None = None, approvers: Approvers | None = None,
                  lease_owner: str | None = None, lease_ttl_s: float = 30.0,
                  clock: Callable[[], float] = time.time) -> Decided:
     """Check ``answer`` to ``task_id`` and record it (see the module docstring).
 
     Raises before writing anything: UnknownTaskError for a task the tenant does not
-    have paused; NotPendingError for a call that is not one of its pending approvals
-    (or a reply to a task waiting for none); ArgumentsRejectedError for edited
-    arguments that fail the tool's schema; AlreadyAnsweredError (with the standing
+    have paused; MisdirectedAnswerError for a task of another agent than ``agent``
+    (the one whose subject the answer came on, if given); NotPendingError for a
+    call that is not one of its pending approvals (or a reply to a task waiting for
+    none); ArgumentsRejectedError for edited arguments that fail the tool's schema;
+    DecisionRefusedError, with ``approvers``, for an answer not signed by one of
+    them who may decide each call's tool; AlreadyAnsweredError (with the standing
     decision) for a call answered first. With ``lease_owner``, the answer that
     completes the join takes the resume lease in the same transaction.
+
+    The decision records its verified approver as ``by`` (``verified: true``);
+    without ``approvers``, the name the answer gives (else ``by``) is recorded only
+    as ``claimed_by`` (``verified: false``). A signature is kept (``signed``).
     """
-    who = answer.by or by
     if isinstance(answer, Reply):
-        subs = await store.get_peer_sub_tasks_for_task(task_id)
-        for sub in subs:
-            _check_readable(sub)
-        waiting = [s for s in subs if s.status == "pending" and _is_approval(s)]
-        if not waiting:
-            raise NotPendingError(f"task {task_id!r} is not waiting for a human's input")
+        waiting = await _pending_for_reply(store, task_id, answer)
+        _check_agent(waiting[0], agent)
+    else:
+        waiting = [await _pending_approval(store, task_id, answer.call_id, agent)]
+    who = _who(store, task_id, answer, waiting, approvers, claimed=answer.by or by)
+    if isinstance(answer, Reply):
         decided, completing = [], None
         for sub in waiting:
             decision = {"decision": "replied", "call_id": sub.sub_task_id, "text": answer.text,
-                        "by": who, "at": clock()}
+                        **who, "at": clock()}
             resolution = await _resolve(store, sub, decision, lease_owner, lease_ttl_s)
             if resolution is not None:  # an approve that raced this reply won that call
                 decided.append(decision)
@@ -275,21 +275,59 @@ async def decide(store: Store, task_id: str, answer: Answer, *, by: str,
             raise AlreadyAnsweredError(f"every pending call of task {task_id!r} was "
                                        "answered first")
         return Decided(decided, completing)
-    sub = await _pending_approval(store, task_id, answer.call_id)
+    (sub,) = waiting
     if isinstance(answer, Approve):
         given = sub.correlation_data[APPROVAL]
         arguments = given["arguments"] if answer.arguments is None else answer.arguments
         if answer.arguments is not None:
             check_arguments(given["tool"], given.get("parameters") or {}, arguments)
         decision = {"decision": "approved", "call_id": sub.sub_task_id, "arguments": arguments,
-                    "edited": answer.arguments is not None, "by": who, "at": clock()}
+                    "edited": answer.arguments is not None, **who, "at": clock()}
     else:
         decision = {"decision": "denied", "call_id": sub.sub_task_id,
-                    "reason": answer.reason, "by": who, "at": clock()}
+                    "reason": answer.reason, **who, "at": clock()}
     resolution = await _resolve(store, sub, decision, lease_owner, lease_ttl_s)
     if resolution is None:
         raise _already_answered(await store.get_peer_sub_task(sub.sub_task_id))
     return Decided([decision], resolution if resolution.join_complete else None)
+
+
+async def _pending_for_reply(store: Store, task_id: str, answer: Reply) -> list[PeerSubTask]:
+    """The pending approvals a reply answers: those it names, else every one."""
+    subs = await store.get_peer_sub_tasks_for_task(task_id)
+    for sub in subs:
+        _check_readable(sub)
+    approvals = {s.sub_task_id: s for s in subs if _is_approval(s)}
+    if answer.call_ids is not None:
+        unknown = [c for c in answer.call_ids if c not in approvals]
+        if unknown:
+            raise NotPendingError(f"task {task_id!r} has no call {unknown[0]!r} waiting "
+                                  "for approval: the id is wrong, or the task has moved on")
+        named = [approvals[c] for c in dict.fromkeys(answer.call_ids)]
+        waiting = [s for s in named if s.status == "pending"]
+        if not waiting:
+            raise _already_answered(named[0])
+        return waiting
+    waiting = [s for s in approvals.values() if s.status == "pending"]
+    if not waiting:
+        raise NotPendingError(f"task {task_id!r} is not waiting for a human's input")
+    return waiting
+
+
+def _who(store: Store, task_id: str, answer: Answer, calls: Sequence[PeerSubTask],
+         approvers: Approvers | None, *, claimed: str) -> dict[str, Any]:
+    """What a decision records of who made it: its verified approver, or (without
+    approvers) only the name it claims; DecisionRefusedError if approvers are
+    configured and it is not one of theirs for each of ``calls``."""
+    signed = signed_record(answer)
+    if not approvers:
+        return {"claimed_by": claimed, "verified": False,
+                **({"signed": signed} if signed else {})}
+    approver = approvers.verify(
+        tenant=store.tenant_id, task_id=task_id, answer=answer,
+        calls=[(s.sub_task_id, s.agent_name, s.correlation_data[APPROVAL]["tool"])
+               for s in calls])
+    return {"by": approver, "verified": True, "signed": signed}
 
 
 def check_arguments(tool: str, schema: dict[str, Any], arguments: Any) -> None:
@@ -302,7 +340,8 @@ def check_arguments(tool: str, schema: dict[str, Any], arguments: Any) -> None:
             f"{error.message}")
 
 
-async def _pending_approval(store: Store, task_id: str, call_id: str) -> PeerSubTask:
+async def _pending_approval(store: Store, task_id: str, call_id: str,
+                            agent: str | None) -> PeerSubTask:
     try:
         sub = await store.get_peer_sub_task(call_id)
     except UnknownSubTaskError:
@@ -314,6 +353,7 @@ async def _pending_approval(store: Store, task_id: str, call_id: str) -> PeerSub
         await store.get_peer_sub_tasks_for_task(task_id)  # UnknownTaskError first
         raise NotPendingError(f"call {call_id!r} is not a call of task {task_id!r}")
     _check_readable(sub)
+    _check_agent(sub, agent)
     if not _is_approval(sub):
         raise NotPendingError(
             f"call {call_id!r} of task {task_id!r} is a call to a peer, not one waiting "
@@ -333,6 +373,15 @@ def _check_readable(sub: PeerSubTask) -> None:
                                    f"cannot be answered: {reason}", task_id=sub.task_id)
 
 
+def _check_agent(sub: PeerSubTask, agent: str | None) -> None:
+    """MisdirectedAnswerError if ``sub``'s task is not ``agent``'s (when given)."""
+    if agent is not None and sub.agent_name != agent:
+        raise MisdirectedAnswerError(
+            f"task {sub.task_id!r} is a task of agent {sub.agent_name!r}, not agent "
+            f"{agent!r}, whose subject this answer came on: nothing was written; send it "
+            f"to {sub.agent_name!r}")
+
+
 def _is_approval(sub: PeerSubTask) -> bool:
     return isinstance(sub.correlation_data.get(APPROVAL), dict)
 
@@ -344,14 +393,22 @@ def _already_answered(sub: PeerSubTask) -> AlreadyAnsweredError:
         how = "denied: timed out"
     return AlreadyAnsweredError(
         f"call {sub.sub_task_id!r} of task {sub.task_id!r} was already answered "
-        f"({how}, by {decision.get('by')})", decision=decision)
+        f"({how}, {decided_by(decision)})", decision=decision)
+
+
+def decided_by(decision: dict[str, Any]) -> str:
+    """Who a recorded decision says made it, as a human reads it: ``by X`` for a
+    verified approver (or the deadline), ``claimed by X, unverified`` otherwise."""
+    if decision.get("by") is not None:
+        return f"by {decision['by']}"
+    return f"claimed by {decision.get('claimed_by')}, unverified"
 
 
 async def _resolve(store: Store, sub: PeerSubTask, decision: dict[str, Any],
                    lease_owner: str | None, lease_ttl_s: float) -> Resolution | None:
     return await store.resolve_peer_sub_task(
         sub.sub_task_id, decision, resolved_by=RESOLVED_BY_HUMAN, lease_owner=lease_owner,
-        lease_ttl_s=lease_ttl_s)
+        lease_ttl_s=lease_ttl_s, agent_name=sub.agent_name)
 
 
 @dataclass(frozen=True)
@@ -362,6 +419,8 @@ class Inputs:
     ``resume(task_id, owner)`` continues a task under ``owner``'s lease."""
 
     instance_id: str
+    #: The instance's agent: an answer is taken only for a task of this agent.
+    agent_name: str
     store: Store
     broker: Broker
     outages: Outages
@@ -370,6 +429,8 @@ class Inputs:
     stats: InstanceStats
     lease_ttl_s: float
     resume: Callable[[str, str], Awaitable[None]]
+    #: Who may decide (None or empty: anyone, each decision's name only claimed).
+    approvers: Approvers | None = None
 
     async def on_answer(self, request: a2a.SendMessageRequest, reply_to: str | None,
                         delivery: Delivery) -> None:
@@ -384,10 +445,24 @@ class Inputs:
         owner = self.owners.next()
         try:
             decided = await self.outages.outlast(delivery, lambda: decide(
-                self.store, task_id, answer, by=reply_to or "anonymous", lease_owner=owner,
+                self.store, task_id, answer, by=reply_to or "anonymous",
+                agent=self.agent_name, approvers=self.approvers, lease_owner=owner,
                 lease_ttl_s=self.lease_ttl_s))
+        except MisdirectedAnswerError as error:
+            # Not acknowledged and dropped: no instance of the task's own agent will
+            # see it on this subject. The sender is told, and it is dead-lettered.
+            self.stats.note("answer_refused", task_id)
+            await self._reply(reply_to, wire.error_response(request.id, error.code, str(error)))
+            await self.dead_letters.reject(delivery, BadMessageError(str(error)))
+            return
         except (AnswerRefusedError, UnknownTaskError) as error:
             self.stats.note("answer_refused", task_id)
+            if isinstance(error, DecisionRefusedError):
+                # Someone tried to decide without an approver's signature: worth a
+                # line in the log beside the refusal its sender is told.
+                logger.warning("%s: refused a decision for task %s from %s: %s",
+                               self.instance_id, task_id, reply_to or "an unnamed sender",
+                               error)
             code = error.code if isinstance(error, AnswerRefusedError) else wire.TASK_NOT_FOUND
             data = {"decision": error.decision} if isinstance(
                 error, AnswerRefusedError) and error.decision else None

@@ -15,7 +15,8 @@ place, :func:`meshpoint.runtime.instance.call_kinds`):
   item that ends without its answer (a timeout, a cancel) is
   :meth:`~CallKind.withdraw`-n from whoever was to answer it.
 
-When every call of the turn has its result, each kind :meth:`~CallKind.settle` s
+When every call of the turn has its result, each kind may refuse one
+(:meth:`~CallKind.refused`: the call is then made again), and :meth:`~CallKind.settle` s
 its calls' results into what the model is shown (a peer's answer becomes its text
 and its artifacts are kept; an approved call runs its tool now), and the turn goes
 on. A kind whose settling runs a tool (``runs_tools``) has each of its calls
@@ -94,6 +95,13 @@ class CallKind(Protocol):
         canceled): tell whoever was to answer it that it need not."""
         ...
 
+    def refused(self, ctx: TaskExecutionContext, call: ToolCall, result: Any) -> str | None:
+        """Why ``call``'s item cannot be settled with the result it was resolved with
+        (an approval whose signature does not verify, say), or None. Runs before
+        :meth:`settle`; a refused result is dropped and the call made again (a new
+        item: the task waits again)."""
+        ...
+
     async def settle(self, ctx: TaskExecutionContext, call: ToolCall, result: Any) -> Any:
         """What the model is shown for ``call``, one of this kind's, given the result
         its item was resolved with (any JSON value). Runs when the turn's join is
@@ -132,6 +140,9 @@ class LocalTools:
 
     async def withdraw(self, sub_task_id: str, correlation: dict[str, Any]) -> None:
         raise AssertionError("a local call is never outstanding")
+
+    def refused(self, ctx: TaskExecutionContext, call: ToolCall, result: Any) -> str | None:
+        return None
 
     async def settle(self, ctx: TaskExecutionContext, call: ToolCall, result: Any) -> Any:
         return result
@@ -182,6 +193,25 @@ class CallKinds:
         kind = self.of(correlation)
         if kind is not None:
             await kind.withdraw(sub_task_id, correlation)
+
+    def review(self, ctx: TaskExecutionContext) -> list[tuple[ToolCall, str]]:
+        """Drop each result of the current turn that its call's kind refuses
+        (:meth:`CallKind.refused`): those calls are then made again. Returns each
+        refused call with the reason."""
+        invocation = ctx.current_invocation_id
+        calls = ctx.parallel_tool_calls.get(invocation) if invocation else None
+        if calls is None:
+            return []
+        made = turn_calls(ctx)
+        refused = []
+        for call_id, result in calls.ordered_results():
+            call = made.get(call_id)
+            if call is not None:
+                reason = self.for_call(call).refused(ctx, call, result)
+                if reason is not None:
+                    del calls.results[call_id]
+                    refused.append((call, reason))
+        return refused
 
     async def settle(self, ctx: TaskExecutionContext, *,
                      after_tools: Callable[[], Awaitable[bool]] | None = None) -> bool:

@@ -11,7 +11,6 @@ running on another instance is told by a broadcast to every instance of the agen
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,12 +26,14 @@ from meshpoint.errors import (
     StoreError,
     TaskBlockedError,
     UnknownTaskError,
+    WrongAgentError,
 )
 from meshpoint.runtime import wire
 from meshpoint.runtime.calls import CallKinds
 from meshpoint.runtime.ending import OUTCOMES
 from meshpoint.runtime.outages import Outages
 from meshpoint.runtime.stats import InstanceStats
+from meshpoint.runtime.subjects import Subjects
 from meshpoint.runtime.tasks import DeadLetters, InHand, LeaseOwners, TaskRun
 from meshpoint.store.base import TASK_STATUSES, Store
 
@@ -55,7 +56,7 @@ class Cancels:
     """Cancels the tasks of one instance's agent."""
 
     agent_name: str
-    namespace: str
+    subjects: Subjects
     instance_id: str
     store: Store
     broker: Broker
@@ -68,6 +69,7 @@ class Cancels:
     stats: InstanceStats
     lease_ttl_s: float
     max_deliver: int
+    max_message_bytes: int
 
     async def on_cancel(self, task_id: str, delivery: Delivery) -> None:
         """A ``tasks/cancel`` request for one of this agent's tasks."""
@@ -78,6 +80,11 @@ class Cancels:
             return
         try:
             outcome = await self.outages.outlast(delivery, lambda: self.cancel_stored(task_id))
+        except WrongAgentError as error:
+            # Another agent's task, on this agent's subject: it is not this agent's to
+            # cancel, and its own agent never sees this message.
+            await self.dead_letters.reject(delivery, BadMessageError(f"cancel refused: {error}"))
+            return
         except StoreError as error:
             logger.warning("%s: cancel of %s failed (%s); retrying", self.instance_id,
                            task_id, error)
@@ -86,8 +93,8 @@ class Cancels:
         if outcome == "canceled":
             await delivery.ack()
             return
-        await self.broker.publish(wire.control_subject(self.namespace, self.agent_name),
-                                 json.dumps({"cancel": task_id}).encode())
+        await self.broker.publish(self.subjects.control(self.agent_name),
+                                 wire.cancel_broadcast(task_id))
         if outcome == "leased" and delivery.delivery_count < self.max_deliver:
             # Resuming elsewhere: if that instance is dead, its lease will expire and
             # the next attempt cancels the stored task itself.
@@ -102,19 +109,20 @@ class Cancels:
 
     async def end_stored(self, task_id: str, state: a2a.TaskState, text: str, *,
                          outcome: str | None = None) -> str:
-        """End a stored task nobody is running, in ``state``: its rows go, its items
-        are withdrawn, its caller is answered ``text``; its history records
-        ``outcome`` (by default the state's). Returns ``canceled`` (done), ``leased``
-        (another owner runs it, or this instance lacks the signing key its signed
-        history needs: an instance that holds it ends it) or ``unknown`` (not
-        stored)."""
+        """End a stored task of this agent nobody is running, in ``state``: its rows
+        go, its items are withdrawn, its caller is answered ``text``; its history
+        records ``outcome`` (by default the state's). Returns ``canceled`` (done),
+        ``leased`` (another owner runs it, or this instance lacks the signing key its
+        signed history needs: an instance that holds it ends it) or ``unknown`` (not
+        stored); WrongAgentError for another agent's task, which is left alone."""
         owner = self.owners.next()
         try:
             # Before the lease, which would make the task `resuming`: ending a signed
             # task appends its last record, which this instance may be unable to sign.
             await self.store.check_signing_key(task_id)
             lease = await self.store.take_resume_lease(
-                task_id, owner, self.lease_ttl_s, statuses=TASK_STATUSES)
+                task_id, owner, self.lease_ttl_s, statuses=TASK_STATUSES,
+                agent_name=self.agent_name)
         except UnknownTaskError:
             return "unknown"
         except KeyMissingError as error:
@@ -130,7 +138,8 @@ class Cancels:
         except TaskBlockedError:
             # Blocking released the lease; the task still ends when asked to.
             if await self.store.take_resume_lease(task_id, owner, self.lease_ttl_s,
-                                                  statuses=TASK_STATUSES) is None:
+                                                  statuses=TASK_STATUSES,
+                                                  agent_name=self.agent_name) is None:
                 return "leased"
         except IntegrityError as error:
             logger.warning("%s: ending %s, whose history fails verification: %s",
@@ -166,11 +175,8 @@ class Cancels:
     async def on_control(self, delivery: Delivery) -> None:
         """A cancel broadcast to every instance of the agent."""
         try:
-            document = json.loads(delivery.message.data)
-            task_id = document["cancel"]
-            if type(task_id) is not str or not task_id:
-                raise ValueError("'cancel' must name a task id")
-        except (ValueError, KeyError, TypeError) as error:
+            task_id = wire.parse_control(delivery.message.data, max_bytes=self.max_message_bytes)
+        except BadMessageError as error:
             await self.dead_letters.reject(delivery,
                                             BadMessageError(f"bad control message: {error}"))
             return

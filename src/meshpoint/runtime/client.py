@@ -19,6 +19,8 @@ import asyncio
 import logging
 from typing import Any
 
+from pydantic import ValidationError
+
 from meshpoint import a2a
 from meshpoint.broker.base import Broker, ConsumerOptions, Delivery, Subscription
 from meshpoint.errors import (
@@ -27,13 +29,18 @@ from meshpoint.errors import (
     ArgumentsRejectedError,
     BadMessageError,
     BrokerError,
+    DecisionRefusedError,
     InvalidArgumentError,
     MeshpointError,
+    MisdirectedAnswerError,
     NotPendingError,
     UnknownTaskError,
 )
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import check_name
+from meshpoint.runtime.approvers import ApproverKey
+from meshpoint.runtime.decisions import Answer, Approve, Deny, Reply
+from meshpoint.runtime.subjects import DEFAULT_TENANT, Subjects
 from meshpoint.runtime.wire import TASK_NOT_FOUND
 
 logger = logging.getLogger("meshpoint.client")
@@ -43,11 +50,19 @@ class Client:
     """Submits tasks to agents over ``broker``; use as ``async with Client(...)``."""
 
     def __init__(self, broker: Broker, *, namespace: str = "meshpoint",
-                 client_id: str | None = None) -> None:
+                 tenant: str = DEFAULT_TENANT, client_id: str | None = None,
+                 key: ApproverKey | None = None) -> None:
         self.broker = broker
+        #: The approver key this client signs its answers with, unless a call gives one.
+        self.key = key
         self.namespace = check_name("namespace", namespace)
+        #: The tenant whose agents this client calls: its subjects are the tenant's.
+        self.subjects = Subjects(namespace, tenant)
         self.client_id = check_name("client_id", client_id or f"client-{wire.new_id()[:12]}")
-        self._prefix = wire.client_prefix(namespace, self.client_id)
+        #: This object's own subjects under the client's: two processes (or objects)
+        #: with one client id never share an inbox.
+        self.session = wire.new_id()[:16]
+        self._prefix = self.subjects.client(self.client_id, self.session)
         #: request id -> every final answer received for it (normally one).
         self.answers: dict[str, list[a2a.Task]] = {}
         self._waiters: dict[str, asyncio.Future[a2a.Task]] = {}
@@ -62,8 +77,8 @@ class Client:
 
     async def start(self) -> Client:
         self._subscription = await self.broker.subscribe(
-            f"{self._prefix}.>", f"{self.namespace}-{self.client_id}", self._on_message,
-            ConsumerOptions(ephemeral=True))
+            f"{self._prefix}.>", self.subjects.queue(f"client-{self.client_id}-{self.session}"),
+            self._on_message, ConsumerOptions(ephemeral=True))
         return self
 
     async def close(self) -> None:
@@ -85,7 +100,7 @@ class Client:
         request_id = check_name("request_id", request_id or wire.new_id())
         self._waiters.setdefault(request_id, asyncio.get_running_loop().create_future())
         await self.broker.publish(
-            wire.request_subject(self.namespace, agent), wire.send_request(request_id, text),
+            self.subjects.request(agent), wire.send_request(request_id, text),
             wire.reply_headers(f"{self._prefix}.response.{request_id}",
                                f"{self._prefix}.status.{request_id}"))
         return request_id
@@ -107,8 +122,7 @@ class Client:
 
     async def cancel(self, agent: str, task_id: str) -> None:
         """Ask ``agent`` to cancel ``task_id``; its caller is answered ``canceled``."""
-        await self.broker.publish(wire.request_subject(self.namespace, agent),
-                                  wire.cancel_request(task_id))
+        await self.broker.publish(self.subjects.request(agent), wire.cancel_request(task_id))
 
     async def wait_input(self, request_id: str, timeout_s: float | None = None
                          ) -> list[dict[str, Any]]:
@@ -128,48 +142,62 @@ class Client:
 
     async def approve(self, task_id: str, call_id: str,
                       arguments: dict[str, Any] | None = None, *, agent: str | None = None,
-                      by: str | None = None, timeout_s: float = 30.0) -> dict[str, Any]:
+                      by: str | None = None, key: ApproverKey | None = None,
+                      timeout_s: float = 30.0) -> dict[str, Any]:
         """Approve the pending call ``call_id`` of ``task_id``, with ``arguments`` in
         place of the model's if given (checked against the tool's JSON schema before
-        anything is written). Returns the recorded decision."""
+        anything is written). With ``key`` (or the client's), the approval is signed
+        as that approver's. Returns the recorded decision."""
         if arguments is not None and type(arguments) is not dict:
             raise InvalidArgumentError(f"arguments must be a dict, got {arguments!r:.80}")
-        answer: dict[str, Any] = {"decision": "approve", "call_id": call_id}
-        if arguments is not None:
-            answer["arguments"] = arguments
-        return (await self._answer(task_id, answer, None, agent, by, timeout_s))[0]
+        answer = _answer(Approve, call_id=call_id, arguments=arguments, by=by)
+        return (await self.answer(task_id, answer, agent=agent, key=key,
+                                  timeout_s=timeout_s))[0]
 
     async def deny(self, task_id: str, call_id: str, reason: str = "denied", *,
                    agent: str | None = None, by: str | None = None,
-                   timeout_s: float = 30.0) -> dict[str, Any]:
+                   key: ApproverKey | None = None, timeout_s: float = 30.0) -> dict[str, Any]:
         """Deny the pending call ``call_id`` of ``task_id``; the model is shown
-        ``reason``. Returns the recorded decision."""
-        answer = {"decision": "deny", "call_id": call_id, "reason": reason}
-        return (await self._answer(task_id, answer, None, agent, by, timeout_s))[0]
+        ``reason``. With ``key`` (or the client's), signed. Returns the recorded
+        decision."""
+        answer = _answer(Deny, call_id=call_id, reason=reason, by=by)
+        return (await self.answer(task_id, answer, agent=agent, key=key,
+                                  timeout_s=timeout_s))[0]
 
     async def reply(self, task_id: str, text: str, *, agent: str | None = None,
-                    by: str | None = None, timeout_s: float = 30.0) -> list[dict[str, Any]]:
-        """Answer a waiting task in words: its pending calls are not run and the model
-        is shown ``text``. Returns the decisions recorded, one per call."""
+                    by: str | None = None, call_ids: list[str] | None = None,
+                    key: ApproverKey | None = None,
+                    timeout_s: float = 30.0) -> list[dict[str, Any]]:
+        """Answer a waiting task in words: its pending calls (``call_ids``, or every
+        one) are not run and the model is shown ``text``. A signed reply (``key``, or
+        the client's) names its calls. Returns the decisions recorded, one per call."""
         if type(text) is not str or not text:
             raise InvalidArgumentError("text must be a non-empty str")
-        return await self._answer(task_id, None, text, agent, by, timeout_s)
+        answer = _answer(Reply, text=text, call_ids=call_ids, by=by)
+        return await self.answer(task_id, answer, agent=agent, key=key, timeout_s=timeout_s)
 
-    async def _answer(self, task_id: str, answer: dict[str, Any] | None, text: str | None,
-                      agent: str | None, by: str | None, timeout_s: float
-                      ) -> list[dict[str, Any]]:
+    async def answer(self, task_id: str, answer: Answer, *, agent: str | None = None,
+                     key: ApproverKey | None = None,
+                     timeout_s: float = 30.0) -> list[dict[str, Any]]:
+        """Send ``answer`` (an :class:`~meshpoint.runtime.decisions.Approve`, ``Deny``
+        or ``Reply``, perhaps signed elsewhere) to the waiting task ``task_id``; with
+        ``key`` (or the client's), it is signed here. Returns the decisions recorded;
+        raises AnswerRefusedError (or UnknownTaskError) saying why it was refused."""
         if self._subscription is None:
             raise InvalidArgumentError("start the client (async with Client(...)) first")
         if type(task_id) is not str or not task_id:
             raise InvalidArgumentError(f"task_id must be a non-empty str, got {task_id!r}")
+        key = key or self.key
+        if key is not None:
+            answer = key.sign(tenant=self.subjects.tenant, task_id=task_id, answer=answer)
+        elif answer.by is None:
+            answer = answer.model_copy(update={"by": self.client_id})
         agent = check_name("agent", agent or wire.agent_of_task(task_id))
         request_id = wire.new_id()
         future = self._replies[request_id] = asyncio.get_running_loop().create_future()
         try:
             await self.broker.publish(
-                wire.request_subject(self.namespace, agent),
-                wire.answer_request(request_id, task_id, answer, text=text,
-                                    by=by or self.client_id),
+                self.subjects.request(agent), wire.answer_request(request_id, task_id, answer),
                 wire.reply_headers(f"{self._prefix}.response.{request_id}",
                                    f"{self._prefix}.status.{request_id}"))
             try:
@@ -234,7 +262,18 @@ def refusal(task_id: str, error: a2a.JSONRPCError) -> MeshpointError:
     if error.code == TASK_NOT_FOUND:
         return UnknownTaskError(task_id)
     decision = error.data.get("decision") if isinstance(error.data, dict) else None
-    for kind in (AlreadyAnsweredError, NotPendingError, ArgumentsRejectedError):
+    for kind in (AlreadyAnsweredError, NotPendingError, ArgumentsRejectedError,
+                 MisdirectedAnswerError, DecisionRefusedError):
         if error.code == kind.code:
             return kind(error.message, decision=decision)
     return AnswerRefusedError(error.message, decision=decision)
+
+
+def _answer(kind: type[Approve | Deny | Reply], **fields: Any) -> Answer:
+    """An answer of ``kind``; InvalidArgumentError naming the field that is wrong."""
+    try:
+        return kind(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or kind.__name__
+        raise InvalidArgumentError(f"{where}: {first['msg']}") from None

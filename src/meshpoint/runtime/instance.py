@@ -40,6 +40,7 @@ from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent, RuntimeOptions, check_name
 from meshpoint.runtime.answers import Answers
 from meshpoint.runtime.approvals import ApprovalCalls, Inputs
+from meshpoint.runtime.approvers import Approvers
 from meshpoint.runtime.boundary import PauseBoundary
 from meshpoint.runtime.calls import CallKind, CallKinds, LocalTools
 from meshpoint.runtime.cancels import Cancels
@@ -50,6 +51,7 @@ from meshpoint.runtime.midturn import MidTurn
 from meshpoint.runtime.outages import Outages
 from meshpoint.runtime.peers import PeerCalls
 from meshpoint.runtime.stats import InstanceStats
+from meshpoint.runtime.subjects import Subjects
 from meshpoint.runtime.tasks import (
     Background,
     DeadLetters,
@@ -65,13 +67,14 @@ from meshpoint.store.base import Store
 logger = logging.getLogger("meshpoint.runtime")
 
 
-def call_kinds(agent: Agent, broker: Broker, namespace: str,
-               stats: InstanceStats) -> list[CallKind]:
+def call_kinds(agent: Agent, broker: Broker, subjects: Subjects, stats: InstanceStats,
+               approvers: Approvers | None = None) -> list[CallKind]:
     """The kinds of call an instance makes, in the order they claim a call: where a
     new kind is registered. The first kind with an item outstanding names the
     pause: a task waiting on a human and on peers is ``input_required``."""
-    return [ApprovalCalls(agent=agent, broker=broker, stats=stats),
-            PeerCalls(agent=agent, broker=broker, namespace=namespace), LocalTools(agent=agent)]
+    return [ApprovalCalls(agent=agent, broker=broker, stats=stats, approvers=approvers,
+                          tenant=subjects.tenant),
+            PeerCalls(agent=agent, broker=broker, subjects=subjects), LocalTools(agent=agent)]
 
 
 def turn_checks(agent: Agent) -> list[TurnCheck]:
@@ -83,11 +86,15 @@ def turn_checks(agent: Agent) -> list[TurnCheck]:
 class AgentInstance:
     """One instance of ``agent``. ``await start()`` joins the agent's queues;
     ``await drain()`` stops gracefully; ``await stop()`` and ``await kill()`` stop at
-    once, as a crash would (nothing in hand is acknowledged, no lease is released)."""
+    once, as a crash would (nothing in hand is acknowledged, no lease is released).
+    Its subjects are its store's tenant's. With ``approvers``, a decision on a call
+    waiting for approval is taken only if one of them signed it
+    (:mod:`meshpoint.runtime.approvers`)."""
 
     def __init__(self, agent: Agent, store: Store, broker: Broker, *,
                  instance_id: str | None = None,
-                 options: RuntimeOptions | None = None) -> None:
+                 options: RuntimeOptions | None = None,
+                 approvers: Approvers | None = None) -> None:
         self.agent = agent
         self.store = store
         self.broker = broker
@@ -105,18 +112,20 @@ class AgentInstance:
         owners, dead_letters = LeaseOwners(name), DeadLetters(name, stats)
         key_missing = KeyMissing()
         outages = Outages(instance_id=name, lifecycle=lifecycle)
-        kinds = CallKinds(call_kinds(agent, broker, o.namespace, stats))
+        #: The subjects of the store's tenant: two tenants never share a subject.
+        self.subjects = subjects = Subjects(o.namespace, store.tenant_id)
+        kinds = CallKinds(call_kinds(agent, broker, subjects, stats, approvers))
         endings = Endings(agent_name=agent.name, instance_id=name, store=store, broker=broker,
                           kinds=kinds, in_hand=in_hand, stats=stats,
                           lease_ttl_s=o.lease_ttl_s)
         self._cancels = cancels = Cancels(
-            agent_name=agent.name, namespace=o.namespace, instance_id=name, store=store,
+            agent_name=agent.name, subjects=subjects, instance_id=name, store=store,
             broker=broker, kinds=kinds, endings=endings, outages=outages, in_hand=in_hand,
             owners=owners, dead_letters=dead_letters, stats=stats, lease_ttl_s=o.lease_ttl_s,
-            max_deliver=o.max_deliver)
+            max_deliver=o.max_deliver, max_message_bytes=o.max_message_bytes)
         # The in-memory path continues a task through the turn loop, built below.
         memory = MemoryPath(in_hand=in_hand, kinds=kinds, stats=stats, background=background,
-                            inbox=wire.inbox_prefix(o.namespace, name),
+                            inbox=subjects.inbox(agent.name, name),
                             go_on=lambda run: turns.go_on(run))
         boundary = PauseBoundary(
             agent_name=agent.name, instance_id=name,
@@ -132,13 +141,14 @@ class AgentInstance:
             stats=stats, background=background, mid_turn=mid_turn, owners=owners,
             lease_ttl_s=o.lease_ttl_s, key_missing=key_missing, events=self.events)
         self._answers = Answers(
-            instance_id=name, store=store, outages=outages, memory=memory, in_hand=in_hand,
-            owners=owners, dead_letters=dead_letters, stats=stats, lease_ttl_s=o.lease_ttl_s,
-            max_message_bytes=o.max_message_bytes, resume=turns.resume)
+            instance_id=name, agent_name=agent.name, store=store, outages=outages,
+            memory=memory, in_hand=in_hand, owners=owners, dead_letters=dead_letters,
+            stats=stats, lease_ttl_s=o.lease_ttl_s, max_message_bytes=o.max_message_bytes,
+            max_deliver=o.max_deliver, resume=turns.resume)
         self._inputs = Inputs(
-            instance_id=name, store=store, broker=broker, outages=outages, owners=owners,
-            dead_letters=dead_letters, stats=stats, lease_ttl_s=o.lease_ttl_s,
-            resume=turns.resume)
+            instance_id=name, agent_name=agent.name, store=store, broker=broker,
+            outages=outages, owners=owners, dead_letters=dead_letters, stats=stats,
+            lease_ttl_s=o.lease_ttl_s, resume=turns.resume, approvers=approvers)
         self._dead_letters = dead_letters
         self._sweeper = Sweeper(
             agent_name=agent.name, instance_id=name, store=store, kinds=kinds, owners=owners,
@@ -181,7 +191,7 @@ class AgentInstance:
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        ns, name, o = self.options.namespace, self.agent.name, self.options
+        name, o, subjects = self.agent.name, self.options, self.subjects
         self._lifecycle.running = True
         requests = ConsumerOptions(ack_wait_s=o.request_ack_wait_s, max_deliver=o.max_deliver,
                                    max_in_flight=o.max_in_flight)
@@ -189,18 +199,17 @@ class AgentInstance:
                                   max_in_flight=o.max_in_flight)
         mine = ConsumerOptions(ack_wait_s=o.response_ack_wait_s, max_deliver=o.max_deliver,
                                max_in_flight=o.max_in_flight, ephemeral=True)
-        base = f"{ns}.a2a.v1.agent"
         for joined, subject, queue, handler, options in (
-            (self._work_queues, wire.request_subject(ns, name), f"{ns}-{name}-requests",
+            (self._work_queues, subjects.request(name), subjects.queue(f"{name}-requests"),
              self._on_request, requests),
-            (self._work_queues, f"{base}.response.{name}.*", f"{ns}-{name}-responses",
+            (self._work_queues, subjects.responses(name), subjects.queue(f"{name}-responses"),
              self._answers.on_response, answers),
-            (self._work_queues, f"{base}.status.{name}.*", f"{ns}-{name}-status",
+            (self._work_queues, subjects.statuses(name), subjects.queue(f"{name}-status"),
              self._answers.on_status, answers),
-            (self._own_queues, f"{wire.inbox_prefix(ns, self.instance_id)}.>",
-             f"{ns}-inbox-{self.instance_id}", self._answers.on_inbox, mine),
-            (self._own_queues, wire.control_subject(ns, name),
-             f"{ns}-control-{self.instance_id}", self._cancels.on_control, mine),
+            (self._own_queues, f"{subjects.inbox(name, self.instance_id)}.>",
+             subjects.queue(f"inbox-{self.instance_id}"), self._answers.on_inbox, mine),
+            (self._own_queues, subjects.control(name),
+             subjects.queue(f"control-{self.instance_id}"), self._cancels.on_control, mine),
         ):
             joined.append(await self.broker.subscribe(subject, queue, handler, options))
         def loop(name: str, step: Callable[[], Awaitable[None]], period_s: float, *,
@@ -286,8 +295,9 @@ class AgentInstance:
         try:
             request = a2a.parse_request(delivery.message.data,
                                         max_bytes=self.options.max_message_bytes)
-            reply_to = wire.header_subject(delivery.message.headers, wire.REPLY_TO)
-            status_to = wire.header_subject(delivery.message.headers, wire.STATUS_TO)
+            headers = delivery.message.headers
+            reply_to = self.subjects.reply_subject(headers, wire.REPLY_TO, "response")
+            status_to = self.subjects.reply_subject(headers, wire.STATUS_TO, "status")
         except BadMessageError as error:
             await self._dead_letters.reject(delivery, error)
             return

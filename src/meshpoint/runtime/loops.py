@@ -167,7 +167,8 @@ class Recovery:
                 continue
             owner = self.owners.next()
             lease = await self.store.take_resume_lease(task_id, owner, self.lease_ttl_s,
-                                                       statuses=RESUMABLE)
+                                                       statuses=RESUMABLE,
+                                                       agent_name=self.agent_name)
             if lease is not None:
                 self.stats.note("recovered", task_id)
                 self.background.spawn(self.resume(task_id, owner))

@@ -23,6 +23,7 @@ from meshpoint.llm.base import ToolCall
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent
 from meshpoint.runtime.calls import Item, Opened
+from meshpoint.runtime.subjects import Subjects
 
 logger = logging.getLogger("meshpoint.runtime")
 
@@ -37,7 +38,7 @@ class PeerCalls:
 
     agent: Agent
     broker: Broker
-    namespace: str
+    subjects: Subjects
 
     def handles(self, call: ToolCall) -> bool:
         return self.agent.peer_for_tool(call.name) is not None
@@ -57,8 +58,8 @@ class PeerCalls:
             "peer_agent_name": peer.agent, "peer_tool_name": call.name,
             "timeout_s": peer.timeout_s,
             "query": query if isinstance(query, str) else json.dumps(call.arguments),
-            "reply_to": wire.response_subject(self.namespace, name, sub_task_id),
-            "status_to": wire.status_subject(self.namespace, name, sub_task_id)})
+            "reply_to": self.subjects.response(name, sub_task_id),
+            "status_to": self.subjects.status(name, sub_task_id)})
         return Opened(sub_task_id=sub_task_id)
 
     async def announce(self, ctx: TaskExecutionContext, items: Sequence[Item], *,
@@ -70,9 +71,10 @@ class PeerCalls:
                 correlation["reply_to"] = f"{inbox}.response.{sub_task_id}"
                 correlation["status_to"] = f"{inbox}.status.{sub_task_id}"
             await self.broker.publish(
-                wire.request_subject(self.namespace, correlation["peer_agent_name"]),
+                self.subjects.request(correlation["peer_agent_name"]),
                 wire.send_request(sub_task_id, correlation["query"], metadata={
-                    "meshpoint_caller": {"agent": self.agent.name, "task_id": ctx.task_id}}),
+                    "meshpoint_caller": {"agent": self.agent.name, "task_id": ctx.task_id}},
+                    context_id=ctx.task_id),
                 wire.reply_headers(correlation["reply_to"], correlation["status_to"]))
 
     async def withdraw(self, sub_task_id: str, correlation: dict[str, Any]) -> None:
@@ -81,8 +83,11 @@ class PeerCalls:
         peer = correlation["peer_agent_name"]
         peer_task_id = correlation.get("peer_task_id") or wire.derive_task_id(
             peer, correlation.get("reply_to"), sub_task_id)
-        await self.broker.publish(wire.request_subject(self.namespace, peer),
+        await self.broker.publish(self.subjects.request(peer),
                                    wire.cancel_request(peer_task_id))
+
+    def refused(self, ctx: TaskExecutionContext, call: ToolCall, result: Any) -> str | None:
+        return None
 
     async def settle(self, ctx: TaskExecutionContext, call: ToolCall, result: Any) -> Any:
         """The peer's answer (or its timeout) as the model sees it: the answer's text,

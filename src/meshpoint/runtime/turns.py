@@ -13,6 +13,7 @@ when its join completes in memory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -147,6 +148,16 @@ class TurnLoop:
         except StoreError as error:
             logger.error("%s: cannot restore task %s: %s", self.instance_id, task_id, error)
             return
+        if restored.agent_name != self.agent.name:
+            # Never run another agent's task with this agent's model, tools and prompt
+            # (its answers and decisions are refused before anything is written: this
+            # guards whatever else could lead here). Its own agent's recovery takes it.
+            logger.error("%s: task %s belongs to agent %r, not %r: left to its agent",
+                         self.instance_id, task_id, restored.agent_name, self.agent.name)
+            self.stats.note("refused_foreign_task", task_id)
+            with contextlib.suppress(StoreError):
+                await self.store.release_resume_lease(task_id, owner)
+            return
         run = TaskRun(restored.context, lease_owner=owner)
         self.in_hand.add(run)
         self._note_resumed(run.ctx)
@@ -193,7 +204,8 @@ class TurnLoop:
         owner = self.owners.next()
         try:
             if await self.store.take_resume_lease(task_id, owner, self.lease_ttl_s,
-                                                  statuses=("blocked",)) is None:
+                                                  statuses=("blocked",),
+                                                  agent_name=self.agent.name) is None:
                 return None  # another instance took it first
             ctx = TaskExecutionContext(task_id, blocked.a2a_context)
             # The request's hash goes on only as the reconstruction checked it (the
@@ -343,6 +355,14 @@ class TurnLoop:
         calls = ctx.parallel_tool_calls.get(invocation) if invocation else None
         if invocation is None or calls is None:
             return True  # no round in flight (checkpointed before a model call)
+        for call, reason in self.kinds.review(ctx):
+            # Its result is dropped: the call is made again below (an approval waits
+            # for a decision again), never settled with what its kind refused.
+            logger.warning("%s: task %s: the result of call %s (%s) is refused: %s; the "
+                           "call is made again", self.instance_id, ctx.task_id, call.id,
+                           call.name, reason)
+            self.stats.log("result_refused", ctx.task_id, step=call.name,
+                           input={"function_call_id": call.id}, output={"reason": reason})
         if calls.completed < calls.total:
             todo = [(call, self.kinds.for_call(call)) for call in turn_calls(ctx).values()
                     if call.id in calls.call_order and call.id not in calls.results]

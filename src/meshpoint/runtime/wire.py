@@ -1,13 +1,16 @@
 """Subjects, headers and the A2A documents agents exchange.
 
-Subjects follow seed 000's topic layout (DESIGN §4). Answers are addressed to
-the calling *agent*, so any of its instances can take them; only a task on the
-in-memory path (checkpointing off, or a failed checkpoint) has its peers answer
-to the *instance* that holds it (``...instance.<id>...``), since no other could.
+Subjects follow seed 000's topic layout (DESIGN §4) under a root per tenant
+(:mod:`meshpoint.runtime.subjects`). Answers are addressed to the calling *agent*,
+so any of its instances can take them; only a task on the in-memory path
+(checkpointing off, or a failed checkpoint) has its peers answer to the *instance*
+that holds it (``...instance.<agent>.<id>...``), since no other could.
 
 The reply subjects travel as headers (``Meshpoint-Reply-To`` and
 ``Meshpoint-Status-To``), like reply topics in the user properties of the source
-design, and are validated before use like everything else from the wire.
+design, and are validated before use like everything else from the wire: only a
+subject of the right kind under the tenant's own root is used
+(:meth:`~meshpoint.runtime.subjects.Subjects.reply_subject`).
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import hashlib
 import uuid
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
 from meshpoint import a2a
-from meshpoint.broker.base import check_subject
-from meshpoint.errors import BadMessageError, InvalidArgumentError
+from meshpoint.errors import InvalidArgumentError
+from meshpoint.runtime.subjects import Subjects
 
 REPLY_TO = "Meshpoint-Reply-To"
 #: A2A's JSON-RPC error code for a task the agent does not have.
@@ -27,28 +32,22 @@ STATUS_TO = "Meshpoint-Status-To"
 
 
 def request_subject(ns: str, agent: str) -> str:
-    return f"{ns}.a2a.v1.agent.request.{agent}"
+    """The default tenant's request subject of ``agent`` (:class:`Subjects` has every
+    subject of any tenant)."""
+    return Subjects(ns).request(agent)
 
 
 def response_subject(ns: str, agent: str, sub_task_id: str) -> str:
-    return f"{ns}.a2a.v1.agent.response.{agent}.{sub_task_id}"
+    return Subjects(ns).response(agent, sub_task_id)
 
 
 def status_subject(ns: str, agent: str, sub_task_id: str) -> str:
-    return f"{ns}.a2a.v1.agent.status.{agent}.{sub_task_id}"
+    return Subjects(ns).status(agent, sub_task_id)
 
 
 def control_subject(ns: str, agent: str) -> str:
     """Broadcast to every live instance of an agent (cancel of a running task)."""
-    return f"{ns}.a2a.v1.agent.control.{agent}"
-
-
-def inbox_prefix(ns: str, instance_id: str) -> str:
-    return f"{ns}.a2a.v1.instance.{instance_id}"
-
-
-def client_prefix(ns: str, client_id: str) -> str:
-    return f"{ns}.a2a.v1.client.{client_id}"
+    return Subjects(ns).control(agent)
 
 
 def answer_msg_id(task_id: str) -> str:
@@ -76,23 +75,37 @@ def reply_headers(reply_to: str, status_to: str) -> dict[str, str]:
     return {REPLY_TO: reply_to, STATUS_TO: status_to}
 
 
-def header_subject(headers: Any, name: str) -> str | None:
-    """A reply subject from a message's headers, or None; BadMessageError if invalid."""
-    value = headers.get(name)
-    if value is None:
-        return None
-    try:
-        check_subject(value, pattern=False)
-    except InvalidArgumentError as error:
-        raise BadMessageError(f"header {name}: {error}") from None
-    return str(value)
-
-
-def send_request(request_id: str, text: str, *, metadata: dict[str, Any] | None = None
-                 ) -> bytes:
+def send_request(request_id: str, text: str, *, metadata: dict[str, Any] | None = None,
+                 context_id: str | None = None) -> bytes:
+    """A new task's request. A peer call names its task as the ``context_id``, which
+    the peer's answer carries back (A2A's grouping of related tasks): an answer whose
+    sub-task is gone can then be told a late one (its task ended, or moved on) from
+    one no task of the tenant ever waited for."""
     return a2a.encode(a2a.SendMessageRequest(id=request_id, params=a2a.MessageSendParams(
         message=a2a.Message(role="user", parts=[a2a.TextPart(text=text)],
-                            message_id=request_id, metadata=metadata))))
+                            message_id=request_id, metadata=metadata,
+                            context_id=context_id))))
+
+
+class CancelBroadcast(BaseModel):
+    """A control message: cancel ``cancel``, a task of the agent, wherever it runs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cancel: str = Field(min_length=1, max_length=255)
+
+
+_CONTROL: TypeAdapter[CancelBroadcast] = TypeAdapter(CancelBroadcast)
+
+
+def cancel_broadcast(task_id: str) -> bytes:
+    return CancelBroadcast(cancel=task_id).model_dump_json().encode()
+
+
+def parse_control(data: bytes, *, max_bytes: int = a2a.MAX_MESSAGE_BYTES) -> str:
+    """The task id a control message names; BadMessageError (naming what is wrong)
+    for anything else, however it is malformed."""
+    return a2a.parse_json(_CONTROL, "control message", data, max_bytes).cancel
 
 
 def cancel_request(task_id: str) -> bytes:
@@ -175,17 +188,18 @@ def input_required(request_id: str | int, task_id: str, context_id: str, text: s
         final=False)))
 
 
-def answer_request(request_id: str, task_id: str, answer: dict[str, Any] | None, *,
-                   text: str | None = None, by: str | None = None) -> bytes:
-    """A human's answer to a waiting task: a ``message/send`` naming the task, with the
-    answer as a data part (approve, deny) or as text (a reply)."""
-    parts: list[a2a.TextPart | a2a.DataPart | a2a.FilePart] = []
-    if answer is not None:
-        parts.append(a2a.DataPart(data={"meshpoint_answer": answer}))
-    if text is not None:
-        parts.append(a2a.TextPart(text=text))
+def answer_request(request_id: str, task_id: str,
+                   answer: BaseModel | dict[str, Any]) -> bytes:
+    """A human's answer to a waiting task: a ``message/send`` naming the task, the
+    answer (:mod:`meshpoint.runtime.decisions`: approve, deny or reply, perhaps
+    signed; or its JSON form) as a data part, and its claimed author in the metadata
+    too."""
+    document = answer if isinstance(answer, dict) else answer.model_dump(
+        mode="json", exclude_none=True)
+    by = document.get("by")
     return a2a.encode(a2a.SendMessageRequest(id=request_id, params=a2a.MessageSendParams(
-        message=a2a.Message(role="user", parts=parts, message_id=request_id, task_id=task_id,
+        message=a2a.Message(role="user", parts=[a2a.DataPart(data={"meshpoint_answer": document})],
+                            message_id=request_id, task_id=task_id,
                             metadata={"meshpoint_by": by} if by else None))))
 
 

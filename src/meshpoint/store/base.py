@@ -73,7 +73,9 @@ class Store(Protocol):
         task is checkpointed again only by the holder of its resume lease
         (``lease_owner``), once its join completed, and the write releases the
         lease (UnknownTaskError if it is not stored, LeaseNotHeldError if the lease
-        is another's). Each sub-task times out after its correlation data's
+        is another's). A task never changes agent: ``agent_name`` is written by the
+        first checkpoint, and a later one for another agent raises WrongAgentError.
+        Each sub-task times out after its correlation data's
         ``timeout_s``, or ``default_timeout_s``. On success
         ``ctx.session_events_persisted`` is advanced.
 
@@ -90,14 +92,17 @@ class Store(Protocol):
 
     async def resolve_peer_sub_task(self, sub_task_id: str, result: Any, *,
                                     resolved_by: str = "answer", lease_owner: str | None = None,
-                                    lease_ttl_s: float = 30.0) -> Resolution | None:
+                                    lease_ttl_s: float = 30.0,
+                                    agent_name: str | None = None) -> Resolution | None:
         """Claim a sub-task **and** record its result (any JSON value) at once.
 
         Returns the :class:`Resolution` for the first call, ``None`` for every later
         one (a duplicate answer, or an answer that lost to its timeout);
-        UnknownSubTaskError for an unknown id. If this resolution completes the join
-        the task becomes ``resuming``; with ``lease_owner`` the same transaction
-        gives that owner the resume lease for ``lease_ttl_s``, if nobody holds it.
+        UnknownSubTaskError for an unknown id; with ``agent_name``, WrongAgentError
+        for a sub-task of another agent's task (an answer sent to the wrong agent's
+        subject), nothing written. If this resolution completes the join the task
+        becomes ``resuming``; with ``lease_owner`` the same transaction gives that
+        owner the resume lease for ``lease_ttl_s``, if nobody holds it.
         """
         ...
 
@@ -148,11 +153,13 @@ class Store(Protocol):
     # -- leases -------------------------------------------------------------------------
 
     async def take_resume_lease(self, task_id: str, owner: str, ttl_s: float, *,
-                                statuses: Sequence[str] = ("resuming",)) -> Lease | None:
+                                statuses: Sequence[str] = ("resuming",),
+                                agent_name: str | None = None) -> Lease | None:
         """Take the right to resume a task for ``ttl_s`` seconds, if its status is in
         ``statuses`` and its lease is free, expired, or already ``owner``'s; the
         status becomes ``resuming``. ``None`` otherwise; UnknownTaskError for an
-        unknown task. Taking is re-entrant for the same ``owner``, so an owner names
+        unknown task; with ``agent_name``, WrongAgentError for another agent's task
+        (nothing written). Taking is re-entrant for the same ``owner``, so an owner names
         one resume attempt, not an instance that may resume a task twice at once."""
         ...
 
@@ -228,6 +235,13 @@ class Store(Protocol):
         given) and marks its history ended. UnknownTaskError for an unknown task; with
         ``lease_owner``, only that lease holder may do it (LeaseNotHeldError
         otherwise)."""
+        ...
+
+    async def task_known(self, task_id: str, agent_name: str) -> bool:
+        """Whether ``agent_name``'s task ``task_id`` is paused, or ended recently
+        enough to be remembered (see :meth:`forget_ended_tasks`): how an answer whose
+        sub-task is gone is told a late one from one no task of the tenant waited
+        for."""
         ...
 
     async def forget_ended_tasks(self, agent_name: str, *, older_than_s: float) -> int:

@@ -25,7 +25,14 @@ from meshpoint.history import HistoryHead, HistoryOptions, PlannedRecord, plan_r
 from meshpoint.store import queries as q
 from meshpoint.store.history import record_params
 from meshpoint.store.records import CheckpointReceipt
-from meshpoint.store.rows import check_id, check_timeout, check_ttl, encode_context, plan_join
+from meshpoint.store.rows import (
+    check_agent,
+    check_id,
+    check_timeout,
+    check_ttl,
+    encode_context,
+    plan_join,
+)
 from meshpoint.store.schema import CHECKPOINT_STATUSES
 from meshpoint.store.sealing import CONVERSATION, CORRELATION, RESULTS, Sealer
 
@@ -205,6 +212,7 @@ def _explain_refused_recheckpoint(conn: Connection, params: dict[str, Any]) -> N
     state = q.TASK_STATE.first(conn, params)
     if state is None:
         raise UnknownTaskError(task_id)
+    check_agent(f"task {task_id!r}", state.agent_name, params["p_agent"])
     if state.owner != owner:
         raise LeaseNotHeldError(task_id, owner)
     raise CheckpointConflictError(

@@ -75,6 +75,7 @@ from meshpoint.store.rows import (
     RestoreRows,
     SubTaskRow,
     TaskRow,
+    check_agent,
     sub_task,
 )
 from meshpoint.store.sealing import Sealer
@@ -246,7 +247,7 @@ def _resolve_one() -> Any:
                  .scalar_subquery())
     resolved = (
         update(S)
-        .where(q.SUB_KEY, S.c.status == "pending",
+        .where(q.SUB_KEY, S.c.status == "pending", or_(q.any_agent, S.c.agent_name == q.agent),
                func.json_typeof(S.c.correlation_data) == "object", open_slot)
         .values(status="resolved", resolved_by=q.resolved_by, result=q.result,
                 resolved_at=q.now)
@@ -379,6 +380,8 @@ class PostgresFastPaths(FastPaths):
                 status = await fetch(q.SUB_TASK_STATUS, conn, dialect, values)
                 if not status:
                     raise UnknownSubTaskError(values["p_sub"])
+                check_agent(f"the task of sub-task {values['p_sub']!r}", status[0].agent_name,
+                            values["p_agent"])
                 # Still pending: a join whose rows are inconsistent, which the portable
                 # body explains.
                 return PORTABLE if status[0].status == "pending" else None

@@ -60,6 +60,8 @@ tenant = bindparam("p_tenant", type_=String)
 task = bindparam("p_task", type_=String)
 sub = bindparam("p_sub", type_=String)
 agent = bindparam("p_agent", type_=String)
+#: True: a statement that can be limited to one agent's rows (p_agent) is not.
+any_agent = bindparam("p_any_agent", type_=Boolean)
 invocation = bindparam("p_invocation", type_=String)
 now = bindparam("p_now", type_=Float)
 owner = bindparam("p_owner", type_=String)
@@ -142,14 +144,17 @@ INSERT_INVOCATION = Statement(
 
 def recheckpoint_task() -> Update:
     """A new copy of recheckpoint_task's clause (see :func:`insert_task`): only the
-    lease holder may overwrite the row, and only from the conversation it restored
-    (``p_first`` events stored, no more, no less). The lease is released by the same
+    lease holder may overwrite the row, only from the conversation it restored
+    (``p_first`` events stored, no more, no less), and only for the task's own agent
+    (a task never changes agent: its agent column is written once, by the first
+    checkpoint). The lease is released by the same
     write, since the task leaves memory again, unless the write is a mid-turn
     checkpoint (``p_holder``: the task stays in its writer's memory)."""
     return (
         update(T)
-        .where(TASK_KEY, T.c.owner == owner, T.c.session_event_count == bindparam("p_first"))
-        .values(agent_name=agent, status=bindparam("p_status"),
+        .where(TASK_KEY, T.c.owner == owner, T.c.session_event_count == bindparam("p_first"),
+               T.c.agent_name == agent)
+        .values(status=bindparam("p_status"),
                 current_invocation_id=invocation,
                 context=bindparam("p_context"), context_encoding=bindparam("p_encoding"),
                 context_sha256=bindparam("p_sha256"),
@@ -163,8 +168,8 @@ def recheckpoint_task() -> Update:
 
 RECHECKPOINT_TASK = Statement(
     "recheckpoint_task", "Rewrites the row of a resumed task for the holder of its lease, "
-    "from the conversation it restored, and releases the lease (or keeps it, for a "
-    "mid-turn checkpoint).", recheckpoint_task())
+    "from the conversation it restored, for the task's own agent, and releases the lease "
+    "(or keeps it, for a mid-turn checkpoint).", recheckpoint_task())
 
 
 def append_events(*where: Any) -> Any:
@@ -223,24 +228,32 @@ RECORD_ENDED = Statement(
     "record_ended", "Records in the ledger of ended tasks that a task ended.",
     insert(N).from_select(["tenant_id", "logical_task_id", "agent_name", "ended_at"],
                           select(tenant, task, agent, now).where(~ENDED)))
+TASK_KNOWN = Statement(
+    "task_known", "Whether agent p_agent's task p_task is paused, or is remembered in the "
+    "ledger of ended tasks.",
+    select(or_(select(literal(1)).where(TASK_KEY, T.c.agent_name == agent).exists(),
+               select(literal(1)).where(N.c.tenant_id == tenant, N.c.logical_task_id == task,
+                                        N.c.agent_name == agent).exists())))
 FORGET_ENDED = Statement(
     "forget_ended", "Forgets an agent's tasks that ended before p_before.",
     delete(N).where(N.c.agent_name == agent, N.c.tenant_id == tenant,
                     N.c.ended_at < bindparam("p_before", type_=Float))
     .returning(N.c.logical_task_id))
 TASK_STATE = Statement(
-    "task_state", "Reads a task's status, lease and stored event count (to explain a "
-    "refusal).",
-    select(T.c.status, T.c.owner, T.c.lease_expires_at, T.c.session_event_count)
+    "task_state", "Reads a task's status, lease, stored event count and agent (to explain "
+    "a refusal).",
+    select(T.c.status, T.c.owner, T.c.lease_expires_at, T.c.session_event_count,
+           T.c.agent_name)
     .where(TASK_KEY))
 
 # -- claims and resolutions ---------------------------------------------------------------
 
 RESOLVE_PENDING = Statement(
-    "resolve_pending", "Claims a pending sub-task and records its result: the exactly-once "
-    "step, since only one transaction can move a row out of pending.",
+    "resolve_pending", "Claims a pending sub-task (of agent p_agent's task, unless "
+    "p_any_agent) and records its result: the exactly-once step, since only one "
+    "transaction can move a row out of pending.",
     update(S)
-    .where(SUB_KEY, S.c.status == "pending")
+    .where(SUB_KEY, S.c.status == "pending", or_(any_agent, S.c.agent_name == agent))
     .values(status="resolved", resolved_by=resolved_by, result=result, resolved_at=now)
     .returning(*SUB_COLUMNS), row=SubTaskRow)
 CLAIM_PENDING = Statement(
@@ -261,7 +274,8 @@ RECORD_CLAIMED = Statement(
     .values(status="resolved", resolved_by=resolved_by, result=result, resolved_at=now)
     .returning(*SUB_COLUMNS), row=SubTaskRow)
 SUB_TASK_STATUS = Statement(
-    "sub_task_status", "Reads a sub-task's status.", select(S.c.status).where(SUB_KEY))
+    "sub_task_status", "Reads a sub-task's status and the agent of its task.",
+    select(S.c.status, S.c.agent_name).where(SUB_KEY))
 CALL_STATUS = Statement(
     "call_status", "Reads the status and id of a call's sub-task.",
     select(S.c.status, S.c.sub_task_id).where(_CALL_KEY))
@@ -344,10 +358,11 @@ STATUS_SLOTS = tuple(f"p_status_{n}" for n in range(len(TASK_STATUSES)))
 #: ``status = 'resuming'`` it could, and on a table never analyzed it took a scan of
 #: that whole index, with a heap fetch per entry, for as cheap as the primary key.
 TAKE_LEASE = Statement(
-    "take_lease", "Takes a task's resume lease if its status is one of the given ones and "
-    "the lease is free, expired or already the caller's.",
+    "take_lease", "Takes a task's resume lease if its status is one of the given ones, "
+    "the lease is free, expired or already the caller's, and the task is agent p_agent's "
+    "(unless p_any_agent).",
     update(T)
-    .where(TASK_KEY,
+    .where(TASK_KEY, or_(any_agent, T.c.agent_name == agent),
            T.c.status.concat("").in_([bindparam(slot, type_=String) for slot in STATUS_SLOTS]),
            or_(T.c.owner.is_(None), T.c.lease_expires_at <= now, T.c.owner == owner))
     .values(owner=owner, lease_expires_at=lease_until, status="resuming",
@@ -407,7 +422,6 @@ EXPIRED_COUNT = Statement(
 _OPEN_BY_TASK = (select(S.c.logical_task_id, func.count().label("n"),
                         func.min(S.c.timeout_deadline).label("next_deadline"))
                  .where(_PENDING).group_by(S.c.logical_task_id).subquery())
-_ANY_AGENT = bindparam("p_any_agent", type_=Boolean)
 _ANY_STATUS = bindparam("p_any_status", type_=Boolean)
 LIST_PAUSED_TASKS = Statement(
     "list_paused_tasks", "Lists paused tasks, oldest checkpoint first, with their open "
@@ -417,7 +431,7 @@ LIST_PAUSED_TASKS = Statement(
            _OPEN_BY_TASK.c.n, _OPEN_BY_TASK.c.next_deadline)
     .select_from(T.outerjoin(_OPEN_BY_TASK,
                              _OPEN_BY_TASK.c.logical_task_id == T.c.logical_task_id))
-    .where(T.c.tenant_id == tenant, or_(_ANY_AGENT, T.c.agent_name == agent),
+    .where(T.c.tenant_id == tenant, or_(any_agent, T.c.agent_name == agent),
            or_(_ANY_STATUS, T.c.status == bindparam("p_status", type_=String)))
     .order_by(T.c.checkpointed_at, T.c.logical_task_id).limit(limit))
 RESUMABLE_TASKS = Statement(

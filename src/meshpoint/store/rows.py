@@ -18,6 +18,7 @@ from meshpoint.errors import (
     InvalidArgumentError,
     LeaseNotHeldError,
     UnknownTaskError,
+    WrongAgentError,
 )
 from meshpoint.store.records import PeerSubTask, RestoredTask
 from meshpoint.store.sealing import (
@@ -151,6 +152,13 @@ def is_text(value: str) -> bool:
 
 def _is_timeout(value: Any) -> bool:
     return type(value) in (int, float) and 0 <= value < math.inf  # NaN fails too
+
+
+def check_agent(what: str, owner: str, wanted: str | None) -> None:
+    """WrongAgentError unless ``wanted`` is None or ``owner``, the agent whose task
+    ``what`` (a phrase naming the task or sub-task) is."""
+    if wanted is not None and owner != wanted:
+        raise WrongAgentError(what, owner, wanted)
 
 
 def check_id(name: str, value: Any, *, max_len: int = MAX_ID) -> None:

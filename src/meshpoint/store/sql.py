@@ -67,6 +67,7 @@ from meshpoint.store.records import (
 )
 from meshpoint.store.rows import (
     RestoreRows,
+    check_agent,
     check_id,
     check_limit,
     check_timeout,
@@ -344,8 +345,11 @@ class SqlStore(Store):
 
     async def resolve_peer_sub_task(self, sub_task_id: str, result: Any, *,
                                     resolved_by: str = "answer", lease_owner: str | None = None,
-                                    lease_ttl_s: float = 30.0) -> Resolution | None:
+                                    lease_ttl_s: float = 30.0,
+                                    agent_name: str | None = None) -> Resolution | None:
         check_id("sub_task_id", sub_task_id)
+        if agent_name is not None:
+            check_id("agent_name", agent_name)
         # Copied, checked and sealed (bound to its sub-task) once, for either path.
         value = self.sealer.seal("calls", _json.json_copy(result, "result"), RESULT,
                                  sub_task=sub_task_id)
@@ -356,7 +360,7 @@ class SqlStore(Store):
             now = self._clock()
             return self._keys(
                 p_sub=sub_task_id, p_resolved_by=resolved_by, p_result=value, p_now=now,
-                p_owner=lease_owner,
+                p_owner=lease_owner, p_agent=agent_name, p_any_agent=agent_name is None,
                 p_lease_until=None if lease_owner is None else now + lease_ttl_s)
 
         done = await self._retried(doing, lambda: self._fast.resolve_one(
@@ -367,7 +371,7 @@ class SqlStore(Store):
         def body(conn: Connection) -> Resolution | None:
             row = q.RESOLVE_PENDING.first(conn, params())
             if row is None:
-                self._raise_if_unknown_sub_task(conn, sub_task_id)
+                self._raise_if_unknown_sub_task(conn, sub_task_id, agent_name)
                 return None
             return advance(conn, self._keys(), self._clock, [sub_task(row, self.sealer)],
                            lease_owner, lease_ttl_s)[0]
@@ -461,10 +465,13 @@ class SqlStore(Store):
     # -- leases -------------------------------------------------------------------------------
 
     async def take_resume_lease(self, task_id: str, owner: str, ttl_s: float, *,
-                                statuses: Sequence[str] = ("resuming",)) -> Lease | None:
+                                statuses: Sequence[str] = ("resuming",),
+                                agent_name: str | None = None) -> Lease | None:
         check_id("task_id", task_id)
         check_id("owner", owner)
         check_ttl(ttl_s)
+        if agent_name is not None:
+            check_id("agent_name", agent_name)
         if not statuses or any(s not in TASK_STATUSES for s in statuses):
             raise InvalidArgumentError(f"statuses must be non-empty, from {TASK_STATUSES}")
         wanted = list(dict.fromkeys(statuses))
@@ -474,9 +481,9 @@ class SqlStore(Store):
             now = self._clock()
             version = q.TAKE_LEASE.scalar(conn, self._keys(
                 p_task=task_id, p_owner=owner, p_now=now, p_lease_until=now + ttl_s,
-                **slots))
+                p_agent=agent_name, p_any_agent=agent_name is None, **slots))
             if version is None:
-                self._raise_if_unknown_task(conn, task_id)
+                self._raise_if_unknown_task(conn, task_id, agent_name)
                 return None
             return Lease(task_id=task_id, owner=owner, expires_at=now + ttl_s, version=version)
 
@@ -650,6 +657,16 @@ class SqlStore(Store):
 
         await self._write(f"cleaning up task {task_id!r}", body)
 
+    async def task_known(self, task_id: str, agent_name: str) -> bool:
+        check_id("task_id", task_id)
+        check_id("agent_name", agent_name)
+
+        def body(conn: Connection) -> bool:
+            return bool(q.TASK_KNOWN.scalar(conn, self._keys(p_task=task_id,
+                                                             p_agent=agent_name)))
+
+        return await self._read(f"looking for task {task_id!r}", body)
+
     async def forget_ended_tasks(self, agent_name: str, *, older_than_s: float) -> int:
         check_id("agent_name", agent_name)
         check_timeout("older_than_s", older_than_s)
@@ -749,10 +766,20 @@ class SqlStore(Store):
             check_id("lease_owner", owner)
             check_ttl(ttl_s)
 
-    def _raise_if_unknown_sub_task(self, conn: Connection, sub_task_id: str) -> None:
-        if q.SUB_TASK_STATUS.first(conn, self._keys(p_sub=sub_task_id)) is None:
+    def _raise_if_unknown_sub_task(self, conn: Connection, sub_task_id: str,
+                                   agent_name: str | None = None) -> None:
+        """UnknownSubTaskError for an id the tenant does not have; WrongAgentError for
+        a sub-task of another agent's task than ``agent_name`` (if given)."""
+        row = q.SUB_TASK_STATUS.first(conn, self._keys(p_sub=sub_task_id))
+        if row is None:
             raise UnknownSubTaskError(sub_task_id)
+        check_agent(f"the task of sub-task {sub_task_id!r}", row.agent_name, agent_name)
 
-    def _raise_if_unknown_task(self, conn: Connection, task_id: str) -> None:
-        if q.TASK_STATE.first(conn, self._keys(p_task=task_id)) is None:
+    def _raise_if_unknown_task(self, conn: Connection, task_id: str,
+                               agent_name: str | None = None) -> None:
+        """UnknownTaskError for an id the tenant does not have; WrongAgentError for
+        another agent's task than ``agent_name`` (if given)."""
+        row = q.TASK_STATE.first(conn, self._keys(p_task=task_id))
+        if row is None:
             raise UnknownTaskError(task_id)
+        check_agent(f"task {task_id!r}", row.agent_name, agent_name)

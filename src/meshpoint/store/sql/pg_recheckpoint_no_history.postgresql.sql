@@ -2,13 +2,14 @@
 WITH
   rewritten AS
   (UPDATE agent_paused_tasks
-   SET agent_name=:p_agent::VARCHAR, status=:p_status::VARCHAR,
-     current_invocation_id=:p_invocation::VARCHAR, context=:p_context::BYTEA, context_encoding=:p_encoding::VARCHAR,
-     context_sha256=:p_sha256::VARCHAR, session_event_count=:p_event_count::INTEGER, owner=:p_holder::VARCHAR, lease_expires_at=:p_hold_until::FLOAT, version=(agent_paused_tasks.version + 1), checkpointed_at=:p_now::FLOAT, expires_at=:p_expires_at::FLOAT
+   SET status=:p_status::VARCHAR, current_invocation_id=:p_invocation::VARCHAR,
+     context=:p_context::BYTEA, context_encoding=:p_encoding::VARCHAR, context_sha256=:p_sha256::VARCHAR,
+     session_event_count=:p_event_count::INTEGER, owner=:p_holder::VARCHAR, lease_expires_at=:p_hold_until::FLOAT, version=(agent_paused_tasks.version + 1), checkpointed_at=:p_now::FLOAT, expires_at=:p_expires_at::FLOAT
    WHERE agent_paused_tasks.tenant_id = :p_tenant::VARCHAR
      AND agent_paused_tasks.logical_task_id = :p_task::VARCHAR
      AND agent_paused_tasks.owner = :p_owner::VARCHAR
      AND agent_paused_tasks.session_event_count = :p_first::INTEGER
+     AND agent_paused_tasks.agent_name = :p_agent::VARCHAR
      AND NOT (EXISTS
                 (SELECT 1 AS anon_1
                  FROM agent_peer_sub_tasks

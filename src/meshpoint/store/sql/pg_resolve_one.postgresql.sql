@@ -6,6 +6,8 @@ WITH
    WHERE agent_peer_sub_tasks.tenant_id = :p_tenant::VARCHAR
      AND agent_peer_sub_tasks.sub_task_id = :p_sub::VARCHAR
      AND agent_peer_sub_tasks.status = 'pending'
+     AND (:p_any_agent::BOOLEAN
+          OR agent_peer_sub_tasks.agent_name = :p_agent::VARCHAR)
      AND json_typeof(agent_peer_sub_tasks.correlation_data) = 'object'
      AND
        (SELECT agent_parallel_invocations.completed_count < agent_parallel_invocations.total_expected AS anon_1
