@@ -117,7 +117,7 @@ async def run_chaos(cluster: Cluster, nats_url: str, namespace: str, *,
         figures["dead_letters"] = await broker.subject_counts(namespace, "deadletter.>")
         figures["responses"] = {
             **await broker.subject_counts(namespace, "a2a.v1.agent.response.coordinator.*"),
-            **await broker.subject_counts(namespace, "a2a.v1.instance.*.response.*")}
+            **await broker.subject_counts(namespace, "a2a.v1.instance.*.*.response.*")}
     finally:
         await broker.close()
     return figures

@@ -60,8 +60,8 @@ async def test_hostile_text_reaches_no_terminal_as_markup_or_control_codes(
     # An answer names who gave it, as the answering client says; the task still
     # waits on its peer, and shows the answer.
     decision = await mesh.client.approve(task_id, pending[0]["call_id"], by=HOSTILE)
-    assert decision["by"] == HOSTILE
-    assert (await ok_json(where, "show", task_id))["answered"][0]["by"] == HOSTILE
+    assert decision["claimed_by"] == HOSTILE  # no approvers: a claim
+    assert (await ok_json(where, "show", task_id))["answered"][0]["claimed_by"] == HOSTILE
 
     for args in (("tasks", "list"), ("tasks", "show", task_id),
                  ("tasks", "show", task_id, "--json"), ("tasks", "reconstruct", task_id),

@@ -200,7 +200,6 @@ class NatsBroker(Broker):
             settings["inbox_prefix"] = inbox_prefix(user)
             if password is not None or not parts.username:
                 settings.update(user=user, password=password or "")
-        where = f"{parts.hostname}:{parts.port}"
         try:
             await asyncio.wait_for(first_connection(nc, settings, refused), connect_timeout_s)
         except TlsRefused as error:
@@ -218,14 +217,14 @@ class NatsBroker(Broker):
         except nats.errors.AuthorizationError:
             with contextlib.suppress(Exception):
                 await nc.close()
-            raise BrokerError(f"NATS at {where} refused user {user!r}: wrong user or "
+            raise BrokerError(f"NATS at {shown} refused user {user!r}: wrong user or "
                               "password (Authorization Violation)") from None
         except (TimeoutError, OSError, nats.errors.Error) as error:
             with contextlib.suppress(Exception):
                 await nc.close()
             if "uthorization" in str(error) or "uthorization" in repr(nc.last_error):
-                raise BrokerError(f"NATS at {where} refused user {user!r}: wrong user or "
-                                  "password") from None
+                raise BrokerError(f"NATS at {shown} refused user {user!r}: wrong user or "
+                                  "password (Authorization Violation)") from None
             last = f"; the last error: {errors[-1]!r}" if errors and errors[-1] is not error \
                 else ""
             raise BrokerError(

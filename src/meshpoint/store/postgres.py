@@ -195,7 +195,7 @@ def _recheckpoint(history: bool) -> Any:
     completion before any row is inserted (the unique check then sees the old row
     deleted by this transaction). The task row is locked first, as the portable body
     locks it."""
-    no_open_sub_task = ~select(literal(1)).where(q.OF_TASK[S], q.OPEN).exists()
+    no_open_sub_task = ~select(literal(1)).where(q.OF_TASK[S], q.OPEN_OF_TASK).exists()
     rewritten = (q.recheckpoint_task()
                  .where(no_open_sub_task, *((hq.head_is_parent(),) if history else ()))
                  .cte("rewritten"))

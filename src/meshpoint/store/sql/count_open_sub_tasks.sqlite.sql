@@ -3,4 +3,4 @@ SELECT count(*) AS count_1
 FROM agent_peer_sub_tasks
 WHERE agent_peer_sub_tasks.tenant_id = :p_tenant
   AND agent_peer_sub_tasks.logical_task_id = :p_task
-  AND status IN ('pending', 'claimed');
+  AND agent_peer_sub_tasks.status != 'resolved';

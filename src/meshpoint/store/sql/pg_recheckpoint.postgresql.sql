@@ -15,7 +15,7 @@ WITH
                  FROM agent_peer_sub_tasks
                  WHERE agent_peer_sub_tasks.tenant_id = :p_tenant::VARCHAR
                    AND agent_peer_sub_tasks.logical_task_id = :p_task::VARCHAR
-                   AND status IN ('pending', 'claimed')))
+                   AND agent_peer_sub_tasks.status != 'resolved'))
      AND (NOT :p_history::BOOLEAN
           OR :p_rec_seq::INTEGER = 1
           AND NOT (EXISTS

@@ -15,7 +15,7 @@ WITH
                  FROM agent_peer_sub_tasks
                  WHERE agent_peer_sub_tasks.tenant_id = :p_tenant::VARCHAR
                    AND agent_peer_sub_tasks.logical_task_id = :p_task::VARCHAR
-                   AND status IN ('pending', 'claimed'))) RETURNING agent_paused_tasks.version),
+                   AND agent_peer_sub_tasks.status != 'resolved')) RETURNING agent_paused_tasks.version),
   old_sub_tasks AS
   (DELETE
    FROM agent_peer_sub_tasks
