@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-llm test lint bench sql services clean
+.PHONY: demo demo-llm llm test lint bench sql services clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,25 +21,37 @@ demo: $(STAMP)
 ## once per machine from the llama-cpp-python source package (10-20 minutes on 2 cores)
 ## and cached in ~/.cache/meshpoint; the server is started, waited for, and stopped after
 demo-llm: $(STAMP)
-	$(BIN)/python scripts/llama_server.py run -- $(BIN)/python -m meshpoint.demo_llm $(DEMO_LLM_ARGS)
+	$(BIN)/python scripts/llama_server.py run -- $(BIN)/python -m meshpoint.demo.llm $(DEMO_LLM_ARGS)
+
+## llm: a real model for your own app: the same server as demo-llm, kept running in the
+## foreground (its URL printed) until Ctrl-C; LLM_ARGS="--port 8081" passes options
+llm: $(STAMP)
+	$(BIN)/meshpoint llm serve $(LLM_ARGS)
 
 ## test: the whole suite; PostgreSQL and NATS tests skip (with a reason) when they are down,
-## unless MESHPOINT_REQUIRE_SERVICES=1 makes them fail instead (as CI does)
+## unless MESHPOINT_REQUIRE_SERVICES=1 makes them fail instead (as CI does). It runs on
+## TEST_WORKERS processes (pytest-xdist; the real-model tests on one of them, the chaos
+## runs on one of them), then the tests marked serial alone (one restarts PostgreSQL).
+## Exit status 5 (PYTEST_ARGS selected none of a part's tests) is not a failure.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial" $(PYTEST_ARGS) \
+		|| [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
 
-## sql: render the store's named statements into src/meshpoint/store/sql/ (a test fails
-## while those files are stale)
+## sql: render the store's named statements into src/meshpoint/store/sql/ and a registered
+## integration's into its sql/ folder (a test fails while those files are stale)
 sql: $(STAMP)
 	$(BIN)/python -m meshpoint.store.render
 
 ## bench: meshpoint beside LangGraph's savers, claim throughput, each PostgreSQL fast path
-## beside its portable body, a 10-tool turn checkpointed after each tool beside a LangGraph
-## graph of 10 steps, the LangGraph saver beside SqliteSaver/PostgresSaver over a 500-step
+## beside its portable body (and, history off, its no-history statement beside the guarded
+## one), a 10-tool turn checkpointed after each tool beside a LangGraph
+## graph of 10 steps, a handoff's overhead (trigger to the next iteration's first model call), the LangGraph saver beside SqliteSaver/PostgresSaver over a 500-step
 ## conversation, RSS (BENCH_MODE=quick, about 3 minutes); BENCH_MODE=full adds
 ## the store and scale-out benchmarks and 100k tasks
 BENCH_MODE ?= quick
@@ -48,7 +60,9 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_history.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_claims.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_hooks.py --mode $(BENCH_MODE)
+	$(BIN)/python benchmarks/bench_guards.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_turn.py --mode $(BENCH_MODE)
+	$(BIN)/python benchmarks/bench_handoff.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_saver.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_runtime.py $(if $(filter full,$(BENCH_MODE)),--paused 30000,--tasks 300)
 	if [ "$(BENCH_MODE)" = full ]; then \

@@ -61,9 +61,9 @@ from sqlalchemy.engine import make_url
 
 from meshpoint import TaskExecutionContext, open_store
 from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
-from meshpoint.encryption import EncryptionKeys
-from meshpoint.history import DISABLED, HistoryOptions
-from meshpoint.integrity import SigningKeys
+from meshpoint.history.encryption import EncryptionKeys
+from meshpoint.history.integrity import SigningKeys
+from meshpoint.history.planning import DISABLED, HistoryOptions
 from meshpoint.store import SqlStore
 from meshpoint.store.checkpoints import plan_checkpoint
 from meshpoint.store.postgres_tenancy import grant_runtime_role

@@ -46,7 +46,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from meshpoint import open_store
-from meshpoint.history import DISABLED, HistoryOptions
+from meshpoint.history.planning import DISABLED, HistoryOptions
 from meshpoint.store import SqlStore, open_database
 from meshpoint.store.engine import migrate
 from meshpoint.store.postgres import FIRST_CHECKPOINT, _children_as_text

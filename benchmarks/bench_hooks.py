@@ -75,8 +75,10 @@ async def interleaved(stores: dict[str, SqlStore], runs: int, call: Call,
 
 async def pause_path(stores: dict[str, SqlStore], runs: int,
                      progress: Progress) -> dict[str, Any]:
-    """The four hooks of the pause boundary, on tasks of the benchmark's payload."""
+    """The four hooks of the pause boundary, on tasks of the benchmark's payload
+    (``stores``: the two sides, ``"on"`` and ``"off"``)."""
     prefix = {side: f"{side}-{uuid.uuid4().hex[:6]}" for side in stores}
+    sides = {id(store): side for side, store in stores.items()}
     out: dict[str, Any] = {}
     tasks = runs // 3 + 1  # resolutions: 3 per task
 
@@ -85,7 +87,7 @@ async def pause_path(stores: dict[str, SqlStore], runs: int,
                                     "bench")
 
     def side_of(store: SqlStore) -> str:
-        return "on" if store.fast_paths else "off"
+        return sides[id(store)]
 
     out["first_checkpoint"] = await interleaved(stores, tasks, first, progress,
                                                 "first checkpoints")

@@ -61,6 +61,17 @@ def nats_url() -> str:
     return NATS_URL
 
 
+async def forget_namespace(nats_url: str, namespace: str) -> None:
+    """Delete a test's NATS namespace (its stream), as a test's cleanup."""
+    from meshpoint.broker.nats import NatsBroker
+
+    broker = await NatsBroker.connect(nats_url)
+    try:
+        await broker.delete_namespace(namespace)
+    finally:
+        await broker.close()
+
+
 async def pg_execute_async(sql: str) -> None:
     """Run one SQL statement on the test PostgreSQL server."""
     import asyncpg
@@ -71,6 +82,36 @@ async def pg_execute_async(sql: str) -> None:
         await conn.execute(sql)
     finally:
         await conn.close()
+
+
+async def pg_drop_roles(*roles: str, if_exists: bool = False) -> None:
+    """Drop test roles and what they own, under the lock meshpoint's own role grants
+    take: ``DROP OWNED BY`` revokes a role's grant on the database, and PostgreSQL
+    refuses ("tuple concurrently updated") while another session grants on the same
+    database, as a test on another worker does."""
+    drops = []
+    for role in roles:
+        drop = f"DROP OWNED BY {role}; DROP ROLE {role};"
+        if if_exists:
+            drop = (f"IF EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') "
+                    f"THEN {drop} END IF;")
+        drops.append(drop)
+    await pg_execute_async(
+        "DO $$BEGIN PERFORM pg_advisory_xact_lock(hashtext('meshpoint role grants')); "
+        + " ".join(drops) + " END$$")
+
+
+async def someone_waits_for(holder: Any) -> bool:
+    """Whether a PostgreSQL session waits for a lock that ``holder`` (an
+    ``AsyncConnection`` in a transaction) holds: how a test knows the statement it
+    started is blocked on its rows, with ``eventually()``, rather than sleeping. (The
+    server is shared: only sessions blocked by this very connection count.)"""
+    from sqlalchemy import text
+
+    waiting = await holder.scalar(text(
+        "SELECT count(*) FROM pg_locks WHERE NOT granted "
+        "AND pg_backend_pid() = ANY(pg_blocking_pids(pid))"))
+    return bool(waiting)
 
 
 def pg_execute(sql: str) -> None:
@@ -210,13 +251,18 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-async def snapshot(store: SqlStore) -> dict[str, list[tuple[object, ...]]]:
-    """Every row of every table (all tenants), to prove an operation changed nothing."""
+async def snapshot(store: SqlStore, *, but_alerts: bool = False
+                   ) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of every table (all tenants), to prove an operation changed nothing;
+    ``but_alerts``: the alerts recorded in the event log left out (a dead letter is
+    alerted, which changes no task)."""
     def read(conn: Connection) -> dict[str, list[tuple[object, ...]]]:
         out: dict[str, list[tuple[object, ...]]] = {}
         for table in metadata.sorted_tables:
+            where = " WHERE event_type <> 'alert'" if (
+                but_alerts and table.name == "agent_events") else ""
             # Raw driver values: a corrupted JSON column must not break the snapshot.
-            rows = conn.exec_driver_sql(f"SELECT * FROM {table.name}").all()
+            rows = conn.exec_driver_sql(f"SELECT * FROM {table.name}{where}").all()
             out[table.name] = sorted((tuple(row) for row in rows), key=repr)
         return out
 

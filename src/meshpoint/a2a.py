@@ -1,9 +1,11 @@
 """A2A (agent-to-agent protocol, v0.3 JSON shapes) messages, validated at the boundary.
 
 Agents exchange JSON-RPC 2.0 documents: requests ``message/send`` and
-``tasks/cancel``, and responses whose ``result`` is a ``Task``, a ``Message``, a
-``TaskStatusUpdateEvent`` or a ``TaskArtifactUpdateEvent`` (told apart by
-``kind``). Field names are camelCase on the wire and snake_case in Python.
+``tasks/cancel`` (and meshpoint's own ``meshpoint/handoff``, an operator's request
+that a running task hand off to a fresh-context iteration), and responses whose
+``result`` is a ``Task``, a ``Message``, a ``TaskStatusUpdateEvent`` or a
+``TaskArtifactUpdateEvent`` (told apart by ``kind``). Field names are camelCase on
+the wire and snake_case in Python.
 
 :func:`parse_request` and :func:`parse_response` (and :func:`parse_json`, which they
 and meshpoint's own control messages use) are the only way bytes from the broker
@@ -165,7 +167,26 @@ class CancelTaskRequest(_Model):
     params: TaskIdParams
 
 
-Request = Annotated[SendMessageRequest | CancelTaskRequest, Field(discriminator="method")]
+class HandoffParams(_Model):
+    """Which task hands off, and why (the operator's words, kept in its record)."""
+
+    id: str = Field(min_length=1, max_length=255)
+    reason: str = Field(default="", max_length=1000)
+
+
+class HandoffTaskRequest(_Model):
+    """meshpoint's own method (not A2A's): the instance running task ``params.id``
+    ends its iteration before its next model call, and a fresh-context one carries it
+    on (``meshpoint tasks handoff``, :meth:`meshpoint.runtime.Client.handoff`)."""
+
+    jsonrpc: Literal["2.0"] = "2.0"
+    id: RequestId
+    method: Literal["meshpoint/handoff"] = "meshpoint/handoff"
+    params: HandoffParams
+
+
+AnyRequest = SendMessageRequest | CancelTaskRequest | HandoffTaskRequest
+Request = Annotated[AnyRequest, Field(discriminator="method")]
 Result = Annotated[Task | Message | TaskStatusUpdateEvent | TaskArtifactUpdateEvent,
                    Field(discriminator="kind")]
 
@@ -190,9 +211,9 @@ class ErrorResponse(_Model):
 
 Response = SuccessResponse | ErrorResponse
 
-_REQUESTS: TypeAdapter[SendMessageRequest | CancelTaskRequest] = TypeAdapter(Request)
+_REQUESTS: TypeAdapter[AnyRequest] = TypeAdapter(Request)
 _RESPONSES: TypeAdapter[Response] = TypeAdapter(Response)
-_METHODS = ("message/send", "tasks/cancel")
+_METHODS = ("message/send", "tasks/cancel", "meshpoint/handoff")
 
 
 def encode(document: _Model) -> bytes:
@@ -200,8 +221,7 @@ def encode(document: _Model) -> bytes:
     return document.model_dump_json(by_alias=True, exclude_none=True).encode()
 
 
-def parse_request(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES
-                  ) -> SendMessageRequest | CancelTaskRequest:
+def parse_request(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> AnyRequest:
     """Validate a JSON-RPC request from the wire, or raise BadMessageError."""
     return parse_json(_REQUESTS, "request", data, max_bytes)
 

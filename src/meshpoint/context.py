@@ -1,15 +1,15 @@
 """The execution state of one task, and how it becomes a checkpoint.
 
 A :class:`TaskExecutionContext` is everything an agent instance holds in memory
-for a task while it runs (seed 002, seed 000 §6): the A2A context, the response
-built so far, artifacts, token usage, the peer sub-tasks it waits on and the
-parallel tool calls of the current turn. At a pause boundary the store persists
+for a task while it runs (docs/store.md, "The context and the checkpoint"): the A2A
+context, the response built so far, artifacts, token usage, the peer sub-tasks it
+waits on and the parallel tool calls of the current turn. At a pause boundary the store persists
 ``to_checkpoint_dict()``; any instance rebuilds the task with
 ``from_checkpoint_dict()``.
 
 Two rules shape this module:
 
-* **Sub-task state lives in the context** (seed 002). ``register_peer_sub_task``
+* **Sub-task state lives in the context**. ``register_peer_sub_task``
   and ``claim_sub_task_completion`` run under the context's lock, so of an answer
   and a timeout racing on one instance only the first claim gets the data.
 * **A checkpoint shares nothing with the live object.** The dict is a validated
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from meshpoint._json import json_copy
+from meshpoint._validation import check_text
 from meshpoint.errors import InvalidArgumentError
 
 #: Version of the dict layout produced by :meth:`TaskExecutionContext.to_checkpoint_dict`.
@@ -84,12 +85,12 @@ class CheckpointDict(TypedDict):
     """The agent's flags (meshpoint keeps ``model_calls``, ``paused_at`` and
     ``paused_by`` here)."""
     security_context: dict[str, Any]
-    """The platform's trust token, propagated to peers (seed 000 §8.4)."""
+    """The platform's trust token, propagated to peers."""
     token_usage: TokenUsageDict
     """The task's token usage."""
     history: dict[str, Any]
     """What the task's checkpoint history records beyond what the store knows (see
-    :mod:`meshpoint.history`): ``agent_type``, ``iteration``, ``retention_policy``,
+    :mod:`meshpoint.history.planning`): ``agent_type``, ``iteration``, ``retention_policy``,
     and ``record``, a partial record document the agent fills (a summary, items,
     a continuation prompt) that each history record includes."""
     active_peer_sub_tasks: dict[str, dict[str, Any]]
@@ -216,12 +217,12 @@ class TaskExecutionContext:
     ``produced_artifacts`` / ``artifact_signals_to_return``
         Artifacts produced so far, and artifact references to include in the answer.
     ``flags`` / ``security_context``
-        Agent flags, and the platform trust token propagated to peers (seed 000 §8.4).
+        Agent flags, and the platform trust token propagated to peers.
     ``token_usage``
         A :class:`TokenUsage`.
     ``history``
         What the checkpoint history records beyond the store's own knowledge
-        (:mod:`meshpoint.history`).
+        (:mod:`meshpoint.history.planning`).
     ``active_peer_sub_tasks``
         ``sub_task_id`` → correlation data of every peer call still outstanding.
     ``parallel_tool_calls``
@@ -239,9 +240,7 @@ class TaskExecutionContext:
     """
 
     def __init__(self, task_id: str, a2a_context: dict[str, Any] | None = None) -> None:
-        if type(task_id) is not str or not task_id:
-            raise InvalidArgumentError(f"task_id must be a non-empty str, got {task_id!r}")
-        self.task_id = task_id
+        self.task_id = check_text("task_id", task_id)
         self.a2a_context: dict[str, Any] = dict(a2a_context or {})
         self.current_invocation_id: str | None = None
         self.response_buffer = ""
@@ -256,7 +255,7 @@ class TaskExecutionContext:
         self.session_events: list[dict[str, Any]] = []
         self.session_events_persisted = 0
         # Transient: recreated on every instance, never stored.
-        self.history_head: Any = None  # a meshpoint.history.HistoryHead, set by the store
+        self.history_head: Any = None  # a meshpoint.history.planning.HistoryHead, set by the store
         # A threading lock, not an asyncio one: the critical sections never await, and
         # tool code running in worker threads may register sub-tasks too.
         self.lock = threading.Lock()
@@ -272,7 +271,7 @@ class TaskExecutionContext:
                 f"invocation={self.current_invocation_id!r}, "
                 f"pending_sub_tasks={len(self.active_peer_sub_tasks)})")
 
-    # -- peer sub-tasks (seed 002) ------------------------------------------------
+    # -- peer sub-tasks -----------------------------------------------------------
 
     def register_peer_sub_task(self, sub_task_id: str, correlation_data: dict[str, Any]) -> None:
         """Record an outstanding peer call, keyed by its correlation id.
@@ -281,8 +280,7 @@ class TaskExecutionContext:
         current invocation and ``function_call_id`` to ``sub_task_id``; the call is
         appended to that invocation's :class:`ParallelCalls` if it is not listed yet.
         """
-        if type(sub_task_id) is not str or not sub_task_id:
-            raise InvalidArgumentError(f"sub_task_id must be a non-empty str, got {sub_task_id!r}")
+        check_text("sub_task_id", sub_task_id)
         data = json_copy(_expect(correlation_data, dict, "correlation_data"), "correlation_data")
         data.setdefault("invocation_id", self.current_invocation_id)
         data.setdefault("function_call_id", sub_task_id)

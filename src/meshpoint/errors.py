@@ -30,14 +30,17 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     │   │   ├── WrongAgentError           the task (or sub-task) is another agent's
     │   │   └── ThreadSupersededError     another writer continued the LangGraph thread first
     │   ├── CorruptCheckpointError  a stored row does not decode; it was not used
-    │   │   ├── IntegrityError      a history record or its chain fails verification
+    │   │   ├── HistoryIntegrityError  a history record or its chain fails verification
     │   │   ├── DecompressionLimitError  a stored blob inflates past the store's limit
     │   │   └── UnreadableValueError  a stored value is sealed under a key not held
     │   │                             (also a KeyMissingError)
     │   └── TaskBlockedError        a task whose history cannot be trusted is blocked
     ├── BrokerError                 the message broker refused or failed an operation
     │   ├── BrokerClosedError       the broker was closed
-    │   └── BrokerPermissionError   the broker's user may not publish or read that
+    │   ├── BrokerPermissionError   the broker's user may not publish or read that
+    │   └── NamespaceNotServedError a client's namespace has no stream: nothing serves it
+    ├── WaitTimeoutError            (also a TimeoutError) a client waited in vain for a
+    │                               task's answer or its input-required pause
     ├── AnswerRefusedError          a human's answer to a waiting task was refused
     │   ├── AlreadyAnsweredError    the call was answered first (its ``decision``)
     │   ├── NotPendingError         the task does not wait on that call, or on any input
@@ -59,6 +62,7 @@ and is taken over like any lease of a crashed owner.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 
@@ -268,7 +272,7 @@ class DecompressionLimitError(CorruptCheckpointError):
     row and the limit."""
 
 
-class IntegrityError(CorruptCheckpointError):
+class HistoryIntegrityError(CorruptCheckpointError):
     """A record of a task's checkpoint history, or the chain that links them, failed
     verification: a hash or signature does not match, a record is missing or out of
     place, or the chain is shorter than its signed head says. ``checkpoint_id`` and
@@ -338,6 +342,43 @@ class BrokerPermissionError(BrokerError):
     subject the server refused."""
 
 
+class NamespaceNotServedError(BrokerError):
+    """A client (``open_client``, ``meshpoint submit``) found no stream for its
+    namespace on NATS: no ``meshpoint serve`` has ever run there (a typo in the
+    namespace, or the deployment is not started). A client does not create the
+    stream, so a request is never left in a namespace nobody serves."""
+
+    def __init__(self, namespace: str, stream: str, url: str) -> None:
+        super().__init__(
+            f"namespace {namespace!r} has no stream ({stream}) on NATS at {url}: no "
+            f"`meshpoint serve` has run in it. Start one (meshpoint serve --config ... "
+            f"--agent ...) with this namespace, or check the config's namespace; a client "
+            "does not create the stream")
+        self.namespace = namespace
+
+
+class WaitTimeoutError(MeshpointError, TimeoutError):
+    """A client waited ``timeout_s`` for a task's ``answer``, its ``input`` (a pause
+    for a human) or either, and neither came. The message names the task, its agent
+    and namespace; the task may still run (waiting again is safe)."""
+
+    def __init__(self, *, task_id: str, request_id: str, agent: str, namespace: str,
+                 waited_for: str, timeout_s: float) -> None:
+        super().__init__(
+            f"task {task_id} (request {request_id}, sent to agent {agent!r} in namespace "
+            f"{namespace!r}): no {waited_for} within {timeout_s:g}s. If no instance took "
+            f"it, start one (meshpoint serve --agent {agent}, with namespace "
+            f"{namespace}); if one did, the task is still running or paused "
+            f"(meshpoint tasks show {task_id})")
+        self.task_id = task_id
+        self.request_id = request_id
+        self.agent = agent
+        self.namespace = namespace
+        #: What was waited for: ``"answer"``, ``"input"`` or ``"answer or input"``.
+        self.waited_for = waited_for
+        self.timeout_s = timeout_s
+
+
 class AnswerRefusedError(MeshpointError):
     """An answer to a task waiting for a human (approve, deny, reply) was refused;
     nothing was written. ``code`` is its JSON-RPC error code on the wire; ``decision``
@@ -373,11 +414,13 @@ class MisdirectedAnswerError(AnswerRefusedError):
 
 
 class DecisionRefusedError(AnswerRefusedError):
-    """With approvers configured, a decision must be signed by one of them who may
-    decide the call's tool: this one is unsigned, names an unknown approver, does not
-    verify with that approver's key (forged, or changed since it was signed), or
-    decides a tool its approver may not. Nothing was written; the task keeps
-    waiting."""
+    """A decision the runtime will not take. With approvers configured, a decision
+    must be signed by one of them who may decide the call's tool: this one is
+    unsigned, names an unknown approver, does not verify with that approver's key
+    (forged, or changed since it was signed), or decides a tool its approver may not.
+    With or without approvers, an approval whose ``proposed`` tool or arguments are not
+    the pending call's (the call was changed after the approver saw it) is refused.
+    Nothing was written; the task keeps waiting."""
 
     code = -32054
 
@@ -408,3 +451,14 @@ class ModelTimeoutError(ModelError):
 
 class ModelReplyTooLargeError(ModelError):
     """A model's reply was larger than ``max_reply_bytes``; none of it was used."""
+
+
+def __getattr__(name: str) -> Any:
+    """``IntegrityError``, this hierarchy's name for a history that fails verification
+    before it was :class:`HistoryIntegrityError` (SQLAlchemy's ``IntegrityError`` is
+    another thing, caught in the same modules): still importable, with a warning."""
+    if name == "IntegrityError":
+        warnings.warn("meshpoint.errors.IntegrityError was renamed HistoryIntegrityError; "
+                      "import that", DeprecationWarning, stacklevel=2)
+        return HistoryIntegrityError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,9 +14,14 @@ writes them as a nats-server ``authorization`` block. With ``R`` the tenant's ro
   answers and progress to its callers (the agents that list it as a peer:
   ``R.agent.{response,status}.<caller>.*`` and their instances' inboxes), and to
   clients (``R.client.*.*.{response,status}.*``); its own cancel broadcast,
-  ``R.agent.control.A``;
+  ``R.agent.control.A``; its own alerts, ``R.alerts.A``; its own handoffs,
+  ``R.agent.handoff.A``, and those of the agents its phases hand its tasks to (which
+  then answer its callers too);
 * client ``C``: requests (tasks, cancels, answers) to the agents it may call;
 * approver ``P``: requests (its decisions) to the agents it may decide for;
+* client, approver and ``admin``: may also read alerts (``R.alerts.*``: a client's of
+  the agents it may call, an approver's of the agents it decides for) with a core NATS
+  subscription (``nats sub``);
 * every one of them: dead letters (``<ns>.deadletter.>``) and what JetStream's API
   needs for its own queues, and nothing of anyone else's: consumers it creates must
   filter its own subjects (the server checks the filter in the API subject), the
@@ -86,14 +91,24 @@ def broker_users(config: MeshConfig, *,
     root = subjects.root
     stream = safe_name(f"{config.broker.stream_prefix}{ns}")
     prefix = ns if tenant == DEFAULT_TENANT else f"{ns}.{tenant_token(tenant)}"
-    callers = {name: [c for c, spec in config.agents.items()
-                      if any(p.agent == name for p in spec.peers)] for name in config.agents}
+    # At a phase's end an agent hands its task to the next phase's agent, which then
+    # answers the task's caller: it publishes that agent's handoff subject, and the
+    # next agent answers the first one's callers too.
+    hands_to = {name: sorted({phase.agent for phase in (spec.handoff.phases if spec.handoff
+                                                        else ()) if phase.agent not in (
+                                                            None, name)})
+                for name, spec in config.agents.items()}
+    callers = {name: sorted({c for c, spec in config.agents.items()
+                             for agent in (name, *(a for a in config.agents
+                                                   if name in hands_to[a]))
+                             if any(p.agent == agent for p in spec.peers)})
+               for name in config.agents}
     durables = {name: [safe_name(subjects.queue(f"{name}-{kind}"))
-                       for kind in ("requests", "responses", "status")]
+                       for kind in ("requests", "responses", "status", "handoffs")]
                 for name in config.agents}
 
     def make(role: Role, of: str, publish: list[str], filters: list[str],
-             client_id: str | None = None) -> BrokerUser:
+             client_id: str | None = None, alerts: list[str] | None = None) -> BrokerUser:
         user = broker_user(ns, tenant, role, of)
         mine = durables.get(of, []) if role == "agent" else []
         others = [d for agent, names in durables.items() for d in names if d not in mine]
@@ -111,7 +126,7 @@ def broker_users(config: MeshConfig, *,
                 f"$JS.API.CONSUMER.CREATE.{stream}.{d}.>", f"$JS.API.CONSUMER.INFO.{stream}.{d}",
                 f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{d}",
                 f"$JS.API.CONSUMER.DELETE.{stream}.{d}", f"$JS.ACK.{stream}.{d}.>")],
-            subscribe=[f"{inbox_prefix(user)}.>"])
+            subscribe=[f"{inbox_prefix(user)}.>", *(alerts or [])])
 
     users = []
     for name, spec in config.agents.items():
@@ -121,18 +136,21 @@ def broker_users(config: MeshConfig, *,
         users.append(make("agent", name, [
             *(subjects.request(peer.agent) for peer in spec.peers), *answers,
             f"{root}.client.*.*.response.*", f"{root}.client.*.*.status.*",
-            subjects.control(name)], filters=[
+            subjects.control(name), subjects.handoff(name), subjects.alerts(name),
+            *(subjects.handoff(agent) for agent in hands_to[name])], filters=[
             subjects.request(name), subjects.responses(name), subjects.statuses(name),
-            f"{root}.instance.{name}.*.>", subjects.control(name)]))
+            f"{root}.instance.{name}.*.>", subjects.control(name), subjects.handoff(name)]))
     for name, client in config.clients.items():
         agents = client.agents if client.agents is not None else list(config.agents)
         users.append(make("client", name, [subjects.request(a) for a in agents],
-                          filters=[f"{root}.client.{name}.*.>"], client_id=name))
+                          filters=[f"{root}.client.{name}.*.>"], client_id=name,
+                          alerts=[subjects.alerts(a) for a in agents]))
     for approver, scope in config.approvers.items():
         token = tenant_token(approver)
         agents = list(config.agents) if ANY in scope.agents else list(scope.agents)
         users.append(make("approver", approver, [subjects.request(a) for a in agents],
-                          filters=[f"{root}.client.{token}.*.>"], client_id=token))
+                          filters=[f"{root}.client.{token}.*.>"], client_id=token,
+                          alerts=[subjects.alerts(a) for a in agents]))
     admin = f"{prefix}.admin"
     users.append(BrokerUser(
         name=admin, role="admin", of=ns, client_id=None,

@@ -7,7 +7,8 @@ on as many hosts, as the load needs; they share the store and the broker. A
 process that dies instead (SIGKILL, a lost host) loses nothing either: its
 un-acked messages are redelivered and its leases expire.
 
-``submit`` sends one task to an agent and waits for the answer.
+``submit`` sends one task to an agent and waits for the answer, telling its caller
+the task's id at once and each pause for a human on the way.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import json
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
@@ -62,12 +64,14 @@ async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None 
         if broker is None:
             return
         try:
-            instance = AgentInstance(agent, store, broker, instance_id=instance_id,
-                                     options=config.runtime_options(), approvers=approvers)
+            instance = config.instance(agent, store, broker, approvers=approvers,
+                                       instance_id=instance_id)
             await instance.start()
-            logger.info("%s serving agent %s (namespace %s, broker %s)",
-                        instance.instance_id, agent_name, config.namespace,
-                        redact_url(config.broker.url))
+            logger.info("%s serving agent %s (namespace %s, broker %s, store %s%s, "
+                        "tenant %s)", instance.instance_id, agent_name, config.namespace,
+                        redact_url(config.broker.url), redact_url(config.store.url),
+                        f" schema {config.store.schema_name}" if config.store.schema_name
+                        else "", config.store.tenant)
             if on_ready is not None:
                 on_ready(instance)
             purging = asyncio.create_task(_purge_every(
@@ -145,29 +149,55 @@ async def _until_up(what: str, opener: Callable[[], Awaitable[T]], stop: asyncio
         return None
 
 
-async def submit(config: MeshConfig, agent_name: str, text: str, *,
-                 timeout_s: float) -> a2a.Task:
-    """Send ``text`` to ``agent_name`` and return its final answer."""
+@dataclass(frozen=True)
+class Submitted:
+    """The task ``submit`` sent: what its caller prints at once."""
+
+    task_id: str
+    request_id: str
+    agent: str
+    namespace: str
+
+
+async def submit(config: MeshConfig, agent_name: str, text: str, *, timeout_s: float,
+                 wait: bool = True, on_submitted: Callable[[Submitted], None] | None = None,
+                 on_input: Callable[[Submitted, list[dict[str, Any]]], None] | None = None
+                 ) -> a2a.Task | None:
+    """Send ``text`` to ``agent_name`` and return its final answer, waiting up to
+    ``timeout_s`` in all. ``on_submitted`` is called once the request is published
+    (with ``wait=False``, submit returns None then); ``on_input`` each time the task
+    pauses for a human, with its pending calls, and the wait goes on for the answer.
+    The config's namespace must be served (NamespaceNotServedError otherwise: a
+    client never creates its stream)."""
     config.agent_config(agent_name)  # a clear error for a typo, before any I/O
-    broker = await config.open_broker()
-    try:
-        async with config.client(broker) as client:
-            request_id = await client.submit(agent_name, text)
-            try:
-                return await client.wait(request_id, timeout_s=timeout_s)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with config.open_client() as client:
+        request_id = await client.submit(agent_name, text)
+        sent = Submitted(client.task_id(agent_name, request_id), request_id, agent_name,
+                         config.namespace)
+        if on_submitted is not None:
+            on_submitted(sent)
+        if not wait:
+            return None
+        try:
+            while True:
+                step = await client.wait_next(request_id, max(0.0, deadline - loop.time()))
+                if step.answer is not None:
+                    return step.answer
+                if on_input is not None:
+                    on_input(sent, step.pending)
+        except TimeoutError:
+            waited = (f"no answer from {agent_name} (namespace {config.namespace}) within "
+                      f"{timeout_s:g}s")
+            try:  # what the store knows, if it says so at once
+                why = await asyncio.wait_for(_why_no_answer(config, sent.task_id), 10.0)
             except TimeoutError:
-                task_id = client.task_id(agent_name, request_id)
-                waited = f"no answer from {agent_name} within {timeout_s:g}s"
-                try:  # what the store knows, if it says so at once
-                    why = await asyncio.wait_for(_why_no_answer(config, task_id), 10.0)
-                except TimeoutError:
-                    why = None
-                raise NoAnswerError(
-                    f"{waited}: {why}" if why else
-                    f"{waited}; is a `meshpoint serve --agent {agent_name}` running on "
-                    f"this config? (task {task_id})") from None
-    finally:
-        await broker.close()
+                why = None
+            raise NoAnswerError(
+                f"{waited}: {why}" if why else
+                f"{waited}; is a `meshpoint serve --agent {agent_name}` running on "
+                f"this config? (task {sent.task_id})") from None
 
 
 class NoAnswerError(TimeoutError):

@@ -15,7 +15,8 @@ restarted. Afterwards:
 * every process still running exits 0 on SIGTERM (it drains).
 
 Variants: PostgreSQL (the main run), PostgreSQL stopped for a few seconds mid-run
-(tasks stall, then all finish), and several processes on one SQLite file.
+(tasks stall, then all finish), and several processes on one SQLite file. A fourth
+run has every task hand off to a fresh-context iteration between two fan-outs.
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ from meshpoint.broker.nats import NatsBroker
 from meshpoint.runtime import Client
 from meshpoint.store import open_store
 from tests.cluster import PEERS, Cluster, mesh_config
-from tests.conftest import service_missing
+from tests.conftest import forget_namespace, service_missing
 
-pytestmark = [pytest.mark.chaos, pytest.mark.nats, pytest.mark.timeout(420)]
+#: On one worker of a parallel run, one run after another (each loads both cores).
+pytestmark = [pytest.mark.chaos, pytest.mark.nats, pytest.mark.timeout(420),
+              pytest.mark.xdist_group("chaos")]
 
 TASKS = 300
 KILL_EVERY_S = 2.0
@@ -70,7 +73,8 @@ def _postgres_uid() -> list[int]:
 
 
 async def run_chaos(cluster: Cluster, nats_url: str, namespace: str, *,
-                    pg_outage_at: float | None = None) -> dict[str, Any]:
+                    pg_outage_at: float | None = None, tasks: int = TASKS,
+                    submit_per_s: float = SUBMIT_PER_S) -> dict[str, Any]:
     broker = await NatsBroker.connect(nats_url)
     loop = asyncio.get_running_loop()
     rng = random.Random(7)
@@ -81,10 +85,10 @@ async def run_chaos(cluster: Cluster, nats_url: str, namespace: str, *,
             request_ids: list[str] = []
 
             async def submit_all() -> None:
-                for n in range(TASKS):
+                for n in range(tasks):
                     request_ids.append(await client.submit(
                         "coordinator", f"Trip {n}: flights, hotels, weather"))
-                    await asyncio.sleep(1 / SUBMIT_PER_S)
+                    await asyncio.sleep(1 / submit_per_s)
 
             async def chaos() -> None:
                 outage_done = pg_outage_at is None
@@ -101,7 +105,7 @@ async def run_chaos(cluster: Cluster, nats_url: str, namespace: str, *,
             try:
                 await submitting
                 deadline = loop.time() + 180
-                while (len(client.answers) < TASKS and loop.time() < deadline
+                while (len(client.answers) < tasks and loop.time() < deadline
                        and not killing.done()):
                     await asyncio.sleep(0.2)
             finally:
@@ -175,13 +179,8 @@ def start_cluster(tmp_path: Path, namespace: str, store: dict[str, Any],
     return cluster
 
 
-async def cleanup_namespace(nats_url: str, namespace: str) -> None:
-    broker = await NatsBroker.connect(nats_url)
-    await broker.delete_namespace(namespace)
-    await broker.close()
-
-
-@pytest.mark.parametrize("variant", ["postgres", "postgres-restart", "sqlite"])
+@pytest.mark.parametrize("variant", [
+    "postgres", pytest.param("postgres-restart", marks=pytest.mark.serial), "sqlite"])
 async def test_kill_9_chaos_answers_every_task_exactly_once(
         variant: str, tmp_path: Path, nats_url: str, request: pytest.FixtureRequest) -> None:
     namespace = f"chaos{uuid.uuid4().hex[:10]}"
@@ -209,8 +208,67 @@ async def test_kill_9_chaos_answers_every_task_exactly_once(
         assert all(code == 0 for code in codes.values()), (codes, cluster.logs())
         assert set((await live_rows(url, schema)).values()) == {0}
     finally:
-        await cleanup_namespace(nats_url, namespace)
+        await forget_namespace(nats_url, namespace)
         if schema is not None:
             from tests.conftest import pg_execute_async
 
             await pg_execute_async(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+#: The handoff variant: fewer tasks, each making two rounds in two iterations.
+HANDOFF_TASKS = 60
+ROUND_RESULT = re.compile(r"^- ask_(\w+)\((\w+) \(round (\d)\)\) = \[(\w+)\] ", re.M)
+
+
+async def test_kill_9_during_handoffs_gives_one_next_iteration_and_one_answer(
+        tmp_path: Path, nats_url: str, request: pytest.FixtureRequest) -> None:
+    """Every task fans out to the three peers, hands off (its model asks for a fresh
+    context), and fans out again in its next iteration on any instance, while a random
+    process is SIGKILLed every 2 s (PostgreSQL + NATS). Every task is answered once,
+    with each peer's result once per round; each task's history holds exactly one
+    handoff and one next iteration; every chain verifies; no live row is left."""
+    namespace = f"chaos{uuid.uuid4().hex[:10]}"
+    url = request.getfixturevalue("postgres_url")
+    schema = f"mp_{namespace}"
+    config = mesh_config(namespace, {"url": url, "schema": schema}, nats_url)
+    coordinator = config["agents"]["coordinator"]
+    coordinator["model"].update(rounds=2, handoff_after=1)
+    coordinator["handoff"] = {"context_utilization": None}
+    cluster = Cluster.write(tmp_path / "cluster", config)
+    cluster.migrate()
+    cluster.start({"coordinator": 3, **{p: 2 for p in PEERS}})
+    try:
+        figures = await run_chaos(cluster, nats_url, namespace, tasks=HANDOFF_TASKS,
+                                  submit_per_s=3.0)
+    finally:
+        codes = cluster.stop()
+    try:
+        print(f"\nhandoffs: {HANDOFF_TASKS} tasks in {figures['seconds']}s, "
+              f"{cluster.kills} kills")
+        assert cluster.kills >= 5
+        answers: dict[str, list[a2a.Task]] = figures["answers"]
+        assert all(len(got) == 1 for got in answers.values()), {
+            rid: len(got) for rid, got in answers.items() if len(got) != 1}
+        async with open_store(url, schema=schema, migrate=False) as store:
+            for task, in answers.values():
+                assert task.status.state == a2a.TaskState.COMPLETED, task.status
+                text = task.status.message.parts[0].text  # type: ignore[union-attr]
+                results = ROUND_RESULT.findall(text)
+                assert sorted((tool, rnd) for tool, _, rnd, _ in results) == sorted(
+                    (peer, rnd) for peer in PEERS for rnd in "12"), text
+                assert all(tool == topic == persona for tool, topic, _, persona in results)
+                records = await store.history.get_checkpoint_history(task.id)
+                phases = Counter(r.execution_state.phase for r in records)
+                assert (phases["handoff"], phases["iteration"]) == (1, 1), phases
+                assert (await store.history.verify_task(task.id)).ok
+            assert set((await store.live_row_counts()).values()) == {0}
+        per_sub = Counter(subject.rsplit(".", 1)[-1] for subject, n in
+                          figures["responses"].items() for _ in range(n))
+        assert set(per_sub.values()) == {1} and len(per_sub) == HANDOFF_TASKS * 6
+        assert figures["dead_letters"] == {}, figures["dead_letters"]
+        assert all(code == 0 for code in codes.values()), (codes, cluster.logs())
+    finally:
+        await forget_namespace(nats_url, namespace)
+        from tests.conftest import pg_execute_async
+
+        await pg_execute_async(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

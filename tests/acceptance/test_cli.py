@@ -38,12 +38,50 @@ def test_demo_completes_every_task_while_instances_are_killed(tmp_path: Path) ->
         assert 0 < figures[key]["p50"] <= figures[key]["p99"]
 
 
+def test_demos_long_tasks_hand_off_across_instances_while_they_are_killed(
+        tmp_path: Path) -> None:
+    """A fifth of 40 tasks are long ones: each hands off at least twice (the model's
+    own request and context utilization, never at 0.70 of its window or past it),
+    mostly to another instance, while researcher instances are killed; each
+    completes, and the chains, handoff and iteration records included, verify."""
+    done = meshpoint("demo", "--tasks", "40", "--long-rate", "0.2", "--kill-rate", "3",
+                     "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    assert figures["long_tasks"] == figures["long_completed"] == 8
+    assert figures["submitted"] == figures["completed"] == 40
+    assert figures["fewest_handoffs_per_long_task"] >= 2
+    # Each handoff starts one iteration: a task's iterations are its handoffs plus one.
+    assert figures["iterations"] == figures["handoffs"] + figures["long_tasks"]
+    assert set(figures["handoffs_by_trigger"]) == {"context_utilization", "explicit"}
+    assert sum(figures["handoffs_by_trigger"].values()) == figures["handoffs"]
+    assert 0 < figures["max_utilization_at_handoff"] < 0.70
+    assert figures["handoffs_taken_elsewhere"] > 0
+    assert figures["researcher_kills"] > 0
+    assert figures["chains_verified"] == 40 and figures["chains_failed"] == 0
+    assert figures["rows_left"] == 0 and figures["duplicate_answers"] == 0
+    assert isinstance(figures["long_recoveries"], int)
+    # The breakers may trip in this kill storm (their cool-down is a second): each trip
+    # is alerted, and closes again (every task completed).
+    assert figures["alerts"] >= figures["breaker_trips"] >= 0
+    assert figures["resumes_held_by_the_breaker"] >= 0
+    url = f"sqlite:///{tmp_path / 'meshpoint-demo.db'}"
+    done = meshpoint("events", "--type", "agent_handoff", "--url", url, "--limit", "1000",
+                     "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    logged = json.loads(done.stdout)["events"]
+    assert logged and {e["agent_id"] for e in logged} == {"researcher"}
+
+
 def test_demo_prints_a_progress_bar_and_a_table(tmp_path: Path) -> None:
     done = meshpoint("demo", "--tasks", "20", "--instances", "2", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "tasks answered" in done.stdout  # the progress bar's label
     assert "tasks completed" in done.stdout and "pause-to-resume p50 / p99" in done.stdout
     assert "approvals requested" in done.stdout
+    assert "handoffs by trigger" in done.stdout  # one of the 20 is a long task
+    assert "max context use at a handoff (< 0.7)" in done.stdout
+    assert "breaker trips · resumes it held · alerts" in done.stdout
     assert "nothing left behind" in done.stdout
 
 
@@ -107,7 +145,7 @@ def test_demo_replaces_its_own_database_and_no_other_meshpoint_database(
                          "--json", cwd=tmp_path)
         assert done.returncode == 0, done.stderr
     writer = ("import asyncio\nfrom meshpoint import open_store\n"
-              "from meshpoint.events import EventStore\n"
+              "from meshpoint.events.log import EventStore\n"
               "async def main():\n"
               f"    async with open_store({f'sqlite:///{db}'!r}) as store:\n"
               "        async with EventStore(store) as log:\n"

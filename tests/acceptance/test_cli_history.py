@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from meshpoint import a2a
-from meshpoint import events as event_log
-from meshpoint.costs import Prices
-from meshpoint.events import EventStore
+from meshpoint.events import log as event_log
+from meshpoint.events.log import EventStore
+from meshpoint.history.costs import Prices
 from meshpoint.llm import ScriptedModel
 from meshpoint.runtime import Agent, LocalTool, Peer
 from meshpoint.runtime.agent import RecoveryPolicy
@@ -193,8 +193,8 @@ def _one_paused_task(where: Path, *, signed: bool = False) -> str:
     """A SQLite file in ``where`` holding task t1, paused on one peer call (its
     history signed with a key the CLI is not given, if ``signed``); its URL."""
     writer = ("import asyncio\nfrom meshpoint import TaskExecutionContext, open_store\n"
-              "from meshpoint.history import HistoryOptions\n"
-              "from meshpoint.integrity import SigningKeys\n"
+              "from meshpoint.history.planning import HistoryOptions\n"
+              "from meshpoint.history.integrity import SigningKeys\n"
               "async def main():\n"
               f"    keys = SigningKeys.generate('k1') if {signed} else SigningKeys()\n"
               "    history = HistoryOptions(signing=keys)\n"
@@ -355,7 +355,7 @@ def test_events_follow_prints_new_events_as_they_are_written(demo_db: Path) -> N
     follower = _follow("--task", "followed", "--url", url, cwd=here)
     try:
         writer = ("import asyncio\nfrom meshpoint import open_store\n"
-                  "from meshpoint.events import EventStore\n"
+                  "from meshpoint.events.log import EventStore\n"
                   "async def main():\n"
                   f"    async with open_store({url!r}, migrate=False) as store:\n"
                   "        async with EventStore(store) as log:\n"
@@ -379,7 +379,7 @@ def test_events_follow_prints_an_event_that_commits_behind_a_newer_one(
     url, here = f"sqlite:///{demo_db}", demo_db.parent
     writer = subprocess.Popen(
         [sys.executable, "-c", "import asyncio, sys\nfrom meshpoint import open_store\n"
-         "from meshpoint.events import EventStore\n"
+         "from meshpoint.events.log import EventStore\n"
          "async def main():\n"
          f"    async with open_store({url!r}, migrate=False) as store:\n"
          "        slow = EventStore(store, flush_interval_s=3600)\n"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from sqlalchemy import update
 
 from meshpoint import a2a
 from meshpoint.llm import ScriptedModel
-from meshpoint.runtime import Agent, Peer, wire
+from meshpoint.runtime import Agent, LocalTool, Peer, wire
 from meshpoint.runtime.agent import RecoveryPolicy
 from meshpoint.store import SqlStore, open_store
 from meshpoint.store.schema import paused_tasks
@@ -45,7 +46,7 @@ async def tasks(where: list[str], *args: str) -> tuple[int, str, str]:
     """``meshpoint tasks ARGS`` on the store ``where`` names (``meshpoint stats``,
     ``recover``, ``events``, ``keys``: without ``tasks``); the event loop keeps serving
     the mesh meanwhile."""
-    command = (list(args) if args[0] in ("stats", "recover", "events", "keys")
+    command = (list(args) if args[0] in ("stats", "recover", "events", "keys", "alerts")
                else ["tasks", *args])
     if args[0] not in ("cancel", "keys") and "--config" not in args:
         command += where
@@ -98,13 +99,17 @@ async def test_an_operator_lists_shows_and_approves_from_another_process(
         assert code != 0 and reason in " ".join((out + err).split()), (args, out, err)
     assert not effects.runs and (await ok_json(where, "show", task_id))["answered"] == []
 
+    # A partial edit: merged into the proposed arguments (a JSON merge patch).
     done = await ok_json(where, "approve", task_id, call_id, "--arguments",
-                         '{"query": "Send the fixed report"}', "--by", "ops")
+                         '{"to": "ops@example.com"}', "--by", "ops")
     assert [(d["decision"], d["claimed_by"], d["edited"]) for d in done["decisions"]] == [
         ("approved", "ops", True)]
+    merged = {"query": "Send the report", "to": "ops@example.com"}
+    assert done["decisions"][0]["arguments"] == merged
     answer = await mesh.client.wait(request_id, timeout_s=20)  # recovery resumes it
     assert answer.status.state is a2a.TaskState.COMPLETED
     assert list(effects.runs.values()) == [1]
+    assert list(effects.arguments.values()) == [merged]
     await no_rows_left(live_store)
     code, _, err = await tasks(where, "approve", task_id, call_id)
     assert code == 1 and "no paused task" in err
@@ -432,9 +437,146 @@ async def test_with_approvers_the_command_line_signs_its_decisions_or_is_refused
     code, _, err = await tasks(where, "approve", task_id, call_id, "--config", str(config),
                                "--key", f"file:{key}")
     assert code == 2 and "--by" in err
+    # The key itself in the command line (seen by ps, kept in shell history): refused.
+    code, _, err = await tasks(where, "approve", task_id, call_id, "--config", str(config),
+                               "--key", key.read_text(), "--by", "cfo@example.com")
+    assert code == 2 and "command line" in " ".join(err.split()) and "PRIVATE" not in err
     done = await ok_json(where, "approve", task_id, call_id, "--config", str(config),
                          "--key", f"file:{key}", "--by", "cfo@example.com")
     assert [(d["by"], d["verified"]) for d in done["decisions"]] == [("cfo@example.com", True)]
+    # What it signed: the call as the store held it (meshpoint.decision/2).
+    assert done["decisions"][0]["signed"]["proposed"] == {
+        "tool": pending[0]["tool"], "arguments": pending[0]["arguments"]}
     answer = await mesh.client.wait(request_id, timeout_s=20)
     assert answer.status.state is a2a.TaskState.COMPLETED
     assert list(effects.runs.values()) == [1]
+
+
+@pytest.mark.nats
+async def test_an_operator_hands_a_running_task_off_and_reads_its_iterations(
+        live_store: SqlStore, where: list[str], nats_url: str, tmp_path: Path) -> None:
+    """``meshpoint tasks handoff`` reaches, over NATS, the instance running the task,
+    which hands it off before its next model call (trigger ``operator``, the reason
+    in its record); the task completes in its second iteration. Refused, exit 1 and
+    nothing sent: an agent without a handoff policy, a task the store does not know,
+    one waiting for a human, one that ended. Then ``tasks show`` lists the ended
+    task's iterations, ``tasks cost`` costs each (the rows add up to the total), and
+    ``meshpoint events --type agent_handoff`` finds the handoff."""
+    import dataclasses
+
+    from meshpoint.broker.nats import NatsBroker
+    from meshpoint.runtime import AgentInstance, Client, RuntimeOptions
+    from meshpoint.runtime.options import CheckpointPolicy, HandoffPolicy
+    from tests.integration.test_handoff import tools
+
+    ns = f"cli{wire.new_id()[:10]}"
+    config = tmp_path / "mesh.yaml"
+    config.write_text(f"namespace: {ns}\n{store_section(where)}broker: {nats_url}\n"
+                      "agents: {worker: {handoff: {}}, coordinator: {handoff: {}}, plain: {}}\n")
+    handoff = ("handoff", "--config", str(config))
+    for task_id, reason in (("plain-" + "0" * 32, "agent 'plain' has no handoff policy"),
+                            ("worker-" + "0" * 32, "the store knows no task")):
+        code, out, err = await tasks(where, *handoff[:1], task_id, *handoff[1:])
+        assert code == 1 and reason in " ".join(err.split()), (out, err)
+
+    broker = await NatsBroker.connect(nats_url, pull_expires_s=0.5)
+    options = RuntimeOptions(namespace=ns)
+    gate = asyncio.Event()  # the first round's tool waits: the task runs while asked
+
+    async def gated(arguments: dict[str, Any]) -> str:
+        await gate.wait()
+        return f"waited for {arguments['query']}"
+
+    worker = Agent("worker", ScriptedModel("worker", rounds=4),
+                   tools=[*tools(), LocalTool("wait", "Waits.", gated)],
+                   handoff=HandoffPolicy(context_utilization=None, explicit=False),
+                   checkpoint=CheckpointPolicy(before_llm=True), events=True)
+    waiter = dataclasses.replace(approving(SideEffects()), handoff=HandoffPolicy())
+    instances = [AgentInstance(agent, live_store, broker, options=options)
+                 for agent in (worker, waiter)]
+    try:
+        for instance in instances:
+            await instance.start()
+        async with Client(broker, namespace=ns) as client:
+            waiting = await client.submit("coordinator", "Send the report")
+            await client.wait_input(waiting, timeout_s=20)
+            code, out, err = await tasks(where, "handoff", client.task_id(
+                "coordinator", waiting), "--config", str(config))
+            assert code == 1 and "is not running: it waits for a human's answer" in \
+                " ".join(err.split()), (out, err)
+            shown = await ok_json(where, "show", client.task_id("coordinator", waiting))
+            assert (shown["live"], shown["status"]) == (True, "input_required")
+            assert [(i["iteration"], i["started_by"], i["ended_by"])
+                    for i in shown["iterations"]] == [(1, "request", "-")]
+            # --force sends a request the store cannot vouch for (a task running before
+            # its first checkpoint): nobody runs this one, and nothing happens.
+            forced = await ok_json(where, "handoff", "worker-" + "1" * 32, "--config",
+                                   str(config), "--force")
+            assert (forced["handoff"], forced["state"]) == ("sent", "unknown")
+
+            request_id = await client.submit("worker", "Survey: alpha")
+            task_id = client.task_id("worker", request_id)
+
+            async def working() -> bool:  # stored before a model call, leased
+                listed = await live_store.list_paused_tasks(agent_name="worker")
+                return any(t.task_id == task_id and t.status == "working" for t in listed)
+
+            await eventually(working, what="the task running past a checkpoint")
+            sent = await ok_json(where, "handoff", task_id, "--config", str(config),
+                                 "--reason", "fresh eyes")
+            assert sent == {"task_id": task_id, "agent": "worker", "handoff": "sent",
+                            "state": "running"}
+            await eventually(lambda: task_id in instances[0].stats.tasks(
+                "handoff_requested"), what="the request reaching the instance")
+            gate.set()
+            answer = await client.wait(request_id, timeout_s=30)
+            assert answer.status.state is a2a.TaskState.COMPLETED, answer
+            text = answer.status.message.text  # type: ignore[union-attr]
+            assert all(f"(round {n})" in text for n in range(1, 5)), text
+
+        async def ended() -> bool:  # its last record written, just after the answer
+            last = await live_store.history.get_latest_checkpoint(task_id)
+            return last is not None and last.execution_state.phase == "completed"
+
+        await eventually(ended, what="the task's last record")
+        for instance in instances:
+            await instance.stop()  # the event log's buffer written
+
+        code, _, err = await tasks(where, "handoff", task_id, "--config", str(config))
+        assert code == 1 and "has ended (completed)" in " ".join(err.split()), err
+        shown = await ok_json(where, "show", task_id)
+        assert (shown["live"], shown["status"], shown["agent"]) == (False, "completed",
+                                                                  "worker")
+        assert [(i["iteration"], i["started_by"], i["ended_by"], i["reason"])
+                for i in shown["iterations"]] == [(1, "request", "operator", "fresh eyes"),
+                                                  (2, "operator", "completed", None)]
+        code, out, err = await tasks(where, "show", task_id)
+        assert code == 0 and "ended (completed)" in out and "iterations" in out, err
+        assert "fresh eyes" in out and "operator" in out, out
+        cost = await ok_json(where, "cost", task_id)
+        assert [i["iteration"] for i in cost["iterations"]] == [1, 2]
+        assert sum(i["records"] for i in cost["iterations"]) == len(cost["checkpoints"])
+        assert sum(Decimal(i["cost"]) for i in cost["iterations"]) == Decimal(
+            cost["total"]["cost"]["total"])
+        for kind in ("prompt_tokens", "completion_tokens"):
+            assert sum(i["tokens"][kind] for i in cost["iterations"]) == \
+                cost["total"]["tokens"]["totals"][kind] > 0
+        code, out, err = await tasks(where, "cost", task_id)
+        assert code == 0 and "iteration by iteration" in out, err
+        events = await ok_json(where, "events", "--type", "agent_handoff", "--task", task_id)
+        assert [(e["event_type"], e["step_name"]) for e in events["events"]] == [
+            ("agent_handoff", "operator")], events
+        received = await ok_json(where, "events", "--type", "agent_handoff_received",
+                                 "--task", task_id)
+        (handoff_record,) = [c["checkpoint_id"] for c in cost["checkpoints"]
+                             if c["phase"] == "handoff"]
+        # (Written by the store with the iteration's first record, and logged by the
+        # runtime for an agent with events: true; each names the record it read.)
+        assert received["events"] and {e["output_data"]["record"] for e in
+                                       received["events"]} == {handoff_record}, received
+    finally:
+        for instance in instances:
+            if instance.running:
+                await instance.stop()
+        await broker.delete_namespace(ns)
+        await broker.close()

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from meshpoint.history import HistoryOptions
-from meshpoint.integrity import SigningKeys
+from meshpoint.history.integrity import SigningKeys
+from meshpoint.history.planning import HistoryOptions
 from meshpoint.store import open_store
 from tests.acceptance.test_cli_history import meshpoint
 from tests.integration.test_history import _ended_with, three_checkpoints
@@ -62,7 +62,7 @@ async def test_a_public_key_config_verifies_and_refuses_a_chain_forged_without_t
 
         # The history reads refuse what verify refuses.
         code, shown = run_json("tasks", "cost", "t1", "--config", config, cwd=tmp_path)
-        assert code == 1 and shown["kind"] == "IntegrityError" and "not signed" in \
+        assert code == 1 and shown["kind"] == "HistoryIntegrityError" and "not signed" in \
             shown["error"], shown
         code, shown = run_json("tasks", "show", "t1", "--config", config, cwd=tmp_path)
         assert code == 0 and shown["verified"] is False, shown

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -30,16 +31,20 @@ import pytest
 
 from meshpoint import a2a
 from meshpoint.errors import ModelError
-from meshpoint.llm import ToolSpec
+from meshpoint.llm import ScriptedModel, ToolSpec
+from meshpoint.llm.base import CONTINUATION_HEADER
 from meshpoint.llm.openai import OpenAIModel
 from meshpoint.runtime import Agent, Peer, RuntimeOptions
+from meshpoint.runtime.options import HandoffPolicy
 from meshpoint.store import SqlStore
 from tests.conftest import service_missing
 from tests.integration.mesh import Mesh
+from tests.integration.test_runtime import no_rows_left
 from tests.llm_server import RecordingProxy, may_build, provisioning
 
 # The first test's setup may build the server (see the module docstring).
-pytestmark = pytest.mark.timeout(2700)
+#: One server a session: on one worker of a parallel run.
+pytestmark = [pytest.mark.timeout(2700), pytest.mark.xdist_group("llm")]
 
 PEERS = ("flights", "hotels", "weather")
 TOOLS = [ToolSpec(f"ask_{name}", f"Ask the {name} agent about the trip.", kind="peer")
@@ -113,6 +118,22 @@ def peer_calls_are_valid(calls: Any) -> None:
         assert isinstance(call.arguments.get("query"), str)
 
 
+async def test_the_context_window_is_what_llama_server_says_a_slot_holds(
+        llm_server: Any) -> None:
+    """Without ``context_window``, the adapter reads the window from llama-server's
+    ``/props`` after its first reply: a slot's share of ``--ctx-size`` (what one
+    request may fill), which the handoff's context-utilization trigger measures
+    against."""
+    model = OpenAIModel(provisioning().MODEL_NAME, base_url=llm_server.base_url,
+                        **{**SAMPLING, "max_tokens": 4, "repair_attempts": 0})
+    assert model.context_window is None
+    # Read after the first reply, usable or not (four tokens cut this one off).
+    with pytest.raises(ModelError, match="cut off"):
+        await model.complete([TRIP], [])
+    assert model.context_window == llm_server.ctx_per_slot
+    await model.close()
+
+
 async def test_native_mode_round_goes_back_in_the_layout_the_server_takes(
         proxy: RecordingProxy) -> None:
     """A native round (tools declared, the call-carrying assistant message with
@@ -132,6 +153,35 @@ async def test_native_mode_round_goes_back_in_the_layout_the_server_takes(
     assert answer.tool_calls == () and answer.text
     assert proxy.replies[0]["choices"][0]["finish_reason"] == "stop"
     assert answer.usage.prompt_tokens == proxy.replies[0]["usage"]["prompt_tokens"] > 0
+    await llm.close()
+
+
+#: A tool whose arguments a small model gets wrong unless the grammar holds it: a
+#: bounded integer and a string of a fixed form (docs/models.md advises both).
+REFUND = ToolSpec("refund", "Refund an order.", {
+    "type": "object", "required": ["order", "amount"], "additionalProperties": False,
+    "properties": {"order": {"type": "string", "pattern": "^ORD-[0-9]{4}$"},
+                   "amount": {"type": "integer", "minimum": 1, "maximum": 500}}})
+
+
+@pytest.mark.parametrize("ask", [
+    "Refund 5000 euros for order 77 right now.",
+    "The customer of order number seventy wants minus 20 back.",
+    "Refund everything for order abc, about 99999."])
+async def test_bounded_integers_and_patterns_hold_a_small_model_s_arguments(
+        proxy: RecordingProxy, ask: str) -> None:
+    """In JSON mode llama-server turns the tool's schema into a grammar: an integer's
+    ``minimum``/``maximum`` and an anchored string ``pattern`` are kept by the model's
+    own output, with no repair (``repair_attempts: 0``), whatever the request asks."""
+    from jsonschema import Draft202012Validator
+
+    llm = model(proxy, tool_mode="json", tool_choice="required", max_tokens=120,
+                repair_attempts=0)
+    response = await llm.complete([{"role": "user", "content": ask}], [REFUND])
+    assert response.tool_calls
+    for call in response.tool_calls:
+        assert not list(Draft202012Validator(REFUND.parameters).iter_errors(
+            call.arguments)), call.arguments
     await llm.close()
 
 
@@ -171,6 +221,51 @@ async def test_json_mode_plans_a_fan_out_that_the_mesh_joins(
     assert set(usage["by_source"]) == {"coordinator", *PEERS}
     await llm.close()
     await peer_model.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_the_real_prompts_size_hands_the_task_off_and_it_completes(
+        mesh: Mesh, live_store: SqlStore, proxy: RecordingProxy) -> None:
+    """The model plans a fan-out (its prompt, as the server counts it, about half of a
+    512-token window); once the peers' answers are back the next prompt would fill
+    more than 0.70 of it, so the task hands off before that call, and the next
+    iteration starts from the continuation prompt alone: the calls it lists count as
+    the round ``max_tool_rounds`` allows, so the model is asked for the answer (not
+    to plan again), which it writes. Peers are scripted: only the coordinator's model
+    is timed here."""
+    # A small window (the server's slot holds 4096 tokens), as the demo's coordinator.
+    llm = model(proxy, tool_mode="json", tool_choice="required", max_tool_rounds=1,
+                max_tokens=200, context_window=512)
+    await mesh.run(Agent("coordinator", llm, peers=[Peer(n) for n in PEERS],
+                         system_prompt=str(SYSTEM["content"]),
+                         handoff=HandoffPolicy(explicit=False)), 2)
+    for name in PEERS:
+        await mesh.run(Agent(name, ScriptedModel(name, persona=name)))
+    task = await mesh.client.ask("coordinator", str(TRIP["content"]), 600)
+    assert task.status.state is a2a.TaskState.COMPLETED, task.status.message
+    await no_rows_left(live_store)
+    records = list(reversed(await live_store.history.get_checkpoint_history(task.id)))
+    assert [r.execution_state.phase for r in records] == [
+        "waiting_peers", "handoff", "iteration", "completed"]
+    detail = records[1].extensions["handoff"]
+    assert detail["trigger"] == "context_utilization"
+    # The prompt the server counted for the plan (every attempt's, if it was repaired).
+    planned = [n for n, r in enumerate(proxy.requests) if list(
+        r["response_format"]["json_schema"]["schema"]["properties"]) != ["answer"]]
+    counted = sum(proxy.replies[n]["usage"]["prompt_tokens"] for n in planned)
+    assert detail["detail"]["utilization"] == round(counted / 512, 4) < 0.70
+    assert detail["detail"]["projected"] > 0.70
+    # After the plan, in the fresh context, only the answer is asked for, from the
+    # continuation prompt alone (no old conversation): nothing is planned again.
+    answering = proxy.requests[planned[-1] + 1:]
+    assert answering and all(list(r["response_format"]["json_schema"]["schema"][
+        "properties"]) == ["answer"] for r in answering)
+    users = [m for m in answering[0]["messages"] if m["role"] == "user"]
+    assert len(users) == 1 and users[0]["content"].startswith(CONTINUATION_HEADER)
+    assert task.status.message is not None
+    assert task.status.message.text == json.loads(proxy.replies[-1]["choices"][0][
+        "message"]["content"])["answer"]
+    await llm.close()
 
 
 async def test_a_reply_the_server_cut_off_is_never_the_answer(proxy: RecordingProxy) -> None:
@@ -259,7 +354,7 @@ def test_demo_llm_completes_its_tasks_with_real_fan_outs(llm_server: Any,
     env = {**os.environ, "MESHPOINT_LLM_BASE_URL": llm_server.base_url,
            "MESHPOINT_LLM_MODEL": provisioning().MODEL_NAME}
     done = subprocess.run(
-        [sys.executable, "-m", "meshpoint.demo_llm", "--tasks", "3", "--concurrency", "3",
+        [sys.executable, "-m", "meshpoint.demo.llm", "--tasks", "3", "--concurrency", "3",
          "--kill-every", "8", "--db", str(tmp_path / "demo.db"), "--json"],
         env=env, capture_output=True, text=True, timeout=1200, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -270,6 +365,34 @@ def test_demo_llm_completes_its_tasks_with_real_fan_outs(llm_server: Any,
     assert figures["kills"] >= 1 and figures["rows_left"] == 0
     assert figures["completion_tokens"] > 0 and figures["tokens_per_s"] > 0
     assert set(figures["tokens_by_source"]) == {"coordinator", *PEERS}
+
+
+def test_meshpoint_llm_serve_serves_the_real_model(llm_server: Any) -> None:
+    """``meshpoint llm serve`` (the documented command) starts the real server on the
+    cached build, prints its URL, answers a chat completion there, and stops it on
+    SIGINT: afterwards nothing listens on the port."""
+    process = subprocess.Popen([sys.executable, "-m", "meshpoint.cli", "llm", "serve",
+                                "--port", "0", "--slots", "1", "--json", "--no-build"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        ready = json.loads(process.stdout.readline() or "{}")
+        assert ready.get("model") == provisioning().MODEL_NAME, process.stderr.read()  # type: ignore[union-attr]
+        request = urllib.request.Request(
+            ready["base_url"] + "/chat/completions", method="POST",
+            headers={"Content-Type": "application/json"},
+            data=json.dumps({"model": ready["model"], "max_tokens": 8, "temperature": 0,
+                             "messages": [{"role": "user", "content": "Say hi."}]}).encode())
+        with urllib.request.urlopen(request, timeout=120) as response:
+            reply = json.loads(response.read())
+        assert reply["choices"][0]["message"]["content"]
+        process.send_signal(signal.SIGINT)
+        assert process.wait(60) == 0
+    finally:
+        process.kill()
+        process.communicate()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(ready["base_url"] + "/models", timeout=5)
 
 
 @pytest.fixture(scope="session")
@@ -331,3 +454,28 @@ async def test_llama_cpp_python_server_native_calls_and_the_round_back(
         await llm.close()
     finally:
         proxy.close()
+
+
+def test_the_support_example_runs_on_the_local_model(llm_server: Any, tmp_path: Path) -> None:
+    """examples/support's ``client.py`` on the model its README starts: each refund the
+    model asks for waits for the approval typed at the prompt and is made once; the
+    task completes."""
+    from tests.acceptance.test_example_support import (
+        REQUEST,
+        copy_of_the_example,
+        environment,
+        refunds,
+    )
+
+    folder = copy_of_the_example(tmp_path)
+    env = environment(MESHPOINT_LLM_BASE_URL=llm_server.base_url)
+    del env["SUPPORT_MODEL"]  # the file's default: the local model
+    done = subprocess.run([sys.executable, "client.py", REQUEST], cwd=folder, env=env,
+                          input="y\n" * 5, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("task support-") and "completed: " in done.stdout
+    asked = done.stdout.count("waits for approval")
+    made = refunds(folder)
+    # Each refund approved was made once (a model may ask for two; the tool refuses more
+    # than the order's price).
+    assert len(made) == asked and all(r["amount_cents"] <= 8900 for r in made), done.stdout

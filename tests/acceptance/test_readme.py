@@ -37,7 +37,10 @@ def examples(page: Path) -> list[str]:
                            "'Refund order 1042':\n- refund(Refund order 1042) = refunded "
                            "half of order 1042", "approvals.db"),  # approvals
     ("docs/history.md", 0, "2 completed 0.00036 k1\n1 waiting_peers 0.00036 k1\nTrue", None),
-], ids=["store", "runtime", "langgraph-saver", "approvals", "history"])
+    ("docs/handoff.md", 0, "completed 12\n1 context_utilization True\n"
+                           "2 context_utilization True\n3 context_utilization True",
+     "handoff.db"),
+], ids=["store", "runtime", "langgraph-saver", "approvals", "history", "handoff"])
 def test_the_examples_run(page: str, index: int, expected: str, live: str | None,
                           tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     found = examples(ROOT / page)
@@ -57,7 +60,7 @@ def test_the_examples_run(page: str, index: int, expected: str, live: str | None
 def test_every_example_of_the_docs_is_run() -> None:
     """A whole program added to a page is added to the test above, not left unrun."""
     counted = {page.name: len(examples(page)) for page in PAGES if examples(page)}
-    assert counted == {"README.md": 3, "runtime.md": 1, "history.md": 1}
+    assert counted == {"README.md": 3, "runtime.md": 1, "history.md": 1, "handoff.md": 1}
 
 
 def cited(page: Path) -> set[str]:

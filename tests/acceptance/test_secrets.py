@@ -72,7 +72,9 @@ def test_serve_logs_and_submit_prints_no_broker_password(
             done = meshpoint("submit", "--config", str(config), "echo", "hello", "--json",
                              password=PASSWORD)
             assert done.returncode == 0, done.stderr
-            assert json.loads(done.stdout)["status"]["state"] == "completed"
+            submitted, answer = map(json.loads, done.stdout.splitlines())
+            assert answer["status"]["state"] == "completed"
+            assert answer["id"] == submitted["task_id"]
             assert PASSWORD not in done.stdout + done.stderr
             # A wrong password, and no server at all: the error names the server.
             refused = meshpoint("submit", "--config", str(config), "echo", "hello", "--json",

@@ -9,8 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -31,15 +29,6 @@ def meshpoint(*args: str, env: dict[str, str] | None = None,
               timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "meshpoint.cli", *args], env=env,
                           capture_output=True, text=True, timeout=timeout_s)
-
-
-@pytest.fixture
-async def namespace(nats_url: str) -> AsyncIterator[str]:
-    name = f"ex{uuid.uuid4().hex[:10]}"
-    yield name
-    broker = await NatsBroker.connect(nats_url)
-    await broker.delete_namespace(name)
-    await broker.close()
 
 
 async def test_the_example_runs_as_its_readme_says(
@@ -111,26 +100,33 @@ async def test_submit_and_serve_explain_what_is_wrong(
     unknown = meshpoint("submit", "--config", str(path), "hotel", "hi")
     assert unknown.returncode == 1 and "no agent 'hotel' in the config" in unknown.stderr
     nobody = meshpoint("submit", "--config", str(path), "coordinator", "hi", "--timeout", "1")
-    assert nobody.returncode == 1
-    assert "no answer from coordinator within 1s" in " ".join(nobody.stderr.split())
-    # with --json, a script reads the error as JSON on stdout, whichever it is
+    assert nobody.returncode == 1  # no serve ever ran in the namespace: no stream is made
+    assert f"namespace '{namespace}' has no stream" in " ".join(nobody.stderr.split())
+    # with --json, a script reads the error as JSON on stdout (its last line), whichever
     for args, kind, words in (
             (("hotel", "hi"), "ConfigurationError", "no agent 'hotel' in the config"),
-            (("coordinator", "hi", "--timeout", "1"), "TimeoutError",
-             "no answer from coordinator within 1s")):
+            (("coordinator", "hi", "--timeout", "1"), "NamespaceNotServedError",
+             "no `meshpoint serve` has run in it")):
         done = meshpoint("submit", "--config", str(path), *args, "--json")
         assert done.returncode == 1, done.stderr
-        problem = json.loads(done.stdout)
+        problem = json.loads(done.stdout.splitlines()[-1])
         assert problem["kind"] == kind and words in problem["error"], problem
-    # the coordinator runs, its peers do not: the task waits on them, and is named
+    # the coordinator runs, its peers do not: the task waits on them, and is named;
+    # a request to a peer no instance takes times out naming it and the namespace
     cluster = Cluster.write(tmp_path, config)
     cluster.migrate()
     cluster.start({"coordinator": 1})
     try:
         waiting = meshpoint("submit", "--config", str(path), "coordinator", "hi: flights",
                             "--timeout", "3")
+        untaken = meshpoint("submit", "--config", str(path), "hotels", "hi", "--timeout", "1",
+                            "--json")
     finally:
         cluster.stop()
+    assert untaken.returncode == 1
+    submitted, problem = map(json.loads, untaken.stdout.splitlines())
+    assert problem["kind"] == "TimeoutError" and problem["task_id"] == submitted["task_id"]
+    assert f"no answer from hotels (namespace {namespace}) within 1s" in problem["error"]
     assert waiting.returncode == 1
     assert "is paused, waiting on flights" in " ".join(waiting.stderr.split()), waiting.stderr
     bad = tmp_path / "bad.yaml"

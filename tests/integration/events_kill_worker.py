@@ -9,7 +9,7 @@ import json
 import sys
 from typing import Any
 
-from meshpoint.events import EventStore
+from meshpoint.events.log import EventStore
 from meshpoint.store import open_store
 
 

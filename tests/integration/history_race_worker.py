@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshpoint import TaskExecutionContext
-from meshpoint.history import HistoryOptions
-from meshpoint.integrity import SigningKeys
+from meshpoint.history.integrity import SigningKeys
+from meshpoint.history.planning import HistoryOptions
 from meshpoint.store import open_store
 
 AGENT = "ag"

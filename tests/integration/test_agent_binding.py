@@ -32,11 +32,11 @@ async def test_a_re_checkpoint_never_moves_a_task_to_another_agent(store: SqlSto
     ctx.append_session_event({"role": "tool", "results": ["answer"]})
     ctx.current_invocation_id = "inv-2"
     ctx.register_peer_sub_task("t1/next", {"peer_agent_name": "peer-0"})
-    before = await snapshot(store)
+    before = await snapshot(store, but_alerts=True)
     with pytest.raises(WrongAgentError, match="task 't1' belongs to agent 'support', not "
                                               "'admin'"):
         await store.checkpoint_task(ctx, "admin", lease_owner="i-1")
-    assert await snapshot(store) == before
+    assert await snapshot(store, but_alerts=True) == before
     await store.checkpoint_task(ctx, "support", lease_owner="i-1")
     (row,) = await store.list_paused_tasks()
     assert row.agent_name == "support"
@@ -46,11 +46,11 @@ async def test_a_re_checkpoint_never_moves_a_task_to_another_agent(store: SqlSto
 async def test_an_answer_resolves_a_sub_task_only_for_its_task_s_agent(
         store: SqlStore) -> None:
     await store.checkpoint_task(fan_out("t1", peers=2), "support")
-    before = await snapshot(store)
+    before = await snapshot(store, but_alerts=True)
     with pytest.raises(WrongAgentError, match="agent 'support', not 'admin'"):
         await store.resolve_peer_sub_task("t1/sub-0", "forged", agent_name="admin",
                                           lease_owner="i-1")
-    assert await snapshot(store) == before
+    assert await snapshot(store, but_alerts=True) == before
     resolved = await store.resolve_peer_sub_task("t1/sub-0", "real", agent_name="support")
     assert resolved is not None and resolved.sub_task.result == "real"
     # A duplicate for the right agent is still just a duplicate.
@@ -91,7 +91,7 @@ async def test_a_decision_sent_to_another_agent_is_refused_and_runs_nothing(
     request_id = await mesh.client.submit("support", "refund: order 7")
     pending = await mesh.client.wait_input(request_id, timeout_s=10)
     task_id = mesh.client.task_id("support", request_id)
-    before = await snapshot(live_store)
+    before = await snapshot(live_store, but_alerts=True)
 
     with pytest.raises(MisdirectedAnswerError, match=r"agent 'support', not agent 'admin'"):
         await mesh.client.approve(task_id, pending[0]["call_id"], agent="admin")
@@ -100,7 +100,7 @@ async def test_a_decision_sent_to_another_agent_is_refused_and_runs_nothing(
     assert headers[DEAD_LETTER_SUBJECT] == wire.request_subject(mesh.options.namespace,
                                                                 "admin")
     assert "agent 'support'" in headers[DEAD_LETTER_REASON]
-    assert await snapshot(live_store) == before
+    assert await snapshot(live_store, but_alerts=True) == before
     assert (await live_store.restore_task(task_id)).status == "input_required"
     assert not refunds.runs and not grants.runs
     assert not admin_instance.stats.tasks("resumed")
@@ -124,7 +124,7 @@ async def test_an_answer_on_another_agent_s_subject_is_refused_and_resolves_noth
     request_id = await mesh.client.submit("support", "Go: somewhere")
     await eventually(lambda: len(flights.requests) == 1, what="the peer request")
     (sub,) = flights.requests
-    before = await snapshot(live_store)
+    before = await snapshot(live_store, but_alerts=True)
 
     ns = mesh.options.namespace
     wrong = wire.response_subject(ns, "admin", sub)
@@ -134,7 +134,7 @@ async def test_an_answer_on_another_agent_s_subject_is_refused_and_resolves_noth
     ((_, headers),) = mesh.dead_letters
     assert headers[DEAD_LETTER_SUBJECT] == wrong
     assert "agent 'support', not 'admin'" in headers[DEAD_LETTER_REASON]
-    assert await snapshot(live_store) == before
+    assert await snapshot(live_store, but_alerts=True) == before
     assert not admin_instance.stats.tasks("resumed")
 
     await flights.answer(sub, "the real answer")
@@ -152,13 +152,13 @@ async def test_a_cancel_sent_to_another_agent_cancels_nothing(
     request_id = await mesh.client.submit("support", "refund: order 8")
     await mesh.client.wait_input(request_id, timeout_s=10)
     task_id = mesh.client.task_id("support", request_id)
-    before = await snapshot(live_store)
+    before = await snapshot(live_store, but_alerts=True)
 
     await mesh.client.cancel("admin", task_id)
     await eventually(lambda: len(mesh.dead_letters) == 1, what="the dead letter")
     ((_, headers),) = mesh.dead_letters
     assert "agent 'support'" in headers[DEAD_LETTER_REASON]
-    assert await snapshot(live_store) == before
+    assert await snapshot(live_store, but_alerts=True) == before
     assert not mesh.client.answers  # its caller was not told 'canceled'
 
     await mesh.client.cancel("support", task_id)

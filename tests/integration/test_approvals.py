@@ -18,7 +18,7 @@ from meshpoint.errors import (
     NotPendingError,
     UnknownTaskError,
 )
-from meshpoint.events import EventStore
+from meshpoint.events.log import EventStore
 from meshpoint.llm import ScriptedModel
 from meshpoint.runtime import Agent, Client, LocalTool, Peer, wire
 from meshpoint.runtime.agent import ToolCallInfo
@@ -130,6 +130,9 @@ async def _count(steps: Any, n: int) -> bool:
 
 async def test_edited_arguments_are_checked_before_anything_is_written(
         mesh: Mesh, live_store: SqlStore) -> None:
+    """An edit is a JSON merge patch of the proposed arguments, checked once merged:
+    a null that removes a required key, or a value of the wrong type, is refused
+    before anything is written."""
     effects = SideEffects()
     await mesh.run(approving(effects), 2)
     request_id, task_id, pending = await paused(mesh, "Send the report")
@@ -137,7 +140,7 @@ async def test_edited_arguments_are_checked_before_anything_is_written(
     before = await live_store.get_peer_sub_task(call_id)
     with pytest.raises(ArgumentsRejectedError, match="schema: the arguments: 'query' is a "
                                                      "required property"):
-        await mesh.client.approve(task_id, call_id, {"to": "bob@example.com"})
+        await mesh.client.approve(task_id, call_id, {"query": None, "to": "bob@example.com"})
     with pytest.raises(ArgumentsRejectedError, match="query: 5 is not of type 'string'"):
         await mesh.client.approve(task_id, call_id, {"query": 5})
     assert await live_store.get_peer_sub_task(call_id) == before, "a refused answer wrote"
@@ -149,6 +152,32 @@ async def test_edited_arguments_are_checked_before_anything_is_written(
     answer = await mesh.client.wait(request_id, timeout_s=10)
     assert "sent 'Send the corrected report'" in answer.status.message.text  # type: ignore[union-attr]
     assert list(effects.arguments.values()) == [edited]
+
+
+async def test_a_partial_edit_is_merged_into_the_proposed_arguments(
+        mesh: Mesh, live_store: SqlStore) -> None:
+    """An approver gives only the key it changes: the proposed ``query`` is kept, the
+    tool runs with the merged arguments, and the decision records both the patch as
+    given and the arguments that ran (the event log shows what ran)."""
+    effects = SideEffects()
+    await mesh.run(replace(approving(effects), events=True))
+    request_id, task_id, pending = await paused(mesh, "Send the report")
+    patch = {"to": "bob@example.com"}
+    decision = await mesh.client.approve(task_id, pending[0]["call_id"], patch)
+    merged = {"query": "Send the report", "to": "bob@example.com"}
+    assert (decision["edited"], decision["patch"], decision["arguments"]) == (
+        True, patch, merged)
+    answer = await mesh.client.wait(request_id, timeout_s=10)
+    assert answer.status.state is a2a.TaskState.COMPLETED
+    assert list(effects.arguments.values()) == [merged]
+    log = EventStore(live_store)
+
+    async def starts() -> list[Any]:
+        return [e for e in await log.get_events(thread_id=task_id)
+                if e.step_name == "tool:send" and e.event_type == "step_start"]
+
+    await eventually(lambda: _count(starts, 1), what="the tool's start event")
+    assert (await starts())[0].input_data["arguments"] == merged
 
 
 async def test_a_denied_call_never_runs_and_the_model_is_told_why(mesh: Mesh) -> None:

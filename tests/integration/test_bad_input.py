@@ -14,7 +14,7 @@ from meshpoint.errors import (
     CheckpointConflictError,
     ContextSerializationError,
     CorruptCheckpointError,
-    IntegrityError,
+    HistoryIntegrityError,
     InvalidArgumentError,
     MeshpointError,
     NotFoundError,
@@ -23,7 +23,7 @@ from meshpoint.errors import (
     UnknownSubTaskError,
     UnknownTaskError,
 )
-from meshpoint.history import DISABLED
+from meshpoint.history.planning import DISABLED
 from meshpoint.store import SqlStore
 from meshpoint.store.schema import parallel_invocations, paused_tasks, peer_sub_tasks
 from meshpoint.store.schema import session_events as events_table
@@ -246,7 +246,7 @@ async def test_a_corrupted_task_row_is_never_restored(store: SqlStore, damage: A
     """Without the history, damage to the live rows is refused. With it, a damaged
     context is restored from the task's last history record instead (exactly what was
     checkpointed), and a damaged conversation, which the history does not hold, is
-    refused as an IntegrityError: neither changes anything on a read."""
+    refused as an HistoryIntegrityError: neither changes anything on a read."""
     ctx = fan_out("t1")
     await store.checkpoint_task(ctx, AGENT)
     await _corrupt(store, damage)
@@ -261,7 +261,7 @@ async def test_a_corrupted_task_row_is_never_restored(store: SqlStore, damage: A
         assert await snapshot(store) == before
     else:
         error = await expect_unchanged(store, lambda s: s.restore_task("t1"),
-                                       IntegrityError, match)
+                                       HistoryIntegrityError, match)
         assert error.task_id == "t1"  # type: ignore[attr-defined]
 
 

@@ -19,7 +19,7 @@ from meshpoint.errors import (
     InvalidArgumentError,
     TaskBlockedError,
 )
-from meshpoint.history import DISABLED
+from meshpoint.history.planning import DISABLED
 from meshpoint.store import SqlStore
 from meshpoint.store.schema import checkpoints, events, paused_tasks
 from tests.conftest import _empty_store, row_counts
@@ -125,7 +125,7 @@ async def test_a_langgraph_value_is_never_inflated(limited: SqlStore) -> None:
     never inflated."""
     from meshpoint.integrations.langgraph import MeshpointSaver
     from meshpoint.integrations.langgraph.rows import digest
-    from meshpoint.store.schema import graph_blobs
+    from meshpoint.integrations.langgraph.tables import graph_blobs
     from tests.integration.test_langgraph_saver import _log_graph, config
 
     graph = _log_graph().compile(checkpointer=MeshpointSaver(limited))

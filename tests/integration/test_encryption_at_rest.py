@@ -19,15 +19,16 @@ from sqlalchemy import Connection, LargeBinary, Table, select, update
 
 from meshpoint import a2a
 from meshpoint.context import TaskExecutionContext
-from meshpoint.encryption import EncryptionKeys
 from meshpoint.errors import (
     CorruptCheckpointError,
-    IntegrityError,
+    HistoryIntegrityError,
     TaskBlockedError,
     UnreadableValueError,
 )
-from meshpoint.events import EventStore
-from meshpoint.history import HistoryOptions
+from meshpoint.events.log import EventStore
+from meshpoint.history.encryption import EncryptionKeys
+from meshpoint.history.planning import HistoryOptions
+from meshpoint.integrations.langgraph.tables import graph_blobs, graph_checkpoints, graph_writes
 from meshpoint.llm import ScriptedModel
 from meshpoint.llm.base import ModelResponse, ToolCall, ToolSpec
 from meshpoint.runtime import Agent, LocalTool, Peer
@@ -35,9 +36,6 @@ from meshpoint.runtime.approvals import Approve, Reply, decide
 from meshpoint.store import SqlStore
 from meshpoint.store.schema import events as events_table
 from meshpoint.store.schema import (
-    graph_blobs,
-    graph_checkpoints,
-    graph_writes,
     metadata,
     parallel_invocations,
     paused_tasks,
@@ -433,7 +431,7 @@ async def test_rotation_keeps_every_family_readable_and_shredding_makes_each_unr
     shredded = store.with_history(HistoryOptions(encryption=rotated.shredded("default")))
     with pytest.raises(UnreadableValueError, match="holds no encryption key"):
         await shredded.restore_task("t2", verify=False)
-    with pytest.raises(IntegrityError, match="cannot be read"):
+    with pytest.raises(HistoryIntegrityError, match="cannot be read"):
         await shredded.restore_task("t2")  # a reader: nothing is changed
     sub = await shredded.get_peer_sub_task("t2/a")
     assert set(sub.correlation_data) == {UNREADABLE} and set(sub.result) == {UNREADABLE}

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import meshpoint.events
-from meshpoint.events import Event, EventStore
+import meshpoint.events.log
+from meshpoint.events.log import Event, EventStore
 from meshpoint.store import SqlStore
 
 #: Microseconds since the epoch of a day in 2026, where the frozen clock starts.
@@ -28,7 +28,7 @@ _examples = itertools.count()
 
 class FrozenClock:
     """The event log's clock, set by hand to ``ns`` nanoseconds since the epoch: the
-    ``time`` module as :mod:`meshpoint.events` sees it (``time()`` as a float, as the
+    ``time`` module as :mod:`meshpoint.events.log` sees it (``time()`` as a float, as the
     real one, ``time_ns()`` exact)."""
 
     def __init__(self, ns: int = BASE_US * 1000) -> None:
@@ -43,7 +43,7 @@ class FrozenClock:
 @pytest.fixture
 def frozen(monkeypatch: pytest.MonkeyPatch) -> Iterator[FrozenClock]:
     clock = FrozenClock()
-    monkeypatch.setattr(meshpoint.events, "time", clock.module())
+    monkeypatch.setattr(meshpoint.events.log, "time", clock.module())
     yield clock
 
 
@@ -133,3 +133,64 @@ async def test_since_is_inclusive_and_until_exclusive_to_the_microsecond(
     assert sorted(e.step_name or "" for e in found) == expected
     assert all(micros(e.timestamp) == BASE_US + at[e.step_name or ""] for e in found)
     assert [micros(e.timestamp) for e in found] == sorted(micros(e.timestamp) for e in found)
+
+
+async def test_follow_prints_each_event_that_commits_late_once_and_nothing_left_out(
+        live_store: SqlStore) -> None:
+    """``meshpoint events --follow`` without ``--since``: the newest ``--limit``, then
+    every event that commits later, however far behind newer ones it is timed, once;
+    never one that was there before (left out by ``--limit``). A writer may commit an
+    event before the first read, between it and the newest (it then was not there when
+    the follow began), or after. (The follower once read "what was there" after
+    printing the newest, so an event that committed in between was taken for one that
+    had been there and never printed; CI's loaded machine hit it.)"""
+    from meshpoint.cli.events import Follower
+
+    log = EventStore(live_store)
+    thread = {"thread_id": "followed", "agent_id": None, "event_type": None}
+    slow = [EventStore(live_store, flush_interval_s=3600) for _ in range(2)]
+    log.log_event("a", "followed", "step_complete", step_name="left-out")
+    await log.flush()
+    slow[0].log_event("a", "followed", "step_complete", step_name="late-before-newest")
+    slow[1].log_event("a", "followed", "step_complete", step_name="late-after-start")
+    log.log_event("a", "followed", "step_complete", step_name="newest")
+    await log.flush()
+
+    follower = await Follower.tail(log, thread, until=None)
+    await slow[0].close()  # commits after the follow began, before the newest are read
+    found = (await log.get_events(**thread, limit=1, newest_first=True))[::-1]
+    assert [e.step_name for e in found] == ["newest"]
+    follower.shown(found)
+    await slow[1].close()  # and after they were read
+    assert sorted(e.step_name for e in await follower.poll()) == [
+        "late-after-start", "late-before-newest"]
+    assert await follower.poll() == []
+    log.log_event("a", "followed", "step_complete", step_name="new")
+    await log.flush()
+    assert [e.step_name for e in await follower.poll()] == ["new"]
+    await log.close()
+
+
+async def test_follow_since_prints_a_late_event_from_that_time_but_none_before_it(
+        live_store: SqlStore) -> None:
+    """``--follow --since T``: every event from T (the first ``--limit``, then the
+    rest), and an event timed before T never, even one that commits late."""
+    from meshpoint.cli.events import Follower
+
+    log = EventStore(live_store)
+    thread = {"thread_id": "since", "agent_id": None, "event_type": None}
+    before, after = (EventStore(live_store, flush_interval_s=3600) for _ in range(2))
+    before.log_event("a", "since", "step_complete", step_name="before")
+    log.log_event("a", "since", "step_complete", step_name="from")
+    await log.flush()
+    (since,) = await log.get_events(**thread)
+    after.log_event("a", "since", "step_complete", step_name="late")
+    follower = Follower(log, thread, since_us=since.timestamp_us)
+    found = await log.get_events(**thread, since=since.timestamp)
+    assert [e.step_name for e in found] == ["from"]
+    follower.shown(found)
+    await before.close()
+    await after.close()
+    assert [e.step_name for e in await follower.poll()] == ["late"]
+    assert await follower.poll() == []
+    await log.close()

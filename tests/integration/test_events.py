@@ -19,7 +19,7 @@ import pytest
 
 from meshpoint import a2a, open_store
 from meshpoint.errors import InvalidArgumentError
-from meshpoint.events import EventStore, to_json, with_logging
+from meshpoint.events.log import EventStore, to_json, with_logging
 from meshpoint.llm import ScriptedModel
 from meshpoint.runtime import Agent, LocalTool, Peer
 from meshpoint.store import SqlStore
@@ -240,7 +240,7 @@ async def test_an_event_the_database_refuses_is_dropped_alone(
     """Values that reach the database unconverted (as if to_json missed a case): the
     one it refuses is dropped, logged and counted; the others, before and after it in
     the same batch, are written, and close() does not fail."""
-    monkeypatch.setattr("meshpoint.events.converted", lambda value: value)
+    monkeypatch.setattr("meshpoint.events.log.converted", lambda value: value)
     # A lone surrogate is not UTF-8: the store's JSON encoder refuses it on both
     # databases. NUL is refused by PostgreSQL itself (a data exception); SQLite keeps it.
     values = {3: "x\ud800y", 5: "a\x00b"}
@@ -284,9 +284,12 @@ async def test_close_leaves_no_writer_behind_that_a_thread_asked_for(
     thread.join()  # its request to start the writer waits on the loop
     await log.close()
     assert log.written == 1
-    await asyncio.sleep(0.2)  # the loop runs that request now
-    assert not [task for task in asyncio.all_tasks()
-                if "_flush_forever" in repr(task.get_coro())]
+    # The loop runs its callbacks in order: once one queued now has run, so has the
+    # thread's request (queued before close()).
+    after: list[bool] = []
+    asyncio.get_running_loop().call_soon(after.append, True)
+    await eventually(lambda: after == [True], what="the loop to run the thread's request")
+    assert not writers()
 
 
 async def test_a_writer_stops_when_its_store_is_closed(
@@ -297,9 +300,15 @@ async def test_a_writer_stops_when_its_store_is_closed(
         log = EventStore(store, flush_interval_s=0.05)
         await log.close()
         await asyncio.to_thread(log.log_event, "w", "t", "late")
-    await asyncio.sleep(0.3)
-    assert not [task for task in asyncio.all_tasks()
-                if "_flush_forever" in repr(task.get_coro())]
+    await eventually(lambda: "1 event(s) are not written" in caplog.text,
+                     what="the writer to find the store closed")
+    await eventually(lambda: not writers(), what="the writer to stop")
+
+
+def writers() -> list[asyncio.Task[Any]]:
+    """The event logs' background writers still running on this loop."""
+    return [task for task in asyncio.all_tasks()
+            if "_flush_forever" in repr(task.get_coro())]
 
 
 async def test_with_logging_runs_the_step_whatever_its_logging_makes_of_it(

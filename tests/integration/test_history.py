@@ -13,9 +13,8 @@ import pytest
 from sqlalchemy import delete, select, update
 
 from meshpoint import TaskExecutionContext
-from meshpoint.encryption import EncryptionKeys
 from meshpoint.errors import (
-    IntegrityError,
+    HistoryIntegrityError,
     InvalidArgumentError,
     KeyMissingError,
     LeaseNotHeldError,
@@ -23,12 +22,13 @@ from meshpoint.errors import (
     UnknownCheckpointError,
     UnknownHistoryError,
 )
-from meshpoint.history import HistoryOptions
-from meshpoint.integrity import SigningKeys
-from meshpoint.record import CheckpointRecord
+from meshpoint.history.encryption import EncryptionKeys
+from meshpoint.history.integrity import SigningKeys
+from meshpoint.history.planning import HistoryOptions
+from meshpoint.history.record import CheckpointRecord
 from meshpoint.store import SqlStore
+from meshpoint.store.history_restore import LOST_RESULT
 from meshpoint.store.schema import checkpoint_heads, checkpoints, events, paused_tasks
-from meshpoint.store.verified import LOST_RESULT
 from tests.conftest import FakeClock, snapshot
 from tests.integration.test_store import AGENT, fan_out
 
@@ -234,11 +234,11 @@ async def test_tampering_is_detected_by_reads_and_by_the_walk(
     report = await store.history.verify_task("t1")
     assert not report.ok and report.kind == kind and report.first_bad_seq == seq, report
     assert reason in (report.reason or ""), report
-    with pytest.raises(IntegrityError):
+    with pytest.raises(HistoryIntegrityError):
         await store.history.get_checkpoint_history("t1")
     before = await snapshot(store)
     if last:
-        with pytest.raises(IntegrityError):  # a read without a lease changes nothing
+        with pytest.raises(HistoryIntegrityError):  # a read without a lease changes nothing
             await store.restore_task("t1")
     else:
         assert (await store.restore_task("t1")).context.current_invocation_id == "inv-3"

@@ -18,13 +18,15 @@ from sqlalchemy import delete, select, update
 
 from meshpoint.errors import (
     CheckpointConflictError,
-    IntegrityError,
+    HistoryIntegrityError,
     InvalidArgumentError,
     TaskBlockedError,
 )
-from meshpoint.history import HistoryOptions
+from meshpoint.history.planning import HistoryOptions
 from meshpoint.store import SqlStore
 from meshpoint.store.schema import checkpoint_heads, checkpoints, events, paused_tasks
+from tests.conftest import someone_waits_for
+from tests.integration.mesh import eventually
 from tests.integration.test_history import rows, sql, three_checkpoints
 from tests.integration.test_store import AGENT, fan_out
 
@@ -139,7 +141,7 @@ async def test_a_deleted_head_does_not_pass_for_a_task_without_a_history(
     await sql(store, update(paused_tasks).where(paused_tasks.c.logical_task_id == "t1")
               .values(context=forged, context_encoding="json",
                       context_sha256=hashlib.sha256(forged).hexdigest()))
-    with pytest.raises(IntegrityError, match="records but no head"):
+    with pytest.raises(HistoryIntegrityError, match="records but no head"):
         await store.restore_task("t1")
     for n in range(2):
         await store.resolve_peer_sub_task(f"t1/again-3-{n}", "done", lease_owner="i-2")
@@ -187,7 +189,7 @@ async def test_by_agent_reads_check_their_range_and_the_column_they_search(
     with pytest.raises(InvalidArgumentError, match="limit must be an int from 1 to"):
         await store.history.get_checkpoints_by_agent("planner", limit=2**63)
     await sql(store, update(checkpoints).values(agent_name="intruder"))
-    with pytest.raises(IntegrityError, match="stored under agent 'intruder' but says it is "
+    with pytest.raises(HistoryIntegrityError, match="stored under agent 'intruder' but says it is "
                                              "agent 'planner'"):
         await store.history.get_checkpoints_by_agent("intruder")
 
@@ -216,7 +218,9 @@ async def test_a_re_checkpoint_whose_head_a_purge_removed_meanwhile_writes_nothi
         await purge.execute(delete(checkpoint_heads).where(
             checkpoint_heads.c.logical_task_id == "t1"))
         writer = asyncio.create_task(store.checkpoint_task(ctx, AGENT, lease_owner="i-2"))
-        await asyncio.sleep(0.5)  # the writer waits for the head row
+        await eventually(lambda: someone_waits_for(purge),
+                         what="the writer to wait for the head row")
+        assert not writer.done()
         await purge.commit()
     with pytest.raises(CheckpointConflictError, match="no longer ends at record 3"):
         await writer

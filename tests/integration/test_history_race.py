@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from meshpoint.integrity import private_seed
+from meshpoint.history.integrity import private_seed
 from meshpoint.store import open_store
 from tests.integration import history_race_worker as worker
 

@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import delete, select
 
 from meshpoint import a2a
-from meshpoint.history import HistoryOptions
-from meshpoint.integrity import SigningKeys
+from meshpoint.history.integrity import SigningKeys
+from meshpoint.history.planning import HistoryOptions
 from meshpoint.llm import ScriptedModel
 from meshpoint.runtime import Agent, AgentInstance, Peer
 from meshpoint.runtime.agent import CheckpointPolicy

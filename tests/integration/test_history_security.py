@@ -15,9 +15,9 @@ import pytest
 import rfc8785
 from sqlalchemy import update
 
-from meshpoint.errors import IntegrityError, KeyMissingError
-from meshpoint.history import HistoryOptions
-from meshpoint.integrity import SigningKeys
+from meshpoint.errors import HistoryIntegrityError, KeyMissingError
+from meshpoint.history.integrity import SigningKeys
+from meshpoint.history.planning import HistoryOptions
 from meshpoint.store import SqlStore
 from meshpoint.store.schema import checkpoint_heads, checkpoints, paused_tasks
 from tests.conftest import FakeClock, snapshot
@@ -85,7 +85,7 @@ async def test_a_forged_chain_with_its_signatures_stripped_fails_for_a_public_ke
                  lambda: verifier.history.get_checkpoint(forged_id),
                  lambda: verifier.history.get_checkpoints_by_agent(AGENT),
                  lambda: verifier.restore_task("t1")):
-        with pytest.raises(IntegrityError, match="not signed"):
+        with pytest.raises(HistoryIntegrityError, match="not signed"):
             await read()
     # The head alone unsigned (records intact) fails too.
     keys2 = SigningKeys.generate("k1")

@@ -27,8 +27,8 @@ import importlib
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.conformance.capabilities import DetectedCapabilities
 
-from meshpoint.encryption import EncryptionKeys
-from meshpoint.history import HistoryOptions
+from meshpoint.history.encryption import EncryptionKeys
+from meshpoint.history.planning import HistoryOptions
 from meshpoint.integrations.langgraph import MeshpointSaver
 from meshpoint.store import open_store
 from tests.conftest import BACKEND_OPTIONS, fresh_pg_schema, pg_execute_async

@@ -37,8 +37,8 @@ from meshpoint.errors import (
     ThreadSupersededError,
 )
 from meshpoint.integrations.langgraph import MeshpointSaver, get_checkpointer
+from meshpoint.integrations.langgraph.tables import graph_blobs
 from meshpoint.store import SqlStore, open_store
-from meshpoint.store.schema import graph_blobs
 from tests.integration import test_rls
 
 pytestmark = pytest.mark.portable_too

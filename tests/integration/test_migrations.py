@@ -14,8 +14,8 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, inspect, select, text
 
 from meshpoint.errors import SchemaError, StoreError
-from meshpoint.events import EventStore
-from meshpoint.history import DISABLED
+from meshpoint.events.log import EventStore
+from meshpoint.history.planning import DISABLED
 from meshpoint.store import SqlStore, open_database, open_store
 from meshpoint.store.engine import current_revision, downgrade, head_revision, migrate
 from meshpoint.store.schema import ended_tasks, metadata, roles_metadata, session_events

@@ -43,13 +43,14 @@ def refund(arguments: dict[str, Any], _call: Any) -> str:
 
 
 def mesh_config(cfo: ApproverKey) -> MeshConfig:
-    """support calls flights and has a refund tool a human approves; admin is another
-    agent nobody calls; the web client may call support only; the CFO decides
-    support's refunds."""
+    """support calls flights and has a refund tool a human approves, and hands its
+    escalated tasks to admin (a phase); admin is another agent nobody calls; the web
+    client may call support only; the CFO decides support's refunds."""
     return MeshConfig.model_validate({
         "namespace": NS, "store": "sqlite:///unused.db",
-        "agents": {"support": {"peers": [{"agent": "flights"}]}, "flights": {},
-                   "admin": {}},
+        "agents": {"support": {"peers": [{"agent": "flights"}], "handoff": {"phases": [
+                       {"name": "triage"}, {"name": "escalate", "agent": "admin"}]}},
+                   "flights": {}, "admin": {"handoff": {}}},
         "clients": {"web": {"agents": ["support"]}},
         "approvers": {CFO: {"key": cfo.public_pem(), "agents": {"support": ["*"]}}}})
 
@@ -119,6 +120,8 @@ async def test_the_server_refuses_what_a_user_may_not_publish(
         (web, f"{R}.agent.control.support"),            # a cancel broadcast
         (web, f"{R}.agent.request.admin"),              # not one of the web's agents
         (approver, f"{R}.agent.request.flights"),       # outside the CFO's scope
+        (brokers["agent flights"], f"{R}.agent.handoff.support"),  # not its phase agent
+        (web, f"{R}.agent.handoff.support"),            # a client forging a handoff
     ]
     for broker, subject in refused:
         with pytest.raises(BrokerPermissionError,
@@ -130,11 +133,12 @@ async def test_the_server_refuses_what_a_user_may_not_publish(
     for broker, subject in ((support, f"{R}.agent.request.flights"),
                             (brokers["agent flights"], f"{R}.agent.response.support.s1"),
                             (web, f"{R}.agent.request.support"),
-                            (approver, f"{R}.agent.request.support")):
+                            (approver, f"{R}.agent.request.support"),
+                            (support, f"{R}.agent.handoff.admin")):  # its next phase
         await broker.publish(subject, b"{}")
     held = await brokers["admin travel"].subject_counts(NS)
     assert set(held) == {f"{R}.agent.request.flights", f"{R}.agent.response.support.s1",
-                         f"{R}.agent.request.support"}
+                         f"{R}.agent.request.support", f"{R}.agent.handoff.admin"}
 
 
 async def test_no_user_reads_or_takes_another_user_s_queue(
@@ -224,7 +228,7 @@ async def test_a_mesh_runs_with_its_users(server: Server, live_store: SqlStore,
             request_id = await web.submit("support", "Go: order 7")
             pending = await web.wait_input(request_id, timeout_s=20)
             task_id = web.task_id("support", request_id)
-            decided = await desk.approve(task_id, pending[0]["call_id"])
+            decided = await desk.approve(task_id, pending[0]["call_id"], proposed=pending[0])
             assert (decided["by"], decided["verified"]) == (CFO, True)
             answer = await web.wait(request_id, timeout_s=20)
         assert answer.status.state is a2a.TaskState.COMPLETED
@@ -243,3 +247,23 @@ def test_the_config_names_every_user_and_no_password(cfo: ApproverKey) -> None:
     text = server_config(mesh_config(cfo), broker_users(mesh_config(cfo)))
     assert "secret" not in text and "password: $MESHPOINT_NATS_TRAVEL_AGENT_SUPPORT" in text
     assert wire.request_subject(NS, "flights") in text
+
+
+async def test_an_agent_publishes_its_own_alerts_which_its_clients_read(
+        server: Server, brokers: dict[str, NatsBroker]) -> None:
+    """An agent may publish alerts on its own alert subject only; a client may read
+    those of the agents it may call (a core subscription), and no other's."""
+    support, web = brokers["agent support"], brokers["client web"]
+    received: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def on_alert(message: Any) -> None:
+        await received.put(message.data)
+
+    await web.nc.subscribe(Subjects(NS).alerts("support"), cb=on_alert)
+    await web.nc.flush()
+    await support.publish(Subjects(NS).alerts("support"), b'{"kind": "blocked"}')
+    assert await asyncio.wait_for(received.get(), 5) == b'{"kind": "blocked"}'
+    with pytest.raises(BrokerPermissionError, match="permissions violation for publish"):
+        await support.publish(Subjects(NS).alerts("flights"), b"{}")
+    assert [s for s in server.users["client web"].subscribe if ".alerts." in s] == [
+        f"{R}.alerts.support"]

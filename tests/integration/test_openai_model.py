@@ -15,9 +15,16 @@ from typing import Any
 import pytest
 
 from meshpoint import a2a
-from meshpoint.errors import ModelError
+from meshpoint.errors import InvalidArgumentError, ModelError
 from meshpoint.llm import ToolSpec
-from meshpoint.llm.base import ModelResponse, ToolCall, Usage
+from meshpoint.llm.base import (
+    ACCOMPLISHED_SECTION,
+    CONTINUATION_HEADER,
+    REQUEST_SECTION,
+    ModelResponse,
+    ToolCall,
+    Usage,
+)
 from meshpoint.llm.openai import OpenAIModel
 from meshpoint.llm.scripted import ScriptedModel
 from meshpoint.runtime import Agent, LocalTool, Peer
@@ -36,11 +43,26 @@ class ChatServer:
         #: message of a 200 reply (``finish_reason`` in it is taken out), an int an
         #: HTTP status, a float seconds to wait before answering as ``mode`` says.
         self.script: list[dict[str, Any] | int | float] = []
+        #: What ``GET <path>`` answers (a JSON body), and the paths asked; any other
+        #: path is a 404, as on a server that does not say its context window.
+        self.gets: dict[str, Any] = {}
+        self.got: list[str] = []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def do_GET(self) -> None:
+                server.got.append(self.path)
+                found = server.gets.get(self.path)
+                payload = json.dumps(found if found is not None else {
+                    "error": {"message": "File Not Found", "type": "not_found_error"}}).encode()
+                self.send_response(200 if found is not None else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -147,6 +169,43 @@ HI = [{"role": "user", "content": "hi"}]
 ASK_X = [ToolSpec("ask_x", "x", kind="peer")]
 
 
+async def test_the_context_window_is_read_from_the_server_once_unless_configured(
+        chat: ChatServer) -> None:
+    """An unconfigured ``context_window`` is asked of the server after the first reply,
+    once (llama.cpp's ``/props``, else vLLM's ``/v1/models``); a server that says
+    nothing leaves it None without failing a call; a configured one is never asked."""
+    chat.gets["/props"] = {"default_generation_settings": {"n_ctx": 2048}, "total_slots": 2}
+    model = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0)
+    assert model.context_window is None  # not asked before the first call
+    await model.complete(HI, [])
+    await model.complete(HI, [])
+    assert model.context_window == 2048 and chat.got == ["/props"]
+    await model.close()
+
+    chat.gets, chat.got = {"/v1/models": {"object": "list", "data": [
+        {"id": "other", "max_model_len": 99}, {"id": "gpt-test", "max_model_len": 8192}]}}, []
+    vllm = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0)
+    await vllm.complete(HI, [])
+    assert vllm.context_window == 8192 and chat.got == ["/props", "/v1/models"]
+    await vllm.close()
+
+    chat.gets, chat.got = {}, []
+    silent = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0)
+    for _ in range(2):
+        assert (await silent.complete(HI, [])).text
+    assert silent.context_window is None and chat.got == ["/props", "/v1/models"]
+    await silent.close()
+
+    chat.gets, chat.got = {"/props": {"default_generation_settings": {"n_ctx": 2048}}}, []
+    configured = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0,
+                             context_window=512)
+    await configured.complete(HI, [])
+    assert configured.context_window == 512 and chat.got == []
+    await configured.close()
+    with pytest.raises(InvalidArgumentError, match="context_window must be an int >= 1"):
+        OpenAIModel("gpt-test", base_url=chat.url, context_window=0)
+
+
 def bad_call(arguments: str) -> dict[str, Any]:
     return {"content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
         "name": "ask_x", "arguments": arguments}}]}
@@ -160,8 +219,10 @@ async def test_bad_tool_arguments_are_handed_back_until_the_model_corrects_them(
     # (the stand-in server calls each tool with the last message as the query)
     assert [c.arguments for c in response.tool_calls] == [
         {"query": chat.requests[2]["messages"][-1]["content"]}]
-    # Three requests; the tokens of all three are counted.
+    # Three requests; the tokens of all three are counted, but the context window held
+    # one prompt of the conversation (what the context-utilization trigger reads).
     assert len(chat.requests) == 3 and response.usage.prompt_tokens == 300
+    assert response.usage.context_tokens == response.usage.context == 100
     assert model.stats.requests == 3 and model.stats.repaired == 2
     second, third = chat.requests[1]["messages"], chat.requests[2]["messages"]
     assert second[:1] == HI and second[1] == {
@@ -309,6 +370,25 @@ async def test_native_mode_sends_the_options_and_stops_offering_tools_after_max_
     assert [t["function"]["name"] for t in second["tools"]] == ["ask_x"]
     # The call-carrying message says "" when it said nothing: never null (issue 17 #4).
     assert second["messages"][1]["content"] == ""
+    await model.close()
+
+
+@pytest.mark.parametrize(("accomplished", "choice"), [
+    ('- ask_x({"query": "hi"}) = r', "none"), ("- nothing yet", "required")])
+async def test_a_continuation_prompt_listing_calls_counts_as_a_round(
+        chat: ChatServer, accomplished: str, choice: str) -> None:
+    """A fresh-context iteration (docs/handoff.md) starts from a continuation prompt:
+    the calls it lists were a round of the same request, so with ``max_tool_rounds=1``
+    the model is asked to answer, not to plan them again (and hand off again); one
+    that lists none leaves the tools offered."""
+    model = OpenAIModel("gpt-test", base_url=chat.url, max_retries=0, tool_choice="required",
+                        max_tool_rounds=1)
+    prompt = "\n".join([f"{CONTINUATION_HEADER} (iteration 2; iteration 1 handed off: "
+                        "the window). The earlier conversation is not shown.", "",
+                        REQUEST_SECTION, "hi", "", ACCOMPLISHED_SECTION, accomplished, "",
+                        "## What remains", "- the rest of the request"])
+    await model.complete([{"role": "user", "content": prompt}], ASK_X)
+    assert chat.requests[0]["tool_choice"] == choice
     await model.close()
 
 

@@ -30,7 +30,11 @@ from meshpoint.store import SqlStore, open_store, postgres
 from meshpoint.store.postgres_tenancy import grant_tenant_role
 from meshpoint.store.schema import RESUMING_PREDICATE
 from meshpoint.store.statement import Statement
-from tests.conftest import fresh_pg_schema, pg_execute_async
+from tests.conftest import fresh_pg_schema, pg_drop_roles, pg_execute_async
+
+#: Some of its tests create and drop roles (catalog rows every role shares): on the
+#: worker of a parallel run that runs all such tests, one after another.
+pytestmark = pytest.mark.xdist_group("pg_roles")
 
 #: The indexes that only the sweep and the recovery listing may use.
 _SCAN_INDEXES = {"ix_agent_peer_sub_tasks_deadline": "FOR UPDATE SKIP LOCKED",
@@ -127,7 +131,7 @@ async def unanalyzed_tenant_store(postgres_url: str) -> AsyncIterator[SqlStore]:
     finally:
         await store.close()
         await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
-        await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE {role}")
+        await pg_drop_roles(role)
 
 
 def _live(plan: str) -> str:

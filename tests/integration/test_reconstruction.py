@@ -17,12 +17,12 @@ from sqlalchemy import delete, select, update
 
 from meshpoint import a2a
 from meshpoint.errors import UnknownHistoryError
-from meshpoint.events import EventStore
-from meshpoint.history import HistoryOptions
-from meshpoint.integrity import SigningKeys
+from meshpoint.events.log import EventStore
+from meshpoint.events.reconstruction import reconstruct
+from meshpoint.history.integrity import SigningKeys
+from meshpoint.history.planning import HistoryOptions
 from meshpoint.llm import ScriptedModel
 from meshpoint.llm.base import ModelResponse, ToolSpec
-from meshpoint.reconstruction import reconstruct
 from meshpoint.runtime import Agent, LocalTool, Peer
 from meshpoint.runtime.agent import RecoveryPolicy
 from meshpoint.runtime.approvals import Approve, decide

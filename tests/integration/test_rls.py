@@ -26,11 +26,13 @@ from meshpoint.errors import (
 from meshpoint.store import SqlStore, open_store
 from meshpoint.store.postgres_tenancy import grant_runtime_role, grant_tenant_role
 from meshpoint.store.schema import metadata
-from tests.conftest import fresh_pg_schema, pg_execute_async, service_missing
+from tests.conftest import fresh_pg_schema, pg_drop_roles, pg_execute_async, service_missing
 from tests.integration.test_store import AGENT, fan_out
 from tests.pg_server import PrivatePostgres, why_not_available
 
-pytestmark = pytest.mark.postgres
+#: Its tests create and drop roles, which change catalog rows every role shares (the
+#: database's ACL): on one worker of a parallel run, one after another.
+pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("pg_roles")]
 
 
 class Tenancy:
@@ -56,7 +58,7 @@ async def tenancy(postgres_url: str) -> AsyncIterator[Tenancy]:
     finally:
         await owner.close()
         await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
-        await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE {role}")
+        await pg_drop_roles(role)
 
 
 @pytest.fixture
@@ -230,8 +232,8 @@ async def test_a_role_that_owns_or_could_own_the_tables_is_not_made_the_runtime_
     finally:
         await owner.close()
         await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
-        await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE {role}; "
-                               f"DROP ROLE {owner_group}")
+        await pg_drop_roles(role)
+        await pg_execute_async(f"DROP ROLE {owner_group}")
 
 
 # -- a role per tenant ---------------------------------------------------------------------
@@ -267,8 +269,7 @@ async def isolated(postgres_url: str) -> AsyncIterator[Isolated]:
     finally:
         await owner.close()
         await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
-        for role in roles.values():
-            await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE {role}")
+        await pg_drop_roles(*roles.values())
 
 
 async def globex_paused(isolated: Isolated) -> None:
@@ -361,7 +362,7 @@ async def test_a_store_refuses_to_run_as_a_tenant_its_role_is_not(
                 await open_store(make_url(postgres_url).set(username=shared),
                                  schema=isolated.schema, tenant_id="acme", migrate=False)
         finally:
-            await pg_execute_async(f"DROP OWNED BY {shared}; DROP ROLE {shared}")
+            await pg_drop_roles(shared)
         # The owner may switch row security off anyway: it works as any tenant.
         assert (await owner.for_tenant("acme").stats()).total == 0
 
@@ -431,7 +432,7 @@ async def test_the_runtime_roles_password_never_reaches_the_server(
     finally:
         await owner.close()
         await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
-        await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE {role}")
+        await pg_drop_roles(role)
 
 
 @pytest.fixture
@@ -542,5 +543,23 @@ async def test_migrate_sets_up_a_role_per_tenant(postgres_url: str) -> None:
             await open_store(role_url, schema=schema, tenant_id="globex")
     finally:
         await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
-        for role in (acme, globex):
-            await pg_execute_async(f"DROP OWNED BY {role}; DROP ROLE IF EXISTS {role}")
+        await pg_drop_roles(acme, globex, if_exists=True)
+
+
+async def test_runtime_roles_granted_at_once_from_many_processes_all_take(
+        postgres_url: str) -> None:
+    """``migrate --runtime-role`` from several hosts at once: each grant updates the
+    database's ACL, and PostgreSQL fails a second concurrent update of it ("tuple
+    concurrently updated"); the grants take turns, and every one takes."""
+    schema = await fresh_pg_schema()
+    roles = [f"mp_rls_{uuid.uuid4().hex[:10]}" for _ in range(6)]
+    owners = [await open_store(postgres_url, schema=schema) for _ in roles]
+    try:
+        for _ in range(3):
+            await asyncio.gather(*(grant_runtime_role(o, r) for o, r in zip(owners, roles,
+                                                                             strict=True)))
+    finally:
+        for owner in owners:
+            await owner.close()
+        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
+        await pg_drop_roles(*roles, if_exists=True)  # a failed grant made none

@@ -19,7 +19,8 @@ from meshpoint.errors import (
 )
 from meshpoint.store import TIMEOUT_RESULT, SqlStore, open_store
 from meshpoint.store.schema import parallel_invocations, paused_tasks, session_events
-from tests.conftest import FakeClock, pg_execute_async, row_counts, snapshot
+from tests.conftest import FakeClock, pg_execute_async, row_counts, snapshot, someone_waits_for
+from tests.integration.mesh import eventually
 
 #: The store's own suite: also run with PostgreSQL's fast paths off.
 pytestmark = pytest.mark.portable_too
@@ -295,7 +296,7 @@ async def test_cleanup_removes_every_live_row(store: SqlStore) -> None:
     assert counts == {"agent_paused_tasks": 1, "agent_peer_sub_tasks": 3,
                       "agent_parallel_invocations": 1, "agent_session_events": 1,
                       "agent_checkpoints": 3, "agent_checkpoint_heads": 2,
-                      "agent_events": 0, "agent_ended_tasks": 1,
+                      "agent_events": 0, "agent_ended_tasks": 1, "agent_breakers": 0,
                       # The LangGraph saver's tables: no task writes to them.
                       "agent_langgraph_checkpoints": 0, "agent_langgraph_blobs": 0,
                       "agent_langgraph_writes": 0}
@@ -336,7 +337,8 @@ async def test_a_cleanup_that_waited_for_a_re_checkpoint_leaves_none_of_its_rows
             tenant_id=store.tenant_id, logical_task_id="t1", seq=1,
             data=[{"role": "model", "text": "written by the re-checkpoint"}], created_at=0.0))
         cleanup = asyncio.create_task(store.cleanup_task("t1"))
-        await asyncio.sleep(0.5)  # the cleanup waits for the task row
+        await eventually(lambda: someone_waits_for(holder),
+                         what="the cleanup to wait for the task row")
         assert not cleanup.done()
         await holder.commit()
     await cleanup

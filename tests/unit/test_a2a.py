@@ -118,3 +118,35 @@ def test_control_messages_are_checked_at_the_boundary() -> None:
             wire.parse_control(bad)
     with pytest.raises(BadMessageError, match="larger than the limit"):
         wire.parse_control(b" " * 2000, max_bytes=1000)
+
+
+def test_an_operators_handoff_request_and_its_broadcast_are_checked_at_the_boundary() -> None:
+    """``meshpoint/handoff`` is a request an agent's queue takes (its task id and a
+    bounded reason), and a control message the instance running the task takes; a
+    control message that names a method is held to the handoff's shape, any other to
+    the cancel's."""
+    request = a2a.parse_request(wire.handoff_request("task-1", "fresh eyes"))
+    assert isinstance(request, a2a.HandoffTaskRequest)
+    assert (request.params.id, request.params.reason) == ("task-1", "fresh eyes")
+    for bad, why in (
+            (b'{"jsonrpc":"2.0","id":1,"method":"meshpoint/handoff","params":{}}',
+             "params.id: Field required"),
+            (b'{"jsonrpc":"2.0","id":1,"method":"meshpoint/handoff","params":{"id":"t",'
+             b'"reason":"' + b"x" * 1001 + b'"}}', "at most 1000 characters"),
+            (b'{"jsonrpc":"2.0","id":1,"method":"tasks/delete","params":{}}',
+             "meshpoint accepts message/send, tasks/cancel, meshpoint/handoff")):
+        with pytest.raises(BadMessageError, match=why):
+            a2a.parse_request(bad)
+    assert wire.parse_control_message(wire.cancel_broadcast("task-1")) == \
+        wire.CancelBroadcast(cancel="task-1")
+    assert wire.parse_control_message(wire.handoff_broadcast("task-1", "why")) == \
+        wire.HandoffBroadcast(task_id="task-1", reason="why")
+    for bad, why in ((b'{"method": "meshpoint/cancel", "task_id": "t"}',
+                      "handoff.method: Input should be 'meshpoint/handoff'"),
+                     (b'{"method": "meshpoint/handoff"}', "handoff.task_id: Field required"),
+                     (b'{"cancel": "t", "task_id": "t"}', "task_id: Extra inputs"),
+                     (b"[]", "invalid control message"), (b"{", "not valid JSON")):
+        with pytest.raises(BadMessageError, match=why):
+            wire.parse_control_message(bad)
+    with pytest.raises(BadMessageError, match="nested too deeply"):
+        wire.parse_control_message(b'{"method": ' + b"[" * 50_000 + b"]" * 50_000 + b"}")

@@ -107,3 +107,17 @@ async def test_a_tool_of_two_parameters_gets_its_call() -> None:
     assert seen[0] is not None and seen[0].idempotency_key == "task/c1"
     one = LocalTool("u", "", lambda args: "ok")
     assert await one.call({}, ToolCallInfo(task_id="task", call_id="c1")) == "ok"
+
+
+def test_an_operator_is_shown_the_arguments_an_edit_makes_the_tool_run_with(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``meshpoint tasks approve --arguments`` prints the merged arguments (what the
+    tool runs with), not only that they were edited."""
+    from meshpoint.cli.tasks import _print_decisions
+
+    _print_decisions([{"decision": "approved", "call_id": "c1", "edited": True,
+                       "patch": {"to": "bob@example.com"},
+                       "arguments": {"query": "q", "to": "bob@example.com"},
+                       "claimed_by": "ops", "verified": False}], "task-1", False)
+    out = " ".join(capsys.readouterr().out.split())
+    assert 'approved with edited arguments {"query": "q", "to": "bob@example.com"}' in out

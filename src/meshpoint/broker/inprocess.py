@@ -25,12 +25,14 @@ from meshpoint.broker.base import (
     Handler,
     Message,
     Subscription,
-    check_msg_id,
+    check_delay,
+    check_message,
     check_subject,
     default_dead_letter_subject,
+    one_filter_per_queue,
     subject_matches,
 )
-from meshpoint.errors import BrokerClosedError, InvalidArgumentError
+from meshpoint.errors import BrokerClosedError
 
 logger = logging.getLogger("meshpoint.broker")
 _REAPER_TICK_S = 0.01
@@ -73,8 +75,7 @@ class _Delivery(Delivery):
             self._queue.watch(self)
 
     async def nak(self, delay_s: float = 0.0) -> None:
-        if delay_s < 0:
-            raise InvalidArgumentError(f"delay_s must be >= 0, got {delay_s!r}")
+        check_delay(delay_s)
         if self._settle():
             self._queue.redeliver(self.entry, delay_s)
 
@@ -223,10 +224,7 @@ class InProcessBroker(Broker):
                       msg_id: str | None = None) -> None:
         if self.closed:
             raise BrokerClosedError("the broker is closed")
-        check_subject(subject, pattern=False)
-        check_msg_id(msg_id)
-        if type(data) is not bytes:
-            raise InvalidArgumentError(f"data must be bytes, got {type(data).__name__}")
+        check_message(subject, data, msg_id)
         if msg_id is not None and self._seen(msg_id):
             return
         self.route(Message(subject, data, dict(headers or {})))
@@ -275,10 +273,8 @@ class InProcessBroker(Broker):
             for message in held:
                 self.unrouted.remove(message)
                 existing.ready.put_nowait(_Entry(message))
-        elif existing.filter_tokens != tokens:
-            raise InvalidArgumentError(
-                f"queue {queue!r} filters {'.'.join(existing.filter_tokens)!r}; it cannot "
-                f"also take {subject!r} (use another queue name)")
+        else:
+            one_filter_per_queue(queue, ".".join(existing.filter_tokens), subject)
         if self._reaper is None:
             self._reaper = asyncio.create_task(self._reap(), name="in-process broker reaper")
         member = _Member(existing, handler)

@@ -6,7 +6,9 @@ How the contract maps onto JetStream:
   publish or subscribe under a namespace creates the stream ``<prefix><namespace>``
   capturing ``<namespace>.>`` (file storage, limits retention bounded by
   ``max_age_s``, a dedupe window of ``dedupe_window_s``). Several brokers, processes
-  and hosts share it.
+  and hosts share it. A client's broker (``create_streams=False``) never creates
+  one: it raises :class:`~meshpoint.errors.NamespaceNotServedError` instead, so a
+  request is never stored in a namespace that no ``meshpoint serve`` has run in.
 * **A queue is a pull consumer** on that stream (its members, which pull from it,
   are in :mod:`meshpoint.broker.nats_members`), named after the queue, filtered by
   the subscription's subject, with explicit acks and the queue's ``ack_wait_s``.
@@ -71,9 +73,10 @@ from meshpoint.broker.base import (
     ConsumerOptions,
     Handler,
     Subscription,
-    check_msg_id,
+    check_message,
     check_subject,
     default_dead_letter_subject,
+    one_filter_per_queue,
 )
 from meshpoint.broker.nats_members import TRANSIENT, Member
 from meshpoint.broker.nats_tls import NoTls, TlsClient, TlsRefused, first_connection
@@ -82,6 +85,7 @@ from meshpoint.errors import (
     BrokerError,
     BrokerPermissionError,
     InvalidArgumentError,
+    NamespaceNotServedError,
     TlsError,
 )
 from meshpoint.tls import TlsConfig, tls_failure
@@ -112,8 +116,11 @@ class NatsBroker(Broker):
     def __init__(self, nc: NatsClient, url: str, *, stream_prefix: str = "MESHPOINT_",
                  max_age_s: float = 7 * 86400.0, dedupe_window_s: float = 120.0,
                  publish_timeout_s: float = 30.0, pull_expires_s: float = 1.0,
-                 ephemeral_inactive_s: float = 60.0, user: str | None = None) -> None:
+                 ephemeral_inactive_s: float = 60.0, user: str | None = None,
+                 create_streams: bool = True) -> None:
         self.nc = nc
+        #: False for a client's broker: a namespace's stream must exist already.
+        self.create_streams = create_streams
         #: The NATS user this connection is (None: the server's default, no auth).
         self.user = user
         #: What the server refused this user lately (subject -> its error), oldest first.
@@ -254,6 +261,12 @@ class NatsBroker(Broker):
         if name in self._streams:
             return name
         async with self._stream_lock:
+            if name not in self._streams and not self.create_streams:
+                try:
+                    await self.js.stream_info(name)
+                except nats.js.errors.NotFoundError:
+                    raise NamespaceNotServedError(namespace, name, self.url) from None
+                self._streams.add(name)
             if name not in self._streams:
                 config = StreamConfig(
                     name=name, subjects=[f"{namespace}.>"], retention=RetentionPolicy.LIMITS,
@@ -282,10 +295,7 @@ class NatsBroker(Broker):
         except nats.js.errors.NotFoundError:
             info = None
         if info is not None:
-            if info.config.filter_subject != subject:
-                raise InvalidArgumentError(
-                    f"queue {consumer!r} filters {info.config.filter_subject!r}; it cannot "
-                    f"also take {subject!r} (use another queue name)")
+            one_filter_per_queue(consumer, info.config.filter_subject, subject)
             return
         if lost:
             logger.error("queue %s on stream %s was deleted on the server; re-creating it "
@@ -317,10 +327,7 @@ class NatsBroker(Broker):
                       headers: Mapping[str, str] | None = None, *,
                       msg_id: str | None = None) -> None:
         self._check_open()
-        tokens = check_subject(subject, pattern=False)
-        check_msg_id(msg_id)
-        if type(data) is not bytes:
-            raise InvalidArgumentError(f"data must be bytes, got {type(data).__name__}")
+        tokens = check_message(subject, data, msg_id)
         sent = {**(headers or {}), "Nats-Msg-Id": msg_id or uuid.uuid4().hex}
         await self._retrying(f"publish to {subject}", lambda: self._publish_once(
             tokens[0], subject, data, sent))

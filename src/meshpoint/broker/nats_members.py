@@ -31,8 +31,9 @@ from meshpoint.broker.base import (
     Handler,
     Message,
     Subscription,
+    check_delay,
 )
-from meshpoint.errors import BrokerError, InvalidArgumentError
+from meshpoint.errors import BrokerError
 
 logger = logging.getLogger("meshpoint.broker.nats")
 
@@ -101,8 +102,7 @@ class NatsDelivery(Delivery):
             await self._send("extend", self._msg.in_progress)
 
     async def nak(self, delay_s: float = 0.0) -> None:
-        if delay_s < 0:
-            raise InvalidArgumentError(f"delay_s must be >= 0, got {delay_s!r}")
+        check_delay(delay_s)
         if self._take():
             await self._send("nak", lambda: self._msg.nak(delay_s or None))
 

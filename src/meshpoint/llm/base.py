@@ -49,6 +49,15 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    #: The tokens of the conversation's own prompt, what the context window holds: a
+    #: call that asked again (a repair) counts every attempt's prompt in
+    #: ``prompt_tokens``, but only the first attempt's here. 0: ``prompt_tokens``.
+    context_tokens: int = 0
+
+    @property
+    def context(self) -> int:
+        """The tokens the context window held for this call's prompt."""
+        return self.context_tokens or self.prompt_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +81,13 @@ class Model(Protocol):
                        tools: list[ToolSpec]) -> ModelResponse:
         """Answer the conversation ``messages``, possibly calling some of ``tools``."""
         ...
+
+
+#: The first words of a continuation prompt, the first message of a task's iteration
+#: after a handoff (:mod:`meshpoint.runtime.handoff`), and the titles of its sections.
+CONTINUATION_HEADER = "You are continuing a task in a fresh context"
+REQUEST_SECTION = "## The request"
+ACCOMPLISHED_SECTION = "## What was accomplished"
 
 
 def ask_again(problems: Sequence[str]) -> str:

@@ -31,7 +31,14 @@ bare client call, each for a failure seen with real local servers (issue 17):
   (:mod:`meshpoint.llm.json_mode`), for models without reliable native tool calls.
 * **A bound on rounds of calls** (``max_tool_rounds``): after that many rounds since
   the user's message the model is asked to answer, not to call again (a small model
-  may otherwise call the same tools until the agent's ``max_turns``).
+  may otherwise call the same tools until the agent's ``max_turns``). A fresh-context
+  iteration's continuation prompt (docs/handoff.md) that lists calls an earlier
+  iteration made counts as one round: without it, a small model would plan the same
+  calls again in every iteration, and hand off again, until ``max_iterations``.
+* **A known context window** (``context_window``, what a handoff's context-utilization
+  trigger measures against): configured, or else read once from the server where it
+  says (:func:`server_context_window`) after the first reply; a server that does not
+  say leaves it unknown, and no call ever fails for it.
 """
 
 from __future__ import annotations
@@ -60,7 +67,16 @@ from meshpoint.errors import (
     ModelTimeoutError,
 )
 from meshpoint.llm import json_mode
-from meshpoint.llm.base import ModelResponse, ToolCall, ToolSpec, Usage, ask_again
+from meshpoint.llm.base import (
+    ACCOMPLISHED_SECTION,
+    CONTINUATION_HEADER,
+    ModelResponse,
+    ToolCall,
+    ToolSpec,
+    Usage,
+    ask_again,
+)
+from meshpoint.llm.context_window import WINDOW_LOOKUP_TIMEOUT_S, server_context_window
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -121,7 +137,9 @@ class OpenAIModel:
     ``extra_body`` adds server-specific fields to the request's JSON (llama.cpp's
     ``cache_prompt``, vLLM's ``top_k``); ``extra`` passes further keyword arguments to
     the openai client's ``create()``. ``timeout_s`` bounds each request whole (its
-    reply included) and ``max_reply_bytes`` the size of a reply.
+    reply included) and ``max_reply_bytes`` the size of a reply. ``context_window``
+    (tokens) is the model's window; None: read from the server after the first reply
+    (:func:`server_context_window`), and None still if the server does not say.
     """
 
     def __init__(self, name: str, *, base_url: str | None = None, api_key: str | None = None,
@@ -135,7 +153,12 @@ class OpenAIModel:
                  json_calls_per_tool: int = 1, max_tool_rounds: int | None = None,
                  repair_attempts: int = 2, extra_body: dict[str, Any] | None = None,
                  max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+                 context_window: int | None = None,
                  extra: dict[str, Any] | None = None) -> None:
+        if context_window is not None and (type(context_window) is not int or
+                                           context_window < 1):
+            raise InvalidArgumentError(f"OpenAIModel: context_window must be an int >= 1 "
+                                       f"(tokens), got {context_window!r}")
         _check_options(name=name, timeout_s=timeout_s, max_retries=max_retries,
                        max_reply_bytes=max_reply_bytes,
                        max_tokens=max_tokens, tool_choice=tool_choice, tool_mode=tool_mode,
@@ -162,6 +185,10 @@ class OpenAIModel:
         self.timeout_s = timeout_s
         self.max_reply_bytes = max_reply_bytes
         self.stats = RequestStats()
+        self._context_window = context_window
+        #: Whether the server is still to be asked its window (once: the answer is kept).
+        self._ask_window = context_window is None and base_url is not None
+        self._base_url, self._api_key = base_url, api_key
         sampling = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
                     "seed": seed, "stop": list(stop) if stop is not None else None,
                     "response_format": response_format}
@@ -183,6 +210,21 @@ class OpenAIModel:
     async def close(self) -> None:
         await self._client.close()
 
+    @property
+    def context_window(self) -> int | None:
+        """Tokens of the model's context window: configured, or what the server said
+        after the first reply (see :func:`server_context_window`); None if unknown."""
+        return self._context_window
+
+    async def _learn_context_window(self) -> None:
+        """Ask the server its context window, the first time only (never raises)."""
+        if not self._ask_window or self._base_url is None:
+            return
+        self._ask_window = False
+        self._context_window = await server_context_window(
+            self._base_url, self.name, api_key=self._api_key,
+            timeout_s=min(self.timeout_s, WINDOW_LOOKUP_TIMEOUT_S))
+
     async def complete(self, messages: list[dict[str, Any]],
                        tools: list[ToolSpec]) -> ModelResponse:
         offered = self._tools_now(messages, tools)
@@ -202,6 +244,7 @@ class OpenAIModel:
                 self.stats.repaired += 1
             request = self._request(messages, tools, offered, plan, feedback)
             reply = await self._send(request)
+            await self._learn_context_window()  # the server answers: it is up
             usage = _add(usage, _usage(reply))
             result = self._read(reply, offered, plan, prefix)
             if result.response is not None:
@@ -221,13 +264,15 @@ class OpenAIModel:
     def _tools_now(self, messages: list[dict[str, Any]],
                    tools: list[ToolSpec]) -> list[ToolSpec]:
         """The tools offered this call: none once ``max_tool_rounds`` rounds of calls
-        were made since the last user message, or with ``tool_choice: none``."""
+        were made since the last user message (a continuation prompt listing calls
+        counts as one), or with ``tool_choice: none``."""
         if self.tool_choice == "none":
             return []
         if self.max_tool_rounds is not None:
             rounds = 0
             for message in reversed(messages):
                 if message.get("role") == "user":
+                    rounds += _continues_calls(message)
                     break
                 rounds += bool(message.get("role") == "assistant" and message.get("tool_calls"))
             if rounds >= self.max_tool_rounds:
@@ -373,6 +418,18 @@ def _refusal(error: BaseException) -> ModelError | None:
     return None
 
 
+def _continues_calls(message: dict[str, Any]) -> int:
+    """1 if ``message`` is a continuation prompt whose accomplished section lists a
+    call (an earlier iteration of the same request made a round), else 0."""
+    content = message.get("content")
+    if not isinstance(content, str) or not content.startswith(CONTINUATION_HEADER):
+        return 0
+    _, _, after = content.partition(f"\n{ACCOMPLISHED_SECTION}\n")
+    section = after.split("\n## ", 1)[0]
+    return int(any(line.startswith("- ") and line != "- nothing yet"
+                   for line in section.splitlines()))
+
+
 def _check_options(*, name: str, timeout_s: float, max_retries: int, max_tokens: int | None,
                    tool_choice: str | None, tool_mode: str, json_format: str,
                    json_calls_per_tool: int, max_tool_rounds: int | None,
@@ -500,9 +557,12 @@ def _usage(reply: Any) -> Usage:
 
 
 def _add(a: Usage, b: Usage) -> Usage:
+    """Two attempts' usage; the context is the first's (a repair's prompt holds the
+    conversation and the feedback, which the conversation does not keep)."""
     return Usage(prompt_tokens=a.prompt_tokens + b.prompt_tokens,
                  completion_tokens=a.completion_tokens + b.completion_tokens,
-                 cached_tokens=a.cached_tokens + b.cached_tokens)
+                 cached_tokens=a.cached_tokens + b.cached_tokens,
+                 context_tokens=a.context if a.prompt_tokens else b.context)
 
 
 def _to_wire(message: dict[str, Any]) -> dict[str, Any]:

@@ -13,36 +13,55 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import math
-import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from pydantic import Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from meshpoint._json import json_copy
+from meshpoint._validation import (
+    OPTIONS,
+    AtLeastOne,
+    FiniteSeconds,
+    Name,
+    Seconds,
+    check,
+    check_name,
+    checked,
+)
 from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import InvalidArgumentError
-from meshpoint.history import check_annotations, parse_retention
+from meshpoint.history.planning import check_annotations, parse_retention
 from meshpoint.llm.base import Model, ToolSpec
+from meshpoint.runtime.options import (
+    CheckpointPolicy,
+    HandoffPolicy,
+    Phase,
+    RecoveryPolicy,
+    RuntimeOptions,
+)
 
 logger = logging.getLogger("meshpoint.runtime")
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: What an agent's records in the checkpoint history say it is.
+AgentType = Annotated[str, Field(min_length=1, max_length=64)]
 
 ToolFunction = Callable[..., Any | Awaitable[Any]]
+#: What the model is told of the built-in handoff tool.
+HANDOFF_TOOL_DESCRIPTION = (
+    "Hand this task to a fresh context: call it when your context is getting long or "
+    "muddled, or a phase of the work is done. The next iteration starts from a summary "
+    "of what was accomplished and what remains, not from this conversation.")
+#: What the model is told of the built-in tool that ends a phase.
+PHASE_TOOL_DESCRIPTION = (
+    "Say that the current phase of the work is complete, with a summary of what it "
+    "produced: the next phase starts in a fresh context from that summary.")
 #: Whether a call needs approval, from its arguments.
 ApprovalPredicate = Callable[[dict[str, Any]], bool]
-
-
-def check_name(what: str, value: Any) -> str:
-    """Agent, tool and namespace names become subject tokens: letters, digits, _ and -."""
-    if type(value) is not str or not _NAME.match(value):
-        raise InvalidArgumentError(
-            f"{what} must be 1-64 letters, digits, '_' or '-', got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -96,11 +115,8 @@ class LocalTool:
             raise InvalidArgumentError(
                 f"tool {self.name!r}: needs_approval must be a bool or a function of the "
                 f"call's arguments, got {self.needs_approval!r}")
-        if not (type(self.approval_timeout_s) in (int, float)
-                and 0 < self.approval_timeout_s < math.inf):
-            raise InvalidArgumentError(
-                f"tool {self.name!r}: approval_timeout_s must be a number > 0, "
-                f"got {self.approval_timeout_s!r}")
+        check(FiniteSeconds, f"tool {self.name!r}: approval_timeout_s",
+              self.approval_timeout_s)
         try:
             Draft202012Validator.check_schema(self.parameters)
         except SchemaError as error:
@@ -143,112 +159,39 @@ def _takes_second_argument(fn: Callable[..., Any]) -> bool:
     return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in parameters)
 
 
-@dataclass(frozen=True)
+@checked
+@pydantic_dataclass(frozen=True, config=OPTIONS)
 class Peer:
-    """Another agent this agent may call, and how long to wait for its answer.
+    """Another agent this agent may call (an item of an agent's ``peers:`` in the
+    config file), and how long to wait for its answer.
 
     ``timeout_s`` runs from the checkpoint that records the call; every status
     update from the peer restarts it.
     """
 
-    agent: str
+    agent: Name
     description: str = ""
-    timeout_s: float = 600.0
-    tool_name: str | None = None
-
-    def __post_init__(self) -> None:
-        check_name("a peer's agent name", self.agent)
-        if self.tool_name is not None:
-            check_name("a peer's tool name", self.tool_name)
-        if not (type(self.timeout_s) in (int, float) and self.timeout_s > 0):
-            raise InvalidArgumentError(
-                f"peer {self.agent!r}: timeout_s must be a number > 0, got {self.timeout_s!r}")
+    #: Seconds to wait for the answer, counted from the checkpoint (status updates
+    #: restart it).
+    timeout_s: Seconds = 600.0
+    #: The tool the model calls to ask it (default ``ask_<agent>``).
+    tool_name: Name | None = None
 
     @property
     def tool(self) -> str:
         return self.tool_name or f"ask_{self.agent}"
 
 
-Strategy = Literal["event", "interval", "hybrid"]
-
-
-@dataclass(frozen=True)
-class CheckpointPolicy:
-    """When a running turn is checkpointed, besides its pauses (seed 004's
-    ``checkpoint:`` section). ``event`` checkpoints at pauses only; ``interval`` and
-    ``hybrid`` also before every ``interval``-th model call; ``after_tools`` after a
-    model call that asks for tools and after each local tool call, so that neither
-    is made again after a crash; ``before_llm`` before each model call."""
-
-    strategy: Strategy = "event"
-    interval: int = 0
-    after_tools: bool = False
-    before_llm: bool = False
-
-    def __post_init__(self) -> None:
-        if self.strategy not in ("event", "interval", "hybrid"):
-            raise InvalidArgumentError(
-                f"checkpoint strategy must be event, interval or hybrid, got {self.strategy!r}")
-        if type(self.interval) is not int or self.interval < 0:
-            raise InvalidArgumentError(
-                f"checkpoint interval must be an int >= 0, got {self.interval!r}")
-        if self.strategy != "event" and self.interval == 0:
-            raise InvalidArgumentError(
-                f"checkpoint strategy {self.strategy!r} needs an interval > 0 (model calls "
-                "between checkpoints)")
-
-    @property
-    def mid_turn(self) -> bool:
-        """Whether a running turn is ever checkpointed."""
-        return self.after_tools or self.before_llm or self.strategy != "event"
-
-    def before_model_call(self, made: int) -> bool:
-        """Whether to checkpoint before a task's model call, ``made`` calls made."""
-        if self.before_llm:
-            return True
-        return self.strategy != "event" and made > 0 and made % self.interval == 0
-
-
-@dataclass(frozen=True)
-class RecoveryPolicy:
-    """What recovery does with an agent's stored tasks (seed 004's ``recovery:``).
-
-    ``auto_resume``: a task whose instance died while running it (its lease expired:
-    it was resuming, or running past a mid-turn checkpoint) is taken over and
-    continued. ``auto_resume_hitl``: when an instance starts, the caller of every
-    task waiting for a human is sent its ``input-required`` update again (they are
-    never resumed without an answer). ``timeout_s``: a task last checkpointed
-    strictly longer ago than this, and not running, fails: its caller is answered
-    ``failed`` with the reason, its peers are canceled and its rows removed (0:
-    never). The default, a day, is longer than every default deadline, so that a
-    deadline (a peer's, an approval's) acts first. ``reconstruct``: a task whose
-    history fails verification so that it cannot be resumed (it is blocked) is
-    restarted at once in a fresh context from its reconstruction (seed 003:
-    :mod:`meshpoint.reconstruction`), its caller told; off (the default), it waits
-    blocked for an operator.
-    """
-
-    auto_resume: bool = True
-    auto_resume_hitl: bool = False
-    timeout_s: float = 86_400.0
-    reconstruct: bool = False
-
-    def __post_init__(self) -> None:
-        if not (type(self.timeout_s) in (int, float) and 0 <= self.timeout_s < math.inf):
-            raise InvalidArgumentError(
-                f"recovery timeout_s must be a finite number >= 0 (0: never), got "
-                f"{self.timeout_s!r}")
-
-
 @dataclass(frozen=True)
 class Agent:
     """An agent definition.
 
-    ``stateless_checkpointing`` (seed 000's flag) chooses what happens when a turn
-    calls peers. On (the default here; the seed's default was off): the task is
-    checkpointed, its inbound message acknowledged and the task forgotten, and any
-    instance continues it. Off: the task waits in the memory of its instance, whose
-    peers answer to that instance's inbox (seed 002's path); nothing is written.
+    ``stateless_checkpointing`` chooses what happens when a turn calls peers. On
+    (the default; docs/runtime.md, "Deliberate changes from the original design"):
+    the task is checkpointed, its inbound message acknowledged and the task
+    forgotten, and any instance continues it. Off: the task waits in the memory of
+    its instance, whose peers answer to that instance's inbox (docs/runtime.md,
+    "Where each path lives"); nothing is written.
     """
 
     name: str
@@ -260,12 +203,14 @@ class Agent:
     system_prompt: str | None = None
     #: Model calls one task may make before it fails (a loop guard).
     max_turns: int = 25
-    #: When a running turn is checkpointed besides its pauses (seed 004); by default
-    #: never, so that a task that never pauses writes nothing.
+    #: When a running turn is checkpointed besides its pauses (docs/runtime.md,
+    #: "Mid-turn checkpoints"); by default never, so that a task that never pauses
+    #: writes nothing.
     checkpoint: CheckpointPolicy = field(default_factory=lambda: CheckpointPolicy())
-    #: What recovery does with this agent's stored tasks (seed 004).
+    #: What recovery does with this agent's stored tasks (docs/runtime.md,
+    #: "Recovery and statistics").
     recovery: RecoveryPolicy = field(default_factory=lambda: RecoveryPolicy())
-    #: What the checkpoint history records of this agent (seed 001): its kind
+    #: What the checkpoint history records of this agent (docs/history.md): its kind
     #: (architecture, implementation, qa, documentation, or anything else).
     agent_type: str = "general"
     #: The retention policy of its tasks' records (``days:N``, ``last:N``, ``hold``);
@@ -274,13 +219,16 @@ class Agent:
     #: Called with a task's context before each of its checkpoints, to add to its
     #: history record what only the agent knows: set ``ctx.history["record"]`` to a
     #: partial record (``context_summary``, ``execution_state``, ``recovery``,
-    #: ``metrics``, ``extensions``; see :mod:`meshpoint.history`). An error in it, or
-    #: a record it sets that is not valid, is logged and the checkpoint goes on
-    #: without what it set.
+    #: ``metrics``, ``extensions``; see :mod:`meshpoint.history.planning`). An error
+    #: in it, or a record it sets that is not valid, is logged and the checkpoint
+    #: goes on without what it set.
     history_hook: Callable[[TaskExecutionContext], None] | None = None
     #: Keep an event log of every step and protocol message of this agent's tasks
-    #: (seed 003; :mod:`meshpoint.events`), written off the hot path.
+    #: (docs/events.md; :mod:`meshpoint.events.log`), written off the hot path.
     events: bool = False
+    #: When a task's iteration hands off to a fresh-context one (docs/handoff.md);
+    #: None (the default): never, the conversation grows until ``max_turns``.
+    handoff: HandoffPolicy | None = None
 
     def __post_init__(self) -> None:
         check_name("an agent name", self.name)
@@ -294,11 +242,8 @@ class Agent:
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise InvalidArgumentError(f"agent {self.name!r}: tool names {twice} are used twice")
-        if self.max_turns < 1:
-            raise InvalidArgumentError(f"agent {self.name!r}: max_turns must be >= 1")
-        if type(self.agent_type) is not str or not 0 < len(self.agent_type) <= 64:
-            raise InvalidArgumentError(f"agent {self.name!r}: agent_type must be a str of "
-                                       f"1 to 64 characters, got {self.agent_type!r}")
+        check(AtLeastOne, f"agent {self.name!r}: max_turns", self.max_turns)
+        check(AgentType, f"agent {self.name!r}: agent_type", self.agent_type)
         if self.retention is not None:
             parse_retention(self.retention)
         if not isinstance(self.checkpoint, CheckpointPolicy):
@@ -309,6 +254,21 @@ class Agent:
             raise InvalidArgumentError(
                 f"agent {self.name!r}: mid-turn checkpoints ({self.checkpoint}) need "
                 "stateless_checkpointing")
+        if self.handoff is not None:
+            if not isinstance(self.handoff, HandoffPolicy):
+                raise InvalidArgumentError(
+                    f"agent {self.name!r}: handoff must be a HandoffPolicy, got "
+                    f"{self.handoff!r}")
+            if not self.stateless_checkpointing:
+                raise InvalidArgumentError(
+                    f"agent {self.name!r}: handoff needs stateless_checkpointing: the next "
+                    "iteration starts on any instance, from the store")
+            for builtin, used in ((self.handoff.tool_name, self.handoff.explicit),
+                                  (self.handoff.phase_tool_name, bool(self.handoff.phases))):
+                if used and builtin in names:
+                    raise InvalidArgumentError(
+                        f"agent {self.name!r}: the built-in tool {builtin!r} of its "
+                        "handoff has the name of one of its tools (rename it in handoff:)")
         approving = [t.name for t in self.tools if t.may_need_approval]
         if approving and not self.stateless_checkpointing:
             raise InvalidArgumentError(
@@ -342,7 +302,7 @@ class Agent:
         needs approval, or is checkpointed mid-turn): only then do its instances
         sweep and recover."""
         return (bool(self.peers) or any(t.may_need_approval for t in self.tools)
-                or self.checkpoint.mid_turn)
+                or self.checkpoint.mid_turn or self.handoff is not None)
 
     @functools.cached_property
     def tool_specs(self) -> list[ToolSpec]:
@@ -351,6 +311,14 @@ class Agent:
         specs = [ToolSpec(t.name, t.description, t.parameters) for t in self.tools]
         specs += [ToolSpec(p.tool, p.description or f"Ask the {p.agent} agent.", kind="peer")
                   for p in self.peers]
+        if self.handoff is not None and self.handoff.explicit:
+            specs.append(ToolSpec(self.handoff.tool_name, HANDOFF_TOOL_DESCRIPTION, {
+                "type": "object", "properties": {"reason": {"type": "string"}},
+                "required": ["reason"]}, kind="handoff"))
+        if self.handoff is not None and self.handoff.phases:
+            specs.append(ToolSpec(self.handoff.phase_tool_name, PHASE_TOOL_DESCRIPTION, {
+                "type": "object", "properties": {"summary": {"type": "string"}},
+                "required": ["summary"]}, kind="phase"))
         return specs
 
     def peer_for_tool(self, tool_name: str) -> Peer | None:
@@ -360,37 +328,6 @@ class Agent:
         return next((t for t in self.tools if t.name == tool_name), None)
 
 
-@dataclass(frozen=True)
-class RuntimeOptions:
-    """How instances talk to the broker and the store. Defaults suit production;
-    tests and the demo shorten the intervals."""
-
-    namespace: str = "meshpoint"
-    #: How long a resuming instance owns a task before another may take it over.
-    lease_ttl_s: float = 30.0
-    #: How often the database sweeper looks for expired peer deadlines.
-    sweep_interval_s: float = 1.0
-    #: How often an instance looks for tasks whose resume lease expired.
-    recovery_interval_s: float = 2.0
-    #: Ack wait of requests (a task's inbound message) and of answers.
-    request_ack_wait_s: float = 60.0
-    response_ack_wait_s: float = 30.0
-    max_deliver: int = 5
-    #: Deliveries one instance handles at once per queue.
-    max_in_flight: int = 16
-    max_message_bytes: int = 1 << 20
-
-    @property
-    def ended_task_memory_s(self) -> float:
-        """How long the store remembers that a task ended: twice the longest a copy of
-        its request can still be delivered (every delivery's ack wait). A copy that
-        comes later than that would start the task again."""
-        return 2 * self.request_ack_wait_s * self.max_deliver
-
-    def __post_init__(self) -> None:
-        check_name("namespace", self.namespace)
-        for name in ("lease_ttl_s", "sweep_interval_s", "recovery_interval_s",
-                     "request_ack_wait_s", "response_ack_wait_s"):
-            value = getattr(self, name)
-            if not (type(value) in (int, float) and value > 0):
-                raise InvalidArgumentError(f"{name} must be a number > 0, got {value!r}")
+__all__ = ["Agent", "AgentType", "ApprovalPredicate", "CheckpointPolicy", "HandoffPolicy",
+           "LocalTool", "Peer", "Phase",
+           "RecoveryPolicy", "RuntimeOptions", "ToolCallInfo", "ToolFunction", "check_name"]

@@ -32,9 +32,9 @@ from meshpoint.errors import (
 from meshpoint.runtime import wire
 from meshpoint.runtime.memory import MemoryPath
 from meshpoint.runtime.outages import Outages
+from meshpoint.runtime.scope import Scope
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.tasks import DeadLetters, InHand, LeaseOwners
-from meshpoint.store.base import Store
 
 logger = logging.getLogger("meshpoint.runtime")
 #: How long an answer no task of this instance's tenant and agent waits for is held
@@ -47,20 +47,13 @@ class Answers:
     """The handlers of one instance's answer, status and inbox subjects.
     ``resume(task_id, owner)`` continues a task whose join an answer completed."""
 
-    instance_id: str
-    #: The instance's agent: an answer resolves only a sub-task of its tasks.
-    agent_name: str
-    store: Store
+    scope: Scope
     outages: Outages
     memory: MemoryPath
     in_hand: InHand
     owners: LeaseOwners
     dead_letters: DeadLetters
     stats: InstanceStats
-    lease_ttl_s: float
-    max_message_bytes: int
-    #: Deliveries of an answer nobody can place before it is dead-lettered.
-    max_deliver: int
     resume: Callable[[str, str], Awaitable[None]]
 
     async def on_response(self, delivery: Delivery) -> None:
@@ -75,9 +68,9 @@ class Answers:
         owner = self.owners.next()
         try:
             resolution = await self.outages.outlast(delivery, lambda: (
-                self.store.resolve_peer_sub_task(sub_task_id, result, lease_owner=owner,
-                                                  lease_ttl_s=self.lease_ttl_s,
-                                                  agent_name=self.agent_name)))
+                self.scope.store.resolve_peer_sub_task(sub_task_id, result, lease_owner=owner,
+                                                       lease_ttl_s=self.scope.lease_ttl_s,
+                                                       agent_name=self.scope.agent_name)))
         except WrongAgentError as error:
             # Sent to this agent's subject, for another agent's task: nobody else ever
             # takes it from here, and nothing of it was written.
@@ -88,7 +81,7 @@ class Answers:
                 late = await self._names_a_known_task(response, delivery)
             except StoreError as error:
                 logger.warning("%s: could not look for the task of answer %s (%s); "
-                               "retrying later", self.instance_id, sub_task_id, error)
+                               "retrying later", self.scope.instance_id, sub_task_id, error)
                 await delivery.nak(1.0)
                 return
             if not late:
@@ -97,7 +90,7 @@ class Answers:
             resolution = None  # its task ended, or moved on: a late answer
         except StoreError as error:
             logger.warning("%s: could not record the answer to %s (%s); retrying later",
-                           self.instance_id, sub_task_id, error)
+                           self.scope.instance_id, sub_task_id, error)
             await delivery.nak(1.0)
             return
         # The resolution is committed: only now may the message go.
@@ -122,7 +115,7 @@ class Answers:
         if context is None:
             return False
         return await self.outages.outlast(
-            delivery, lambda: self.store.task_known(context, self.agent_name))
+            delivery, lambda: self.scope.store.task_known(context, self.scope.agent_name))
 
     async def _leave_for_its_owner(self, sub_task_id: str,
                                    response: a2a.SuccessResponse | a2a.ErrorResponse,
@@ -131,14 +124,14 @@ class Answers:
         handed back for redelivery (the broker may give it to whoever can place it),
         and once it has been delivered ``max_deliver`` times it is dead-lettered with
         the reason, where an operator sees it."""
-        if delivery.delivery_count < self.max_deliver:
+        if delivery.delivery_count < self.scope.options.max_deliver:
             await delivery.nak(UNPLACED_RETRY_S)
             return
         context = _context_of(response)
         self.stats.note("unplaced_answer", sub_task_id)
         await self.dead_letters.reject(delivery, BadMessageError(
-            f"no task of tenant {self.store.tenant_id!r} waits for sub-task {sub_task_id!r}, "
-            f"and the answer names no task agent {self.agent_name!r} has or had "
+            f"no task of tenant {self.scope.store.tenant_id!r} waits for sub-task {sub_task_id!r}, "
+            f"and the answer names no task agent {self.scope.agent_name!r} has or had "
             f"(context {context!r}): another tenant's or agent's answer, a forged one, or "
             f"an answer to a task that ended long ago; delivered {delivery.delivery_count} "
             "times"))
@@ -169,7 +162,7 @@ class Answers:
                                 delivery: Delivery) -> None:
         """A status update restarts the sub-task's deadline; it claims nothing."""
         try:
-            await self.outages.outlast(delivery, lambda: self.store.reset_timeout_deadline(
+            await self.outages.outlast(delivery, lambda: self.scope.store.reset_timeout_deadline(
                 sub_task_id, peer_task_id=wire.progress_task_id(response)))
         except UnknownSubTaskError:
             pass
@@ -178,7 +171,7 @@ class Answers:
                                             BadMessageError(f"bad status update: {error}"))
             return
         except StoreError as error:
-            logger.warning("%s: could not refresh %s (%s)", self.instance_id, sub_task_id,
+            logger.warning("%s: could not refresh %s (%s)", self.scope.instance_id, sub_task_id,
                            error)
             await delivery.nak(1.0)
             return
@@ -190,7 +183,7 @@ class Answers:
         sub_task_id = delivery.message.subject.rsplit(".", 1)[-1]
         try:
             response = a2a.parse_response(delivery.message.data,
-                                          max_bytes=self.max_message_bytes)
+                                          max_bytes=self.scope.options.max_message_bytes)
             if response.id is not None and str(response.id) != sub_task_id:
                 raise BadMessageError(
                     f"response id {response.id!r} does not match the sub-task "

@@ -1,4 +1,4 @@
-"""Approval pauses (seed 004): a tool call that waits for a human's decision.
+"""Approval pauses (docs/runtime.md, "Approvals"): a tool call that waits for a human's decision.
 
 A local tool declared with ``needs_approval`` (or a predicate on the call's
 arguments that says yes) is not run when the model calls it. The call becomes one
@@ -13,8 +13,10 @@ is denied, "timed out".
 A human answers from anywhere (:meth:`meshpoint.runtime.client.Client.approve`,
 ``deny``, ``reply``, or ``meshpoint tasks approve`` on the store directly), and any
 instance takes the answer (:class:`Inputs`). :func:`decide` checks it before
-anything is written (the call is pending and an approval; edited arguments satisfy
-the tool's JSON schema, which the item carries) and then resolves the item in the
+anything is written (the call is pending and an approval; edited arguments, a JSON
+merge patch of the proposed ones, satisfy the tool's JSON schema once merged, which
+the item carries; an approval that names the call as
+it was shown, ``proposed``, names it as it is now) and then resolves the item in the
 store, claim and result in one transaction: the first answer wins, a second is
 told who won and how. When the join completes, the task is resumed as after a
 peer's answer, and :meth:`ApprovalCalls.settle` runs an approved tool with the
@@ -60,20 +62,26 @@ from meshpoint.runtime.decisions import (
     Answer,
     Approve,
     Deny,
+    PendingCall,
+    Proposed,
     Reply,
     answer_of,
+    check_merged,
+    check_proposed,
+    merge_patch,
     parse_answer,
     signed_record,
 )
 from meshpoint.runtime.outages import Outages
+from meshpoint.runtime.scope import Scope
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.tasks import DeadLetters, LeaseOwners
 from meshpoint.store.base import Store
-from meshpoint.store.records import PeerSubTask, Resolution
+from meshpoint.store.results import Resolution, SubTask
 from meshpoint.store.sealing import UNREADABLE
 
 __all__ = ["ANSWER_KEY", "APPROVAL", "Answer", "ApprovalCalls", "Approve", "Decided", "Deny",
-           "Inputs", "Reply", "decide", "parse_answer"]
+           "Inputs", "Reply", "as_shown", "decide", "parse_answer"]
 
 logger = logging.getLogger("meshpoint.runtime")
 
@@ -148,11 +156,14 @@ class ApprovalCalls:
 
     def refused(self, ctx: TaskExecutionContext, call: ToolCall, result: Any) -> str | None:
         """With approvers configured, why a decision cannot be settled: it must be one
-        of theirs for this very call, signed over what it records (a decision can
-        reach the store without an instance's check: ``meshpoint tasks approve``, or
-        anyone who can write the database). None to settle it; the call is made
-        again otherwise (a new item: the task keeps waiting). A deadline's denial
-        needs no approver."""
+        of theirs for this very call, signed over what it records, and an approval
+        must name the tool and arguments that would run now, as its approver was
+        shown them, and record as its arguments its signed edit merged into them (a
+        decision can reach the store without an instance's check:
+        ``meshpoint tasks approve``, or anyone who can write the database; and so
+        can a change to the call after the check). None to settle it; the call is
+        made again otherwise (a new item, shown as it now is: the task keeps
+        waiting). A deadline's denial needs no approver."""
         if not self.approvers or not isinstance(result, dict) or \
                 result.get("decision") not in RECORDED.values():
             return None
@@ -163,9 +174,12 @@ class ApprovalCalls:
                     f"it decides call {result.get('call_id')!r}, not {expected!r}, the one "
                     f"{call.name!r} waits on")
             answer = answer_of(result)
+            pending = PendingCall(result["call_id"], self.agent.name, call.name,
+                                  call.arguments)
             approver = self.approvers.verify(
-                tenant=self.tenant, task_id=ctx.task_id, answer=answer,
-                calls=[(result["call_id"], self.agent.name, call.name)])
+                tenant=self.tenant, task_id=ctx.task_id, answer=answer, calls=[pending])
+            if isinstance(answer, Approve):
+                check_merged(result, answer, pending)
         except ValueError as error:
             claimed = result.get("claimed_by") or result.get("by")
             return f"{error} (claimed by {claimed!r})"
@@ -246,9 +260,12 @@ async def decide(store: Store, task_id: str, answer: Answer, *, by: str,
     have paused; MisdirectedAnswerError for a task of another agent than ``agent``
     (the one whose subject the answer came on, if given); NotPendingError for a
     call that is not one of its pending approvals (or a reply to a task waiting for
-    none); ArgumentsRejectedError for edited arguments that fail the tool's schema;
+    none); ArgumentsRejectedError for edited arguments (a JSON merge patch of the
+    call's) that, merged, fail the tool's schema;
     DecisionRefusedError, with ``approvers``, for an answer not signed by one of
-    them who may decide each call's tool; AlreadyAnsweredError (with the standing
+    them who may decide each call's tool, and for an approval whose ``proposed``
+    (signed, or given unsigned) is not the call's tool and arguments as stored
+    now; AlreadyAnsweredError (with the standing
     decision) for a call answered first. With ``lease_owner``, the answer that
     completes the join takes the resume lease in the same transaction.
 
@@ -278,11 +295,18 @@ async def decide(store: Store, task_id: str, answer: Answer, *, by: str,
     (sub,) = waiting
     if isinstance(answer, Approve):
         given = sub.correlation_data[APPROVAL]
-        arguments = given["arguments"] if answer.arguments is None else answer.arguments
-        if answer.arguments is not None:
+        if answer.proposed is not None:  # unsigned, or checked already by _who
+            check_proposed(answer, _pending_call(sub))
+        # An edit is a merge patch of the arguments the call has (which an approval
+        # that names them, ``proposed``, was checked to match): the merged ones are
+        # checked, recorded and run; the patch is kept as it was given (and signed).
+        edit = {} if answer.arguments is None else {"patch": answer.arguments}
+        arguments = given["arguments"]
+        if edit:
+            arguments = merge_patch(arguments, answer.arguments)
             check_arguments(given["tool"], given.get("parameters") or {}, arguments)
         decision = {"decision": "approved", "call_id": sub.sub_task_id, "arguments": arguments,
-                    "edited": answer.arguments is not None, **who, "at": clock()}
+                    "edited": bool(edit), **edit, **who, "at": clock()}
     else:
         decision = {"decision": "denied", "call_id": sub.sub_task_id,
                     "reason": answer.reason, **who, "at": clock()}
@@ -292,7 +316,7 @@ async def decide(store: Store, task_id: str, answer: Answer, *, by: str,
     return Decided([decision], resolution if resolution.join_complete else None)
 
 
-async def _pending_for_reply(store: Store, task_id: str, answer: Reply) -> list[PeerSubTask]:
+async def _pending_for_reply(store: Store, task_id: str, answer: Reply) -> list[SubTask]:
     """The pending approvals a reply answers: those it names, else every one."""
     subs = await store.get_peer_sub_tasks_for_task(task_id)
     for sub in subs:
@@ -314,7 +338,7 @@ async def _pending_for_reply(store: Store, task_id: str, answer: Reply) -> list[
     return waiting
 
 
-def _who(store: Store, task_id: str, answer: Answer, calls: Sequence[PeerSubTask],
+def _who(store: Store, task_id: str, answer: Answer, calls: Sequence[SubTask],
          approvers: Approvers | None, *, claimed: str) -> dict[str, Any]:
     """What a decision records of who made it: its verified approver, or (without
     approvers) only the name it claims; DecisionRefusedError if approvers are
@@ -323,11 +347,28 @@ def _who(store: Store, task_id: str, answer: Answer, calls: Sequence[PeerSubTask
     if not approvers:
         return {"claimed_by": claimed, "verified": False,
                 **({"signed": signed} if signed else {})}
-    approver = approvers.verify(
-        tenant=store.tenant_id, task_id=task_id, answer=answer,
-        calls=[(s.sub_task_id, s.agent_name, s.correlation_data[APPROVAL]["tool"])
-               for s in calls])
+    approver = approvers.verify(tenant=store.tenant_id, task_id=task_id, answer=answer,
+                                calls=[_pending_call(s) for s in calls])
     return {"by": approver, "verified": True, "signed": signed}
+
+
+def _pending_call(sub: SubTask) -> PendingCall:
+    approval = sub.correlation_data[APPROVAL]
+    return PendingCall(sub.sub_task_id, sub.agent_name, approval["tool"],
+                       approval["arguments"])
+
+
+async def as_shown(store: Store, task_id: str, answer: Approve) -> Approve:
+    """``answer`` naming the call it approves as ``store`` holds it now (its tool and
+    arguments, which an approver's signature then covers: what ``meshpoint tasks
+    approve`` shows and signs); unchanged if ``task_id`` has no such call readable
+    (:func:`decide` then says why)."""
+    for sub in await store.get_peer_sub_tasks_for_task(task_id):
+        approval = sub.correlation_data.get(APPROVAL)
+        if sub.sub_task_id == answer.call_id and isinstance(approval, dict):
+            return answer.model_copy(update={"proposed": Proposed(
+                tool=approval["tool"], arguments=approval["arguments"])})
+    return answer
 
 
 def check_arguments(tool: str, schema: dict[str, Any], arguments: Any) -> None:
@@ -341,7 +382,7 @@ def check_arguments(tool: str, schema: dict[str, Any], arguments: Any) -> None:
 
 
 async def _pending_approval(store: Store, task_id: str, call_id: str,
-                            agent: str | None) -> PeerSubTask:
+                            agent: str | None) -> SubTask:
     try:
         sub = await store.get_peer_sub_task(call_id)
     except UnknownSubTaskError:
@@ -363,7 +404,7 @@ async def _pending_approval(store: Store, task_id: str, call_id: str,
     return sub
 
 
-def _check_readable(sub: PeerSubTask) -> None:
+def _check_readable(sub: SubTask) -> None:
     """UnreadableValueError for a call whose correlation data the store could not
     open (its key is not held: a process without the key ring, or a shredded tenant):
     nothing is decided, and nothing written in clear beside sealed rows."""
@@ -373,7 +414,7 @@ def _check_readable(sub: PeerSubTask) -> None:
                                    f"cannot be answered: {reason}", task_id=sub.task_id)
 
 
-def _check_agent(sub: PeerSubTask, agent: str | None) -> None:
+def _check_agent(sub: SubTask, agent: str | None) -> None:
     """MisdirectedAnswerError if ``sub``'s task is not ``agent``'s (when given)."""
     if agent is not None and sub.agent_name != agent:
         raise MisdirectedAnswerError(
@@ -382,11 +423,11 @@ def _check_agent(sub: PeerSubTask, agent: str | None) -> None:
             f"to {sub.agent_name!r}")
 
 
-def _is_approval(sub: PeerSubTask) -> bool:
+def _is_approval(sub: SubTask) -> bool:
     return isinstance(sub.correlation_data.get(APPROVAL), dict)
 
 
-def _already_answered(sub: PeerSubTask) -> AlreadyAnsweredError:
+def _already_answered(sub: SubTask) -> AlreadyAnsweredError:
     decision = as_decision(sub.result)
     how = decision["decision"]
     if decision.get("reason") == "timed out":
@@ -404,7 +445,7 @@ def decided_by(decision: dict[str, Any]) -> str:
     return f"claimed by {decision.get('claimed_by')}, unverified"
 
 
-async def _resolve(store: Store, sub: PeerSubTask, decision: dict[str, Any],
+async def _resolve(store: Store, sub: SubTask, decision: dict[str, Any],
                    lease_owner: str | None, lease_ttl_s: float) -> Resolution | None:
     return await store.resolve_peer_sub_task(
         sub.sub_task_id, decision, resolved_by=RESOLVED_BY_HUMAN, lease_owner=lease_owner,
@@ -418,16 +459,11 @@ class Inputs:
     acknowledges, and resumes the task if the answer completed its join.
     ``resume(task_id, owner)`` continues a task under ``owner``'s lease."""
 
-    instance_id: str
-    #: The instance's agent: an answer is taken only for a task of this agent.
-    agent_name: str
-    store: Store
-    broker: Broker
+    scope: Scope
     outages: Outages
     owners: LeaseOwners
     dead_letters: DeadLetters
     stats: InstanceStats
-    lease_ttl_s: float
     resume: Callable[[str, str], Awaitable[None]]
     #: Who may decide (None or empty: anyone, each decision's name only claimed).
     approvers: Approvers | None = None
@@ -445,9 +481,9 @@ class Inputs:
         owner = self.owners.next()
         try:
             decided = await self.outages.outlast(delivery, lambda: decide(
-                self.store, task_id, answer, by=reply_to or "anonymous",
-                agent=self.agent_name, approvers=self.approvers, lease_owner=owner,
-                lease_ttl_s=self.lease_ttl_s))
+                self.scope.store, task_id, answer, by=reply_to or "anonymous",
+                agent=self.scope.agent_name, approvers=self.approvers, lease_owner=owner,
+                lease_ttl_s=self.scope.lease_ttl_s))
         except MisdirectedAnswerError as error:
             # Not acknowledged and dropped: no instance of the task's own agent will
             # see it on this subject. The sender is told, and it is dead-lettered.
@@ -461,7 +497,7 @@ class Inputs:
                 # Someone tried to decide without an approver's signature: worth a
                 # line in the log beside the refusal its sender is told.
                 logger.warning("%s: refused a decision for task %s from %s: %s",
-                               self.instance_id, task_id, reply_to or "an unnamed sender",
+                               self.scope.instance_id, task_id, reply_to or "an unnamed sender",
                                error)
             code = error.code if isinstance(error, AnswerRefusedError) else wire.TASK_NOT_FOUND
             data = {"decision": error.decision} if isinstance(
@@ -471,7 +507,7 @@ class Inputs:
             return
         except StoreError as error:
             logger.warning("%s: could not record an answer to %s (%s); retrying later",
-                           self.instance_id, task_id, error)
+                           self.scope.instance_id, task_id, error)
             await delivery.nak(1.0)
             return
         for decision in decided.decisions:
@@ -488,7 +524,7 @@ class Inputs:
     async def _reply(self, reply_to: str | None, document: bytes) -> None:
         if reply_to:
             try:
-                await self.broker.publish(reply_to, document)
+                await self.scope.broker.publish(reply_to, document)
             except Exception as error:  # the answer stands; the sender times out
-                logger.warning("%s: could not tell %s: %s", self.instance_id, reply_to,
+                logger.warning("%s: could not tell %s: %s", self.scope.instance_id, reply_to,
                                error)

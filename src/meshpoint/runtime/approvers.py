@@ -42,12 +42,18 @@ from meshpoint.errors import (
     InvalidArgumentError,
     MeshpointError,
 )
-from meshpoint.integrity import canonical, load_key
+from meshpoint.history.integrity import canonical, load_key
 from meshpoint.runtime.decisions import (
+    DECISION_FORMAT,
+    DECISION_FORMAT_V1,
+    DECISION_FORMAT_V2,
     Answer,
+    Approve,
     DecisionSignature,
+    PendingCall,
     Reply,
     call_ids_of,
+    check_proposed,
     decision_document,
 )
 
@@ -117,12 +123,22 @@ class Approvers:
         return f"Approvers({sorted(self._by_id)})"
 
     def verify(self, *, tenant: str, task_id: str, answer: Answer,
-               calls: Sequence[tuple[str, str, str]]) -> str:
+               calls: Sequence[PendingCall | tuple[str, str, str]],
+               recorded: bool = False) -> str:
         """The id of the approver who signed ``answer`` (to ``task_id`` of ``tenant``),
-        which decides ``calls`` (``(call id, agent, tool)`` each); DecisionRefusedError
-        saying why it cannot be taken: unsigned, an unknown approver, a signature that
-        does not verify (forged, or of other content), other calls than it names,
-        or a call its approver may not decide."""
+        which decides ``calls`` (each a :class:`PendingCall`: call id, agent, tool and
+        the arguments the model gave); DecisionRefusedError saying why it cannot be
+        taken: unsigned, an unknown approver, a signature that does not verify
+        (forged, or of other content), other calls than it names, a call its approver
+        may not decide, or an approval of another tool or other arguments than the
+        call has now (:func:`~meshpoint.runtime.decisions.check_proposed`).
+
+        An approval signed under ``meshpoint.decision/1`` does not name what it
+        approves: it is refused, unless ``recorded`` (an auditor verifying a decision
+        recorded before ``/2``, :func:`~meshpoint.runtime.decisions.answer_of`); so is
+        an approval with edited arguments signed under ``meshpoint.decision/2``, whose
+        edit replaced the arguments whole where ``/3``'s is a merge patch. A denial
+        or a reply runs nothing, and verifies under any format."""
         signature = answer.signature
         if signature is None:
             claimed = f" (it claims to be by {answer.by!r})" if answer.by else ""
@@ -135,7 +151,7 @@ class Approvers:
                 f"{signature.approver!r} is not an approver of this mesh (approvers: "
                 f"{', '.join(sorted(self._by_id))})")
         document = decision_document(tenant, task_id, answer, signature.approver,
-                                     signature.signed_at)
+                                     signature.signed_at, signature.format)
         try:
             approver.public_key.verify(base64.b64decode(signature.signature, validate=True),
                                        canonical(document))
@@ -145,17 +161,40 @@ class Approvers:
                 "its key: it was made with another key, or the decision was changed "
                 "(its task, calls, arguments, reason or text) after it was signed"
             ) from None
+        if isinstance(answer, Approve) and signature.format == DECISION_FORMAT_V1 \
+                and not recorded:
+            raise DecisionRefusedError(
+                f"{signature.approver!r} signed this approval as {DECISION_FORMAT_V1}, "
+                "which does not name the tool and arguments it approves: sign it again "
+                f"as {DECISION_FORMAT} (a current Client or meshpoint tasks approve)")
+        if isinstance(answer, Approve) and answer.arguments is not None \
+                and signature.format == DECISION_FORMAT_V2 and not recorded:
+            raise DecisionRefusedError(
+                f"{signature.approver!r} signed these edited arguments as "
+                f"{DECISION_FORMAT_V2}, where they replaced the proposed ones whole; "
+                f"they are now a JSON merge patch of them: sign it again as "
+                f"{DECISION_FORMAT} (a current Client or meshpoint tasks approve)")
         named = call_ids_of(answer)
-        for call_id, agent, tool in calls:
-            if call_id not in named:
+        for call in map(_pending, calls):
+            if call.call_id not in named:
                 raise DecisionRefusedError(
                     f"{signature.approver!r} signed a decision of calls {named}, not of "
-                    f"call {call_id!r}")
-            if not approver.may_decide(agent, tool):
+                    f"call {call.call_id!r}")
+            if not approver.may_decide(call.agent, call.tool):
                 raise DecisionRefusedError(
-                    f"{signature.approver!r} may not decide tool {tool!r} of agent "
-                    f"{agent!r} (call {call_id!r})")
+                    f"{signature.approver!r} may not decide tool {call.tool!r} of agent "
+                    f"{call.agent!r} (call {call.call_id!r})")
+            if isinstance(answer, Approve) and signature.format != DECISION_FORMAT_V1:
+                if call.arguments is None and not recorded:
+                    raise InvalidArgumentError(
+                        f"an approval of call {call.call_id!r} is verified against the "
+                        "arguments the call has (PendingCall.arguments)")
+                check_proposed(answer, call)
         return signature.approver
+
+
+def _pending(call: PendingCall | tuple[str, str, str]) -> PendingCall:
+    return call if isinstance(call, PendingCall) else PendingCall(*call)
 
 
 @dataclass(frozen=True)
@@ -200,12 +239,19 @@ class ApproverKey:
 
     def sign(self, *, tenant: str, task_id: str, answer: Answer,
              clock: Callable[[], float] = time.time) -> Answer:
-        """``answer`` signed by this approver, for ``task_id`` of ``tenant``. A reply
-        must name the calls it answers (``call_ids``)."""
+        """``answer`` signed by this approver, for ``task_id`` of ``tenant``, as
+        ``meshpoint.decision/2``. A reply must name the calls it answers
+        (``call_ids``), an approval the call it approves as it was shown
+        (``proposed``: :meth:`Approve.of`)."""
         if isinstance(answer, Reply) and not answer.call_ids:
             raise InvalidArgumentError(
                 "a signed reply names the calls it answers: give call_ids (the pending "
                 "calls, from Client.wait_input or meshpoint tasks show)")
+        if isinstance(answer, Approve) and answer.proposed is None:
+            raise InvalidArgumentError(
+                "a signed approval names the call it approves as it was shown: give "
+                "proposed (its tool and arguments: Approve.of(pending), with a pending "
+                "call from Client.wait_input or meshpoint tasks show)")
         if answer.by is not None and answer.by != self.approver:
             raise InvalidArgumentError(
                 f"the answer says it is by {answer.by!r}, the key is {self.approver!r}'s")
@@ -213,4 +259,5 @@ class ApproverKey:
         document = decision_document(tenant, task_id, answer, self.approver, signed_at)
         signature = base64.b64encode(self.private_key.sign(canonical(document))).decode()
         return answer.model_copy(update={"by": self.approver, "signature": DecisionSignature(
-            approver=self.approver, signed_at=signed_at, signature=signature)})
+            approver=self.approver, signed_at=signed_at, signature=signature,
+            format=DECISION_FORMAT)})

@@ -1,4 +1,4 @@
-"""The pause boundary (DESIGN §5): a turn ended with items outstanding.
+"""The pause boundary (docs/runtime.md): a turn ended with items outstanding.
 
 1. the turn ended with its items registered in the context;
 2. one transaction checkpoints the task, its items and the turn's join;
@@ -35,9 +35,9 @@ from meshpoint.errors import (
 )
 from meshpoint.runtime.calls import CallKinds
 from meshpoint.runtime.memory import MemoryPath
+from meshpoint.runtime.scope import Scope
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.tasks import Background, InHand, TaskRun
-from meshpoint.store.base import Store
 
 logger = logging.getLogger("meshpoint.runtime")
 
@@ -47,10 +47,8 @@ class PauseBoundary:
     """Pauses the tasks of one instance. ``cancel_stored(task_id)`` cancels a stored
     task (for a cancel that reached the task during its boundary)."""
 
-    agent_name: str
-    instance_id: str
+    scope: Scope
     checkpointing: bool
-    store: Store
     kinds: CallKinds
     memory: MemoryPath
     in_hand: InHand
@@ -60,13 +58,15 @@ class PauseBoundary:
     #: The agent's history hook (Agent.annotate), run before each checkpoint.
     annotate: Callable[[TaskExecutionContext], None]
 
-    async def pause(self, run: TaskRun, sub_task_ids: list[str]) -> None:
-        """Pause ``run``, whose turn opened the items ``sub_task_ids``."""
+    async def pause(self, run: TaskRun, sub_task_ids: list[str],
+                    go_on: Callable[[TaskRun], None]) -> None:
+        """Pause ``run``, whose turn opened the items ``sub_task_ids``; a task that
+        waits in memory continues by ``go_on(run)`` when its join completes."""
         ctx = run.ctx
-        ctx.flags["paused_at"] = time.time()
-        ctx.flags["paused_by"] = self.instance_id
+        ctx.flags["paused_at"] = self.scope.clock()
+        ctx.flags["paused_by"] = self.scope.instance_id
         if not self.checkpointing or not await self._checkpoint(run, sub_task_ids):
-            await self.memory.wait(run, sub_task_ids)
+            await self.memory.wait(run, sub_task_ids, go_on)
 
     async def _checkpoint(self, run: TaskRun, sub_task_ids: list[str]) -> bool:
         """Steps 2-5; False if the task must wait in memory instead."""
@@ -76,8 +76,8 @@ class PauseBoundary:
         self.annotate(ctx)
         # Shielded so that a write still in flight when this instance is killed is
         # counted once it commits (it commits either way: it runs in the database).
-        write = asyncio.ensure_future(self.store.checkpoint_task(
-            ctx, self.agent_name, status=status, lease_owner=run.lease_owner))
+        write = asyncio.ensure_future(self.scope.store.checkpoint_task(
+            ctx, self.scope.agent_name, status=status, lease_owner=run.lease_owner))
         write.add_done_callback(self._count_checkpoint)
         try:
             await asyncio.shield(write)
@@ -86,7 +86,7 @@ class PauseBoundary:
             return True
         except StoreError as error:
             logger.warning("%s: checkpoint of %s failed (%s); it waits in memory",
-                           self.instance_id, ctx.task_id, error)
+                           self.scope.instance_id, ctx.task_id, error)
             run.maybe_stored = run.lease_owner is None and isinstance(
                 error, StoreUnavailableError)
             return False
@@ -102,7 +102,7 @@ class PauseBoundary:
         except Exception as error:
             # The checkpoint holds the items: each times out and the task goes on.
             logger.error("%s: items of task %s not announced (%s); they will time out",
-                         self.instance_id, ctx.task_id, error)
+                         self.scope.instance_id, ctx.task_id, error)
         if run.delivery is not None:
             await run.delivery.ack()
         self.in_hand.forget(run)
@@ -115,7 +115,7 @@ class PauseBoundary:
         """Another instance has this task: a redelivered request ran twice, or our
         lease expired and was taken over. Theirs is the live copy."""
         ctx = run.ctx
-        logger.info("%s: dropping task %s: %s", self.instance_id, ctx.task_id, error)
+        logger.info("%s: dropping task %s: %s", self.scope.instance_id, ctx.task_id, error)
         self.stats.note("dropped", ctx.task_id)
         self.in_hand.forget(run)
         if isinstance(error, TaskEndedError):
@@ -124,7 +124,7 @@ class PauseBoundary:
             if run.lease_owner is not None:
                 # Refused (e.g. calls still open after a cancel): let it go.
                 with contextlib.suppress(StoreError):
-                    await self.store.release_resume_lease(ctx.task_id, run.lease_owner)
+                    await self.scope.store.release_resume_lease(ctx.task_id, run.lease_owner)
             else:
                 # Our request was redelivered: its first run checkpointed but may have
                 # died before announcing. Announce the stored items again (a peer that
@@ -135,7 +135,7 @@ class PauseBoundary:
 
     async def _announce_stored(self, run: TaskRun) -> None:
         try:
-            stored = await self.store.get_peer_sub_tasks_for_task(run.ctx.task_id)
+            stored = await self.scope.store.get_peer_sub_tasks_for_task(run.ctx.task_id)
         except StoreError:
             return  # the items still time out
         # The stored items, not this run's (its turn opened items of its own).
@@ -148,7 +148,7 @@ class PauseBoundary:
         try:
             await self.cancel_stored(task_id)
         except StoreError as error:
-            logger.warning("%s: cancel of %s failed: %s", self.instance_id, task_id, error)
+            logger.warning("%s: cancel of %s failed: %s", self.scope.instance_id, task_id, error)
 
     def _count_checkpoint(self, write: asyncio.Future[Any]) -> None:
         if not write.cancelled() and write.exception() is None:

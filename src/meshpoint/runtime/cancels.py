@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from meshpoint import a2a
-from meshpoint.broker.base import Broker, Delivery
+from meshpoint.broker.base import Delivery
 from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import (
     BadMessageError,
     CorruptCheckpointError,
-    IntegrityError,
+    HistoryIntegrityError,
     KeyMissingError,
     StoreError,
     TaskBlockedError,
@@ -30,12 +30,13 @@ from meshpoint.errors import (
 )
 from meshpoint.runtime import wire
 from meshpoint.runtime.calls import CallKinds
-from meshpoint.runtime.ending import OUTCOMES
+from meshpoint.runtime.ending import OUTCOMES, record_ending
 from meshpoint.runtime.outages import Outages
+from meshpoint.runtime.scope import Scope
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.subjects import Subjects
 from meshpoint.runtime.tasks import DeadLetters, InHand, LeaseOwners, TaskRun
-from meshpoint.store.base import TASK_STATUSES, Store
+from meshpoint.store.base import TASK_STATUSES
 
 logger = logging.getLogger("meshpoint.runtime")
 
@@ -55,11 +56,8 @@ class Answering(Protocol):
 class Cancels:
     """Cancels the tasks of one instance's agent."""
 
-    agent_name: str
+    scope: Scope
     subjects: Subjects
-    instance_id: str
-    store: Store
-    broker: Broker
     kinds: CallKinds
     endings: Answering
     outages: Outages
@@ -67,9 +65,6 @@ class Cancels:
     owners: LeaseOwners
     dead_letters: DeadLetters
     stats: InstanceStats
-    lease_ttl_s: float
-    max_deliver: int
-    max_message_bytes: int
 
     async def on_cancel(self, task_id: str, delivery: Delivery) -> None:
         """A ``tasks/cancel`` request for one of this agent's tasks."""
@@ -86,19 +81,19 @@ class Cancels:
             await self.dead_letters.reject(delivery, BadMessageError(f"cancel refused: {error}"))
             return
         except StoreError as error:
-            logger.warning("%s: cancel of %s failed (%s); retrying", self.instance_id,
+            logger.warning("%s: cancel of %s failed (%s); retrying", self.scope.instance_id,
                            task_id, error)
             await delivery.nak(1.0)
             return
         if outcome == "canceled":
             await delivery.ack()
             return
-        await self.broker.publish(self.subjects.control(self.agent_name),
-                                 wire.cancel_broadcast(task_id))
-        if outcome == "leased" and delivery.delivery_count < self.max_deliver:
+        await self.scope.broker.publish(self.subjects.control(self.scope.agent_name),
+                                        wire.cancel_broadcast(task_id))
+        if outcome == "leased" and delivery.delivery_count < self.scope.options.max_deliver:
             # Resuming elsewhere: if that instance is dead, its lease will expire and
             # the next attempt cancels the stored task itself.
-            await delivery.nak(self.lease_ttl_s)
+            await delivery.nak(self.scope.lease_ttl_s)
         else:
             await delivery.ack()
 
@@ -119,10 +114,10 @@ class Cancels:
         try:
             # Before the lease, which would make the task `resuming`: ending a signed
             # task appends its last record, which this instance may be unable to sign.
-            await self.store.check_signing_key(task_id)
-            lease = await self.store.take_resume_lease(
-                task_id, owner, self.lease_ttl_s, statuses=TASK_STATUSES,
-                agent_name=self.agent_name)
+            await self.scope.store.check_signing_key(task_id)
+            lease = await self.scope.store.take_resume_lease(
+                task_id, owner, self.scope.lease_ttl_s, statuses=TASK_STATUSES,
+                agent_name=self.scope.agent_name)
         except UnknownTaskError:
             return "unknown"
         except KeyMissingError as error:
@@ -131,29 +126,30 @@ class Cancels:
             return "leased"
         ctx: TaskExecutionContext | None = None
         try:
-            ctx = (await self.store.restore_task(task_id, lease_owner=owner)).context
+            ctx = (await self.scope.store.restore_task(task_id, lease_owner=owner)).context
         except KeyMissingError as error:  # signed since the check: nothing written
-            await self.store.release_resume_lease(task_id, owner)
+            await self.scope.store.release_resume_lease(task_id, owner)
             return self._leave(task_id, error)
         except TaskBlockedError:
             # Blocking released the lease; the task still ends when asked to.
-            if await self.store.take_resume_lease(task_id, owner, self.lease_ttl_s,
-                                                  statuses=TASK_STATUSES,
-                                                  agent_name=self.agent_name) is None:
+            if await self.scope.store.take_resume_lease(task_id, owner, self.scope.lease_ttl_s,
+                                                        statuses=TASK_STATUSES,
+                                                        agent_name=self.scope.agent_name) is None:
                 return "leased"
-        except IntegrityError as error:
+        except HistoryIntegrityError as error:
             logger.warning("%s: ending %s, whose history fails verification: %s",
-                           self.instance_id, task_id, error)
+                           self.scope.instance_id, task_id, error)
         if ctx is None:
             # What its caller is told comes from its live row, if that decodes at all.
             with contextlib.suppress(CorruptCheckpointError):
-                ctx = (await self.store.restore_task(task_id, lease_owner=owner,
-                                                     verify=False)).context
+                ctx = (await self.scope.store.restore_task(task_id, lease_owner=owner,
+                                                           verify=False)).context
         # Rows first: once they are gone no answer, sweep or recovery can revive the
         # task. The withdrawals and the answer are then published (at most lost, never
         # half-applied: the peers' own deadlines end their work).
-        await self.store.cleanup_task(task_id, lease_owner=owner,
-                                      outcome=outcome or OUTCOMES[state], ctx=ctx)
+        record_ending(ctx, outcome or OUTCOMES[state], text)
+        await self.scope.store.cleanup_task(task_id, lease_owner=owner,
+                                            outcome=outcome or OUTCOMES[state], ctx=ctx)
         self.endings.note_end(task_id, state, text)
         if ctx is None:
             return "canceled"
@@ -168,19 +164,14 @@ class Cancels:
         signing key ends it (``leased``: the cancel is broadcast, and its request
         comes back)."""
         logger.error("%s: leaving the end of %s to an instance with the signing key: %s",
-                     self.instance_id, task_id, error)
+                     self.scope.instance_id, task_id, error)
         self.stats.note("key_missing", task_id, reason=str(error))
         return "leased"
 
-    async def on_control(self, delivery: Delivery) -> None:
-        """A cancel broadcast to every instance of the agent."""
-        try:
-            task_id = wire.parse_control(delivery.message.data, max_bytes=self.max_message_bytes)
-        except BadMessageError as error:
-            await self.dead_letters.reject(delivery,
-                                            BadMessageError(f"bad control message: {error}"))
-            return
-        await delivery.ack()
+    async def on_broadcast(self, task_id: str) -> None:
+        """A cancel broadcast to every instance of the agent (read and acknowledged
+        by ``AgentInstance._on_control``): the task is canceled here if it is in this
+        instance's memory, else if it is stored and nobody runs it."""
         run = self.in_hand.get(task_id)
         if run is not None:
             await self.cancel_local(run)

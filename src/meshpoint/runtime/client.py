@@ -10,18 +10,27 @@ to the task's agent, whose instance that takes it checks and records it and
 replies; a refused answer raises
 :class:`~meshpoint.errors.AnswerRefusedError` (or UnknownTaskError) saying why.
 The tasks this client submitted tell it when they wait for input
-(:meth:`Client.wait_input`).
+(:meth:`Client.wait_input`); :meth:`Client.wait_next` waits for whichever comes
+first, the answer or the next such pause (a :class:`NextStep`). A wait that runs out
+raises :class:`~meshpoint.errors.WaitTimeoutError` (a TimeoutError) naming the task,
+its agent and namespace, and what was waited for.
+
+A client of a deployment opens the config's broker with
+:func:`meshpoint.config.open_client`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from meshpoint import a2a
+from meshpoint._validation import check_name, check_text, describe
 from meshpoint.broker.base import Broker, ConsumerOptions, Delivery, Subscription
 from meshpoint.errors import (
     AlreadyAnsweredError,
@@ -35,15 +44,36 @@ from meshpoint.errors import (
     MisdirectedAnswerError,
     NotPendingError,
     UnknownTaskError,
+    WaitTimeoutError,
 )
 from meshpoint.runtime import wire
-from meshpoint.runtime.agent import check_name
 from meshpoint.runtime.approvers import ApproverKey
-from meshpoint.runtime.decisions import Answer, Approve, Deny, Reply
+from meshpoint.runtime.decisions import Answer, Approve, Deny, Proposed, Reply
 from meshpoint.runtime.subjects import DEFAULT_TENANT, Subjects
 from meshpoint.runtime.wire import TASK_NOT_FOUND
 
 logger = logging.getLogger("meshpoint.client")
+_Part = TypeVar("_Part", Approve, Deny, Reply, Proposed)
+
+
+@dataclass(frozen=True)
+class NextStep:
+    """What :meth:`Client.wait_next` saw first: the task's final ``answer`` (it
+    ended), or ``pending``, the calls its task now waits to have answered by a human
+    (each as :meth:`Client.wait_input` gives them)."""
+
+    request_id: str
+    #: The task's id, as ``meshpoint tasks approve/deny/reply`` take it.
+    task_id: str
+    #: The final answer (completed, failed, canceled...), if the task ended.
+    answer: a2a.Task | None = None
+    #: The pending calls of an input-required pause (empty once the task ended).
+    pending: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ended(self) -> bool:
+        """The task ended: ``answer`` is its final state."""
+        return self.answer is not None
 
 
 class Client:
@@ -66,6 +96,8 @@ class Client:
         #: request id -> every final answer received for it (normally one).
         self.answers: dict[str, list[a2a.Task]] = {}
         self._waiters: dict[str, asyncio.Future[a2a.Task]] = {}
+        #: request id -> the agent it was sent to (named when a wait runs out).
+        self._agents: dict[str, str] = {}
         #: request id -> the calls its task last said it waits to have approved.
         self.input_required: dict[str, list[dict[str, Any]]] = {}
         #: Request id -> the other status updates of its task, in arrival order (a task
@@ -94,11 +126,11 @@ class Client:
 
     async def submit(self, agent: str, text: str, *, request_id: str | None = None) -> str:
         """Send ``text`` to ``agent`` as a new task; returns the request id."""
-        if self._subscription is None:
-            raise InvalidArgumentError("start the client (async with Client(...)) first")
+        self._check_started()
         check_name("agent", agent)
         request_id = check_name("request_id", request_id or wire.new_id())
         self._waiters.setdefault(request_id, asyncio.get_running_loop().create_future())
+        self._agents[request_id] = agent
         await self.broker.publish(
             self.subjects.request(agent), wire.send_request(request_id, text),
             wire.reply_headers(f"{self._prefix}.response.{request_id}",
@@ -110,11 +142,11 @@ class Client:
         return wire.derive_task_id(agent, f"{self._prefix}.response.{request_id}", request_id)
 
     async def wait(self, request_id: str, timeout_s: float | None = None) -> a2a.Task:
-        """The first final answer to ``request_id``."""
-        future = self._waiters.get(request_id)
-        if future is None:
-            raise InvalidArgumentError(f"no task was submitted with request id {request_id!r}")
-        return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        """The first final answer to ``request_id``; WaitTimeoutError (a TimeoutError)
+        naming the task if none came within ``timeout_s``."""
+        answer = self._submitted(request_id)
+        await self._first(request_id, [answer], timeout_s, "answer")
+        return answer.result()
 
     async def ask(self, agent: str, text: str, timeout_s: float | None = 60.0) -> a2a.Task:
         """Submit and wait for the answer."""
@@ -124,33 +156,88 @@ class Client:
         """Ask ``agent`` to cancel ``task_id``; its caller is answered ``canceled``."""
         await self.broker.publish(self.subjects.request(agent), wire.cancel_request(task_id))
 
+    async def handoff(self, agent: str, task_id: str, reason: str = "") -> None:
+        """Ask ``agent`` to hand ``task_id`` off to a fresh-context iteration (an
+        operator's request; the agent needs a ``handoff`` policy): the instance
+        running it does, before its next model call. A task that is not running (it
+        waits for peers or a human, or in the store) is left as it is."""
+        await self.broker.publish(self.subjects.request(agent),
+                                  wire.handoff_request(task_id, reason))
+
     async def wait_input(self, request_id: str, timeout_s: float | None = None
                          ) -> list[dict[str, Any]]:
         """The pending approvals of ``request_id``'s task, once it waits for input:
         each a dict of ``call_id`` (what to answer), ``tool``, ``arguments``,
         ``description``, ``function_call_id`` and ``timeout_s``. Returns at once if
-        an update not yet waited for arrived already."""
-        if request_id not in self._waiters:
-            raise InvalidArgumentError(f"no task was submitted with request id {request_id!r}")
-        future = self._inputs.setdefault(request_id,
-                                         asyncio.get_running_loop().create_future())
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        finally:
-            if future.done():
+        an update not yet waited for arrived already. Returns ``[]`` once the task
+        has ended (without needing input, or after it): its answer is then in
+        :attr:`answers`, and :meth:`wait` returns it at once. WaitTimeoutError if
+        neither came within ``timeout_s``."""
+        return (await self._next(request_id, timeout_s, "input")).pending
+
+    async def wait_next(self, request_id: str, timeout_s: float | None = None) -> NextStep:
+        """Whichever comes first of ``request_id``'s task: its final answer
+        (``NextStep.answer``; ``ended`` is true) or its next pause for a human
+        (``NextStep.pending``, the calls to approve, deny or reply to). A pause
+        already told and not yet waited for (here or by :meth:`wait_input`) returns
+        at once; once the task ended, every call returns its answer. So a caller
+        loops until ``ended``, answering each pause. WaitTimeoutError if neither
+        came within ``timeout_s``."""
+        return await self._next(request_id, timeout_s, "answer or input")
+
+    async def _next(self, request_id: str, timeout_s: float | None, what: str) -> NextStep:
+        answer = self._submitted(request_id)
+        task_id = self.task_id(self._agents[request_id], request_id)
+        pause = self._inputs.setdefault(request_id,
+                                        asyncio.get_running_loop().create_future())
+        await self._first(request_id, [answer, pause], timeout_s, what)
+        if answer.done():  # the task ended: a pause told before is past
+            if pause.done():
                 self._inputs.pop(request_id, None)
+            return NextStep(request_id, task_id, answer=answer.result())
+        self._inputs.pop(request_id, None)
+        return NextStep(request_id, task_id, pending=pause.result())
+
+    async def _first(self, request_id: str, futures: list[asyncio.Future[Any]],
+                     timeout_s: float | None, what: str) -> None:
+        """Wait until one of ``futures`` is done (never cancelling them: a later
+        wait goes on with them); WaitTimeoutError naming the task after
+        ``timeout_s``."""
+        if not any(f.done() for f in futures):
+            await asyncio.wait(futures, timeout=timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        if not any(f.done() for f in futures):
+            agent = self._agents[request_id]
+            raise WaitTimeoutError(
+                task_id=self.task_id(agent, request_id), request_id=request_id, agent=agent,
+                namespace=self.namespace, waited_for=what, timeout_s=timeout_s or 0.0)
 
     async def approve(self, task_id: str, call_id: str,
                       arguments: dict[str, Any] | None = None, *, agent: str | None = None,
                       by: str | None = None, key: ApproverKey | None = None,
+                      proposed: Mapping[str, Any] | None = None,
                       timeout_s: float = 30.0) -> dict[str, Any]:
-        """Approve the pending call ``call_id`` of ``task_id``, with ``arguments`` in
-        place of the model's if given (checked against the tool's JSON schema before
-        anything is written). With ``key`` (or the client's), the approval is signed
-        as that approver's. Returns the recorded decision."""
+        """Approve the pending call ``call_id`` of ``task_id``, with ``arguments``
+        merged into the model's if given (a JSON merge patch, RFC 7396: only the keys
+        to change; ``None`` removes one), checked against the tool's JSON schema
+        before anything is written. With ``key`` (or the client's), the approval is signed
+        as that approver's, over the call as the approver was shown it: ``proposed``,
+        a pending call's ``tool`` and ``arguments`` (a dict of :meth:`wait_input`,
+        or of ``meshpoint tasks show --json``), by default what this client's own
+        :meth:`wait_input` was told of ``call_id``. The approval is refused if the
+        call is not that any more. Returns the recorded decision."""
         if arguments is not None and type(arguments) is not dict:
             raise InvalidArgumentError(f"arguments must be a dict, got {arguments!r:.80}")
-        answer = _answer(Approve, call_id=call_id, arguments=arguments, by=by)
+        shown = None
+        if proposed is not None:
+            if not isinstance(proposed, Mapping):
+                raise InvalidArgumentError(
+                    f"proposed must be a pending call (a dict with its tool and arguments), "
+                    f"got {proposed!r:.80}")
+            shown = _answer(Proposed, tool=proposed.get("tool"),
+                            arguments=proposed.get("arguments"))
+        answer = _answer(Approve, call_id=call_id, arguments=arguments, by=by,
+                         proposed=shown)
         return (await self.answer(task_id, answer, agent=agent, key=key,
                                   timeout_s=timeout_s))[0]
 
@@ -171,8 +258,7 @@ class Client:
         """Answer a waiting task in words: its pending calls (``call_ids``, or every
         one) are not run and the model is shown ``text``. A signed reply (``key``, or
         the client's) names its calls. Returns the decisions recorded, one per call."""
-        if type(text) is not str or not text:
-            raise InvalidArgumentError("text must be a non-empty str")
+        check_text("text", text)
         answer = _answer(Reply, text=text, call_ids=call_ids, by=by)
         return await self.answer(task_id, answer, agent=agent, key=key, timeout_s=timeout_s)
 
@@ -183,12 +269,12 @@ class Client:
         or ``Reply``, perhaps signed elsewhere) to the waiting task ``task_id``; with
         ``key`` (or the client's), it is signed here. Returns the decisions recorded;
         raises AnswerRefusedError (or UnknownTaskError) saying why it was refused."""
-        if self._subscription is None:
-            raise InvalidArgumentError("start the client (async with Client(...)) first")
-        if type(task_id) is not str or not task_id:
-            raise InvalidArgumentError(f"task_id must be a non-empty str, got {task_id!r}")
+        self._check_started()
+        check_text("task_id", task_id)
         key = key or self.key
         if key is not None:
+            if isinstance(answer, Approve) and answer.proposed is None:
+                answer = self._as_shown(answer)
             answer = key.sign(tenant=self.subjects.tenant, task_id=task_id, answer=answer)
         elif answer.by is None:
             answer = answer.model_copy(update={"by": self.client_id})
@@ -204,7 +290,8 @@ class Client:
                 response = await asyncio.wait_for(future, timeout_s)
             except TimeoutError:
                 raise BrokerError(
-                    f"no instance of agent {agent!r} answered within {timeout_s} s; the "
+                    f"no instance of agent {agent!r} (namespace {self.namespace!r}) "
+                    f"answered within {timeout_s} s; the "
                     "answer may still be taken (answering again is safe: the first "
                     "answer wins)") from None
         finally:
@@ -215,6 +302,27 @@ class Client:
         data = next((p.data for p in result.parts if isinstance(p, a2a.DataPart)), {}) \
             if isinstance(result, a2a.Message) else {}
         return list(data.get("decisions") or [])
+
+    def _as_shown(self, answer: Approve) -> Approve:
+        """``answer`` naming its call as this client's :meth:`wait_input` showed it;
+        unchanged if it showed no such call (signing then asks for ``proposed``)."""
+        for pending in self.input_required.values():
+            for call in pending:
+                if call.get("call_id") == answer.call_id:
+                    return answer.model_copy(update={"proposed": _answer(
+                        Proposed, tool=call.get("tool"), arguments=call.get("arguments"))})
+        return answer
+
+    def _check_started(self) -> None:
+        if self._subscription is None:
+            raise InvalidArgumentError("start the client (async with Client(...)) first")
+
+    def _submitted(self, request_id: str) -> asyncio.Future[a2a.Task]:
+        """The answer to come of ``request_id``, which this client must have sent."""
+        future = self._waiters.get(request_id)
+        if future is None:
+            raise InvalidArgumentError(f"no task was submitted with request id {request_id!r}")
+        return future
 
     async def _on_message(self, delivery: Delivery) -> None:
         kind, _, request_id = delivery.message.subject[len(self._prefix) + 1:].partition(".")
@@ -269,11 +377,10 @@ def refusal(task_id: str, error: a2a.JSONRPCError) -> MeshpointError:
     return AnswerRefusedError(error.message, decision=decision)
 
 
-def _answer(kind: type[Approve | Deny | Reply], **fields: Any) -> Answer:
-    """An answer of ``kind``; InvalidArgumentError naming the field that is wrong."""
+def _answer(kind: type[_Part], **fields: Any) -> _Part:
+    """An answer (or part) of ``kind``; InvalidArgumentError naming the field that is
+    wrong."""
     try:
         return kind(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as error:
-        first = error.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"]) or kind.__name__
-        raise InvalidArgumentError(f"{where}: {first['msg']}") from None
+        raise InvalidArgumentError(describe(error, kind)) from None

@@ -14,20 +14,41 @@ import logging
 from dataclasses import dataclass
 
 from meshpoint import a2a
-from meshpoint.broker.base import Broker
 from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import LeaseNotHeldError, StoreError, TaskBlockedError, UnknownTaskError
 from meshpoint.runtime import wire
 from meshpoint.runtime.calls import CallKinds
+from meshpoint.runtime.scope import Scope
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.tasks import InHand, TaskRun
-from meshpoint.store.base import Store
 
 logger = logging.getLogger("meshpoint.runtime")
 
 #: The outcome a task's checkpoint history records when it ends in each state.
 OUTCOMES = {a2a.TaskState.COMPLETED: "completed", a2a.TaskState.FAILED: "failed",
             a2a.TaskState.CANCELED: "canceled", a2a.TaskState.REJECTED: "failed"}
+#: How much of a task's answer (or failure reason) its last history record keeps: enough
+#: to tell an operator what it said, not a copy of a long answer.
+ENDING_CHARS = 2000
+
+
+def record_ending(ctx: TaskExecutionContext | None, outcome: str, text: str) -> None:
+    """Put how the task ended (``outcome``) and its answer, or its failure reason, into
+    its last history record (``extensions.ending``), so that ``meshpoint tasks list
+    --all`` and ``tasks show`` can say it once the live rows are gone."""
+    if ctx is None:
+        return
+    record = ctx.history.get("record")
+    if record is None or not isinstance(record, dict):
+        record = ctx.history["record"] = {}
+    extensions = record.get("extensions")
+    if not isinstance(extensions, dict):
+        extensions = record["extensions"] = {}
+    key = "answer" if outcome == "completed" else "reason"
+    extensions["ending"] = {"outcome": outcome, key: text[:ENDING_CHARS],
+                            "cut": len(text) > ENDING_CHARS}
+
+
 #: The states of a task that failed: their reason is an ``error`` event and a field of
 #: the answer (``meshpoint_error``), beside the answer's text.
 FAILURES = (a2a.TaskState.FAILED, a2a.TaskState.REJECTED)
@@ -37,14 +58,10 @@ FAILURES = (a2a.TaskState.FAILED, a2a.TaskState.REJECTED)
 class Endings:
     """Ends the tasks of one instance of agent ``agent_name``."""
 
-    agent_name: str
-    instance_id: str
-    store: Store
-    broker: Broker
+    scope: Scope
     kinds: CallKinds
     in_hand: InHand
     stats: InstanceStats
-    lease_ttl_s: float
 
     async def finish(self, run: TaskRun, state: a2a.TaskState, text: str) -> None:
         """Answer the caller, then delete the task's rows, then ack its request."""
@@ -52,8 +69,8 @@ class Endings:
         if run.lease_owner is not None and not run.lost:
             # Fence: answer only while still holding the lease.
             try:
-                lease = await self.store.renew_resume_lease(ctx.task_id, run.lease_owner,
-                                                             self.lease_ttl_s)
+                lease = await self.scope.store.renew_resume_lease(ctx.task_id, run.lease_owner,
+                                                                  self.scope.lease_ttl_s)
             except UnknownTaskError:
                 lease = None
             run.lost = lease is None
@@ -62,20 +79,21 @@ class Endings:
             self.in_hand.forget(run)
             return
         if state is a2a.TaskState.COMPLETED:
-            ctx.produced_artifacts.append(wire.answer_artifact(ctx.task_id, self.agent_name,
+            ctx.produced_artifacts.append(wire.answer_artifact(ctx.task_id, self.scope.agent_name,
                                                                text))
         await self.answer(ctx, state, text)
         self.note_end(ctx.task_id, state, text)
         try:
             if run.lease_owner is not None or run.maybe_stored:
-                await self.store.cleanup_task(ctx.task_id, lease_owner=run.lease_owner,
-                                              outcome=OUTCOMES[state], ctx=ctx)
+                record_ending(ctx, OUTCOMES[state], text)
+                await self.scope.store.cleanup_task(ctx.task_id, lease_owner=run.lease_owner,
+                                                    outcome=OUTCOMES[state], ctx=ctx)
         except (LeaseNotHeldError, UnknownTaskError):
             pass
         except StoreError as error:
             # The lease expires and another instance re-runs the turn: it answers
             # again (a duplicate the caller ignores) and removes the rows.
-            logger.warning("%s: cleanup of %s failed: %s", self.instance_id, ctx.task_id,
+            logger.warning("%s: cleanup of %s failed: %s", self.scope.instance_id, ctx.task_id,
                            error)
         finally:
             self.in_hand.forget(run)
@@ -100,7 +118,7 @@ class Endings:
         status_to = error.a2a_context.get("status_to")
         if not status_to:
             return
-        await self.broker.publish(status_to, wire.status_update(
+        await self.scope.broker.publish(status_to, wire.status_update(
             error.a2a_context.get("request_id") or error.task_id, error.task_id,
             error.a2a_context.get("context_id") or error.task_id, a2a.TaskState.UNKNOWN,
             f"blocked: {error.reason}. An operator must act: meshpoint tasks show "
@@ -113,7 +131,7 @@ class Endings:
         status_to = ctx.a2a_context.get("status_to")
         if not status_to:
             return
-        await self.broker.publish(status_to, wire.status_update(
+        await self.scope.broker.publish(status_to, wire.status_update(
             ctx.a2a_context.get("request_id") or ctx.task_id, ctx.task_id,
             ctx.a2a_context.get("context_id") or ctx.task_id, a2a.TaskState.WORKING,
             f"restarted from a reconstruction of its records: {reason}",
@@ -133,11 +151,11 @@ class Endings:
         # One final answer per task: a turn re-run after a take-over (the first run
         # answered, then died before its cleanup) publishes the same msg_id, which the
         # broker drops within its dedupe window.
-        metadata = {"token_usage": ctx.token_usage.to_dict(), "agent": self.agent_name,
-                    "instance": self.instance_id}
+        metadata = {"token_usage": ctx.token_usage.to_dict(), "agent": self.scope.agent_name,
+                    "instance": self.scope.instance_id}
         if state in FAILURES:  # the reason, as a field (the status message has it too)
             metadata["meshpoint_error"] = text
-        await self.broker.publish(reply_to, wire.final_task(
+        await self.scope.broker.publish(reply_to, wire.final_task(
             ctx.a2a_context.get("request_id") or ctx.task_id, ctx.task_id,
             ctx.a2a_context.get("context_id") or ctx.task_id, state, text,
             ctx.produced_artifacts, metadata), msg_id=wire.answer_msg_id(ctx.task_id))

@@ -14,7 +14,9 @@ reference back (docs/runtime.md draws them):
   :mod:`~meshpoint.runtime.approvals`), **cancels**
   (:mod:`~meshpoint.runtime.cancels`) and **endings**
   (:mod:`~meshpoint.runtime.ending`) handle what comes back and how a task ends;
-* the **loops** (:mod:`~meshpoint.runtime.loops`): sweeper, recovery, lease keeper.
+* the **loops** (:mod:`~meshpoint.runtime.loops`): sweeper, recovery, lease keeper;
+* the **breaker** (:mod:`~meshpoint.runtime.breaker`) every resume goes through, and the
+  **alerts** (:mod:`~meshpoint.runtime.alerts`), which watch what the stats count.
 
 This module builds and wires them, subscribes their handlers to the agent's
 subjects, turns a request into a new task, and starts and stops the whole. All of
@@ -30,26 +32,33 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+import orjson
+
 from meshpoint import a2a
 from meshpoint.broker.base import Broker, ConsumerOptions, Delivery, Subscription
 from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import BadMessageError, StoreError
-from meshpoint.events import EventJournal, EventStore
-from meshpoint.history import request_digest
+from meshpoint.events.log import EventJournal, EventStore
+from meshpoint.history.planning import request_digest
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent, RuntimeOptions, check_name
+from meshpoint.runtime.alerts import Alerts
 from meshpoint.runtime.answers import Answers
 from meshpoint.runtime.approvals import ApprovalCalls, Inputs
 from meshpoint.runtime.approvers import Approvers
 from meshpoint.runtime.boundary import PauseBoundary
+from meshpoint.runtime.breaker import Breaker
 from meshpoint.runtime.calls import CallKind, CallKinds, LocalTools
 from meshpoint.runtime.cancels import Cancels
 from meshpoint.runtime.ending import Endings
+from meshpoint.runtime.handoff import HandoffCalls, Handoffs, HandoffTaker, HandoffTriggers
 from meshpoint.runtime.loops import EndedTasks, LeaseKeeper, Recovery, Sweeper, forever
 from meshpoint.runtime.memory import MemoryPath
 from meshpoint.runtime.midturn import MidTurn
+from meshpoint.runtime.options import AlertOptions
 from meshpoint.runtime.outages import Outages
 from meshpoint.runtime.peers import PeerCalls
+from meshpoint.runtime.scope import Scope
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.subjects import Subjects
 from meshpoint.runtime.tasks import (
@@ -72,15 +81,19 @@ def call_kinds(agent: Agent, broker: Broker, subjects: Subjects, stats: Instance
     """The kinds of call an instance makes, in the order they claim a call: where a
     new kind is registered. The first kind with an item outstanding names the
     pause: a task waiting on a human and on peers is ``input_required``."""
-    return [ApprovalCalls(agent=agent, broker=broker, stats=stats, approvers=approvers,
-                          tenant=subjects.tenant),
+    handoff: list[CallKind] = [] if agent.handoff is None else [HandoffCalls(agent.handoff)]
+    return [*handoff, ApprovalCalls(agent=agent, broker=broker, stats=stats,
+                                    approvers=approvers, tenant=subjects.tenant),
             PeerCalls(agent=agent, broker=broker, subjects=subjects), LocalTools(agent=agent)]
 
 
 def turn_checks(agent: Agent) -> list[TurnCheck]:
-    """What is checked before each model call: where a new check (a handoff trigger,
-    say) is registered."""
-    return [TurnLimit(agent.max_turns)]
+    """What is checked before each model call: where a new check is registered (the
+    loop guard, then the handoff triggers)."""
+    checks: list[TurnCheck] = [TurnLimit(agent.max_turns)]
+    if agent.handoff is not None:
+        checks.append(HandoffTriggers(agent.handoff, agent.model))
+    return checks
 
 
 class AgentInstance:
@@ -89,23 +102,29 @@ class AgentInstance:
     once, as a crash would (nothing in hand is acknowledged, no lease is released).
     Its subjects are its store's tenant's. With ``approvers``, a decision on a call
     waiting for approval is taken only if one of them signed it
-    (:mod:`meshpoint.runtime.approvers`)."""
+    (:mod:`meshpoint.runtime.approvers`). ``alerts`` says where its alerts go besides
+    the agent's alert subject and the event log (a webhook)."""
 
     def __init__(self, agent: Agent, store: Store, broker: Broker, *,
                  instance_id: str | None = None,
                  options: RuntimeOptions | None = None,
-                 approvers: Approvers | None = None) -> None:
+                 approvers: Approvers | None = None,
+                 alerts: AlertOptions | None = None) -> None:
         self.agent = agent
         self.store = store
         self.broker = broker
-        self.options = o = options or RuntimeOptions()
+        self.options = options = options or RuntimeOptions()
         self.instance_id = name = check_name("instance_id", instance_id or
                                              f"{agent.name}-{wire.new_id()[:8]}")
+        # Every part gets the one scope, and only parts built before it: no part is
+        # given a reference to one built after it (docs/runtime.md draws them).
+        scope = Scope(agent_name=agent.name, instance_id=name, store=store, broker=broker,
+                      options=options)
         self.stats = stats = InstanceStats(name)
         #: The agent's event log, if it keeps one (Agent(events=True)).
         self.events = EventStore(store) if agent.events else None
         if self.events is not None:
-            stats.journal = EventJournal(self.events, agent.name)
+            stats.journal = EventJournal(self.events, agent.name, name)
         self._lifecycle = lifecycle = Lifecycle()
         self._in_hand = in_hand = InHand()
         self._background = background = Background(name)
@@ -113,59 +132,61 @@ class AgentInstance:
         key_missing = KeyMissing()
         outages = Outages(instance_id=name, lifecycle=lifecycle)
         #: The subjects of the store's tenant: two tenants never share a subject.
-        self.subjects = subjects = Subjects(o.namespace, store.tenant_id)
+        self.subjects = subjects = Subjects(options.namespace, store.tenant_id)
         kinds = CallKinds(call_kinds(agent, broker, subjects, stats, approvers))
-        endings = Endings(agent_name=agent.name, instance_id=name, store=store, broker=broker,
-                          kinds=kinds, in_hand=in_hand, stats=stats,
-                          lease_ttl_s=o.lease_ttl_s)
+        #: The event log alerts are recorded in when the agent keeps none (closed here).
+        alert_log = self.events if self.events is not None else EventStore(store)
+        self._alert_log = None if alert_log is self.events else alert_log
+        #: The instance's alerts (runtime/alerts.py): hand them to what raises its own.
+        self.alerts = Alerts(
+            agent_name=agent.name, instance_id=name, broker=broker,
+            subject=subjects.alerts(agent.name), events=alert_log,
+            background=background, options=alerts or AlertOptions())
+        self.breaker = breaker = Breaker(scope=scope, policy=agent.recovery, alerts=self.alerts,
+                                         stats=stats, background=background)
+        stats.watchers += [self.alerts.watch, breaker.watch]
+        endings = Endings(scope=scope, kinds=kinds, in_hand=in_hand, stats=stats)
         self._cancels = cancels = Cancels(
-            agent_name=agent.name, subjects=subjects, instance_id=name, store=store,
-            broker=broker, kinds=kinds, endings=endings, outages=outages, in_hand=in_hand,
-            owners=owners, dead_letters=dead_letters, stats=stats, lease_ttl_s=o.lease_ttl_s,
-            max_deliver=o.max_deliver, max_message_bytes=o.max_message_bytes)
-        # The in-memory path continues a task through the turn loop, built below.
+            scope=scope, subjects=subjects, kinds=kinds, endings=endings, outages=outages,
+            in_hand=in_hand, owners=owners, dead_letters=dead_letters, stats=stats)
         memory = MemoryPath(in_hand=in_hand, kinds=kinds, stats=stats, background=background,
-                            inbox=subjects.inbox(agent.name, name),
-                            go_on=lambda run: turns.go_on(run))
+                            inbox=subjects.inbox(agent.name, name))
         boundary = PauseBoundary(
-            agent_name=agent.name, instance_id=name,
-            checkpointing=agent.stateless_checkpointing, store=store, kinds=kinds,
+            scope=scope, checkpointing=agent.stateless_checkpointing, kinds=kinds,
             memory=memory, in_hand=in_hand, stats=stats, background=background,
             cancel_stored=cancels.cancel_stored, annotate=agent.annotate)
-        mid_turn = MidTurn(agent_name=agent.name, instance_id=name, store=store,
-                           owners=owners, in_hand=in_hand, stats=stats,
-                           lease_ttl_s=o.lease_ttl_s, annotate=agent.annotate)
+        mid_turn = MidTurn(scope=scope, owners=owners, in_hand=in_hand, stats=stats,
+                           annotate=agent.annotate)
+        self._handoffs = handoffs = None if agent.handoff is None else Handoffs(
+            scope=scope, agent=agent, policy=agent.handoff, in_hand=in_hand, stats=stats,
+            annotate=agent.annotate, publish=self._publish_handoff,
+            checkpoint=mid_turn.checkpoint, tell_blocked=endings.tell_blocked)
         self._turns = turns = TurnLoop(
-            agent=agent, instance_id=name, store=store, kinds=kinds,
-            checks=turn_checks(agent), pauses=boundary, ends=endings, in_hand=in_hand,
-            stats=stats, background=background, mid_turn=mid_turn, owners=owners,
-            lease_ttl_s=o.lease_ttl_s, key_missing=key_missing, events=self.events)
+            scope=scope, agent=agent, kinds=kinds, checks=turn_checks(agent),
+            pauses=boundary, ends=endings, in_hand=in_hand, stats=stats,
+            background=background, mid_turn=mid_turn, owners=owners,
+            key_missing=key_missing, events=self.events, handoffs=handoffs)
+        #: Every resume of a stored task goes through the agent's breaker.
+        resume = breaker.guard(turns.resume)
+        self._taker = None if agent.handoff is None else HandoffTaker(
+            scope=scope, owners=owners, in_hand=in_hand, stats=stats,
+            dead_letters=dead_letters, resume=turns.resume, spawn=background.spawn,
+            publish=self._publish_handoff)
         self._answers = Answers(
-            instance_id=name, agent_name=agent.name, store=store, outages=outages,
-            memory=memory, in_hand=in_hand, owners=owners, dead_letters=dead_letters,
-            stats=stats, lease_ttl_s=o.lease_ttl_s, max_message_bytes=o.max_message_bytes,
-            max_deliver=o.max_deliver, resume=turns.resume)
+            scope=scope, outages=outages, memory=memory, in_hand=in_hand, owners=owners,
+            dead_letters=dead_letters, stats=stats, resume=resume)
         self._inputs = Inputs(
-            instance_id=name, agent_name=agent.name, store=store, broker=broker,
-            outages=outages, owners=owners, dead_letters=dead_letters, stats=stats,
-            lease_ttl_s=o.lease_ttl_s, resume=turns.resume, approvers=approvers)
+            scope=scope, outages=outages, owners=owners, dead_letters=dead_letters,
+            stats=stats, resume=resume, approvers=approvers)
         self._dead_letters = dead_letters
-        self._sweeper = Sweeper(
-            agent_name=agent.name, instance_id=name, store=store, kinds=kinds, owners=owners,
-            stats=stats, background=background, lease_ttl_s=o.lease_ttl_s,
-            resume=turns.resume)
+        self._sweeper = Sweeper(scope=scope, kinds=kinds, owners=owners, stats=stats,
+                                background=background, resume=resume)
         self._recovery = Recovery(
-            agent_name=agent.name, store=store, kinds=kinds, policy=agent.recovery,
-            in_hand=in_hand, owners=owners, stats=stats, background=background,
-            lease_ttl_s=o.lease_ttl_s, resume=turns.resume,
-            fail=lambda task_id, reason: cancels.end_stored(
-                task_id, a2a.TaskState.FAILED, reason, outcome="expired"),
-            key_missing=key_missing)
-        self._ledger = EndedTasks(agent_name=agent.name, store=store,
-                                  memory_s=o.ended_task_memory_s)
-        self._keeper = LeaseKeeper(instance_id=name, store=store, in_hand=in_hand,
-                                   lease_ttl_s=o.lease_ttl_s,
-                                   request_ack_wait_s=o.request_ack_wait_s)
+            scope=scope, kinds=kinds, policy=agent.recovery, in_hand=in_hand, owners=owners,
+            stats=stats, background=background, resume=resume, ending=cancels,
+            key_missing=key_missing, tell_blocked=endings.tell_blocked, breaker=breaker)
+        self._ledger = EndedTasks(scope=scope)
+        self._keeper = LeaseKeeper(scope=scope, in_hand=in_hand)
         #: The agent's shared queues (new work: requests, answers, status updates), and
         #: this instance's own (its inbox and the control subject).
         self._work_queues: list[Subscription] = []
@@ -209,9 +230,13 @@ class AgentInstance:
             (self._own_queues, f"{subjects.inbox(name, self.instance_id)}.>",
              subjects.queue(f"inbox-{self.instance_id}"), self._answers.on_inbox, mine),
             (self._own_queues, subjects.control(name),
-             subjects.queue(f"control-{self.instance_id}"), self._cancels.on_control, mine),
+             subjects.queue(f"control-{self.instance_id}"), self._on_control, mine),
         ):
             joined.append(await self.broker.subscribe(subject, queue, handler, options))
+        if self._taker is not None:
+            self._work_queues.append(await self.broker.subscribe(
+                subjects.handoff(name), subjects.queue(f"{name}-handoffs"),
+                self._taker.on_handoff, answers))
         def loop(name: str, step: Callable[[], Awaitable[None]], period_s: float, *,
                  while_draining: bool = False) -> None:
             self._background.spawn(forever(name, step, period_s, lifecycle=self._lifecycle,
@@ -228,6 +253,8 @@ class AgentInstance:
             loop("recovery", self._recovery.step, o.recovery_interval_s)
             loop("expiry", self._recovery.expire, self._recovery.expiry_period_s)
             loop("ledger", self._ledger.step, self._ledger.period_s)
+        if self._taker is not None:
+            loop("handoffs", self._taker.sweep, o.recovery_interval_s)
 
     async def _recover_at_start(self) -> None:
         try:
@@ -281,17 +308,61 @@ class AgentInstance:
         self._own_queues.clear()
         await self._background.cancel_all()
         self._in_hand.clear()
-        if self.events is not None:
+        for log in (self.events, self._alert_log):
+            if log is None:
+                continue
             if crash:
-                self.events.abandon()
+                log.abandon()
             else:
-                await self.events.close()
+                await log.close()
+
+    # -- handoffs and alerts ----------------------------------------------------------------
+
+    async def _publish_handoff(self, agent: str, body: dict[str, object]) -> None:
+        """Publish a handed-off task for any instance of ``agent`` to take."""
+        await self.broker.publish(self.subjects.handoff(agent), orjson.dumps(body))
+
+    async def _on_handoff_request(self, request: a2a.HandoffTaskRequest,
+                                  delivery: Delivery) -> None:
+        """An operator's handoff request (any one instance of the agent takes it from
+        the request queue): taken here if the task is in this instance's memory, else
+        broadcast to every instance, and the one running it takes it. An agent
+        without a handoff policy cannot: the request is dead-lettered, saying so."""
+        task_id, reason = request.params.id, request.params.reason
+        if self._handoffs is None:
+            await self._dead_letters.reject(delivery, BadMessageError(
+                f"handoff of task {task_id!r} refused: agent {self.agent.name!r} has no "
+                "handoff policy"))
+            return
+        if not self._handoffs.request(task_id, reason):
+            await self.broker.publish(self.subjects.control(self.agent.name),
+                                      wire.handoff_broadcast(task_id, reason))
+        await delivery.ack()
+
+    async def _on_control(self, delivery: Delivery) -> None:
+        """A message broadcast to every instance of the agent: a cancel
+        (:meth:`Cancels.on_broadcast`), or an operator's handoff request, which the
+        instance holding the task in its memory takes (:meth:`Handoffs.request`) and
+        every other ignores."""
+        try:
+            message = wire.parse_control_message(
+                delivery.message.data, max_bytes=self.options.max_message_bytes)
+        except BadMessageError as error:
+            await self._dead_letters.reject(delivery,
+                                            BadMessageError(f"bad control message: {error}"))
+            return
+        await delivery.ack()
+        if isinstance(message, wire.CancelBroadcast):
+            await self._cancels.on_broadcast(message.cancel)
+        elif self._handoffs is not None:
+            self._handoffs.request(message.task_id, message.reason)
 
     # -- requests -------------------------------------------------------------------------
 
     async def _on_request(self, delivery: Delivery) -> None:
         """A new task (``message/send``), a human's answer to a waiting one (a
-        ``message/send`` naming the task), or a cancel (``tasks/cancel``)."""
+        ``message/send`` naming the task), a cancel (``tasks/cancel``), or an
+        operator's handoff request (``meshpoint/handoff``)."""
         try:
             request = a2a.parse_request(delivery.message.data,
                                         max_bytes=self.options.max_message_bytes)
@@ -303,6 +374,9 @@ class AgentInstance:
             return
         if isinstance(request, a2a.CancelTaskRequest):
             await self._cancels.on_cancel(request.params.id, delivery)
+            return
+        if isinstance(request, a2a.HandoffTaskRequest):
+            await self._on_handoff_request(request, delivery)
             return
         if request.params.message.task_id is not None:
             await self._inputs.on_answer(request, reply_to, delivery)

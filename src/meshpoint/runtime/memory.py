@@ -1,4 +1,4 @@
-"""The in-memory path (seed 002): a task that waits in its instance's memory.
+"""The in-memory path (docs/runtime.md): a task that waits in its instance's memory.
 
 Used when an agent does not checkpoint (``stateless_checkpointing=False``) and when
 a checkpoint fails. The outstanding items are announced with this instance's inbox
@@ -27,20 +27,21 @@ logger = logging.getLogger("meshpoint.runtime")
 
 @dataclass(frozen=True)
 class MemoryPath:
-    """Tasks waiting in one instance's memory. ``go_on(run)`` continues a task whose
-    join completed (the instance wires it to the turn loop)."""
+    """Tasks waiting in one instance's memory. A task whose join completes goes on
+    by the ``go_on`` its pause gave :meth:`wait` (the turn loop's)."""
 
     in_hand: InHand
     kinds: CallKinds
     stats: InstanceStats
     background: Background
     inbox: str
-    go_on: Callable[[TaskRun], None]
 
-    async def wait(self, run: TaskRun, sub_task_ids: list[str]) -> None:
-        """Keep ``run`` in memory until its items are resolved; announce them."""
+    async def wait(self, run: TaskRun, sub_task_ids: list[str],
+                   go_on: Callable[[TaskRun], None]) -> None:
+        """Keep ``run`` in memory until its items are resolved, then ``go_on(run)``;
+        announce them."""
         ctx = run.ctx
-        run.waiting = True
+        run.waiting, run.go_on = True, go_on
         self.stats.note("paused_in_memory", ctx.task_id)
         for sub_task_id in sub_task_ids:
             corr = ctx.active_peer_sub_tasks[sub_task_id]
@@ -85,7 +86,7 @@ class MemoryPath:
             handle.cancel()
         completed, total = ctx.record_parallel_result(corr["invocation_id"],
                                                       corr["function_call_id"], result)
-        if completed == total and run.waiting:
-            run.waiting = False
-            self.go_on(run)
+        if completed == total and run.waiting and run.go_on is not None:
+            run.waiting, go_on, run.go_on = False, run.go_on, None
+            go_on(run)
         return True

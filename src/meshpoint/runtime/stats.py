@@ -23,14 +23,14 @@ def ms_since(started: float) -> float:
 
 
 class Journal(Protocol):
-    """Where an instance logs its steps (:class:`meshpoint.events.EventJournal`)."""
+    """Where an instance logs its steps (:class:`meshpoint.events.log.EventJournal`)."""
 
     def __call__(self, event_type: str, task_id: str | None, *, step: str | None = None,
                  input: Any = None, output: Any = None, state: Any = None,
                  message: Any = None) -> None: ...
 
 
-#: The event type (meshpoint.events) each counted happening is logged as.
+#: The event type (meshpoint.events.log) each counted happening is logged as.
 _EVENT_OF = {"started": "step_start", "paused": "pause", "paused_in_memory": "pause",
              "resumed": "resume", "recovered": "recovery", "expired": "recovery",
              "reminded": "recovery", "timeout": "timeout", "approved": "approval",
@@ -38,7 +38,9 @@ _EVENT_OF = {"started": "step_start", "paused": "pause", "paused_in_memory": "pa
              "completed": "answer", "failed": "answer", "canceled": "cancel",
              "rejected": "answer", "blocked": "error", "reconstructed": "recovery",
              "dead_lettered": "error", "key_missing": "error", "restart_refused": "error",
-             "dropped": "recovery", "ignored_answer": "protocol_receive"}
+             "dropped": "recovery", "approval_resumed": "resume",
+             "ignored_answer": "protocol_receive",
+             "handoff_requested": "protocol_receive"}
 
 
 @dataclass
@@ -47,7 +49,10 @@ class InstanceStats:
 
     ``events`` lists ``(what, task_id)`` in order, so a test can check which
     instance did what: ``started``, ``paused``, ``paused_in_memory``, ``resumed``,
-    ``recovered``, ``completed``, ``failed``, ``canceled``, ``timeout``,
+    ``recovered`` (a task whose holder died, or whose lease was given up, taken up
+    again), ``approval_resumed`` (a task a human's answer straight into the store,
+    ``meshpoint tasks approve``, made resumable), ``completed``, ``failed``,
+    ``canceled``, ``timeout``,
     ``ignored_answer``, ``dropped`` (another instance owns the task), ``key_missing``
     (a stored task left to an instance holding the key its history needs),
     ``blocked``, ``reconstructed`` and ``restart_refused`` (a blocked task not
@@ -68,9 +73,13 @@ class InstanceStats:
     resumed_elsewhere: int = 0
 
     #: Where the instance's steps go when its agent keeps an event log
-    #: (``Agent(events=True)``: a :class:`meshpoint.events.EventJournal`); None keeps
+    #: (``Agent(events=True)``: a :class:`meshpoint.events.log.EventJournal`); None keeps
     #: nothing beyond these counts.
     journal: Journal | None = None
+    #: Called with ``(what, task_id, detail)`` for each counted happening (the alerts
+    #: and the breaker watch them: :mod:`meshpoint.runtime.alerts`). A watcher must
+    #: not block: it schedules what it does.
+    watchers: list[Callable[[str, str, dict[str, Any]], None]] = field(default_factory=list)
 
     def note(self, what: str, task_id: str, *, journal: bool = True, **detail: Any) -> None:
         """Count ``what`` happened to ``task_id`` (and log it, with ``detail``, unless
@@ -80,11 +89,13 @@ class InstanceStats:
         if journal and self.journal is not None:
             self.journal(_EVENT_OF.get(what, what), task_id, step=what,
                          output=detail or None)
+        for watcher in self.watchers:
+            watcher(what, task_id, detail)
 
     def log(self, event_type: str, task_id: str | None, **fields: Any) -> None:
         """Log a step that is not counted (a model call, a tool, a protocol message)
         if the agent keeps an event log: ``step``, ``input``, ``output``, ``state``,
-        ``message`` as :meth:`meshpoint.events.EventJournal.__call__` takes them."""
+        ``message`` as :meth:`meshpoint.events.log.EventJournal.__call__` takes them."""
         if self.journal is not None:
             self.journal(event_type, task_id, **fields)
 

@@ -1,20 +1,22 @@
 """Where one tenant's messages travel in a namespace: every subject and queue name.
 
-The layout is seed 000's (DESIGN §4) under a root per tenant, so that two tenants
+The layout (docs/runtime.md, "Subjects") sits under a root per tenant, so that two tenants
 sharing a namespace (one broker, one NATS stream) never share a subject or a queue:
 an instance of tenant ``acme`` never receives ``globex``'s requests or answers.
 With ``R`` the tenant's root::
 
-    R = {ns}.a2a.v1                      the default tenant (seed 000's layout as is)
+    R = {ns}.a2a.v1                      the default tenant (the layout as is)
     R = {ns}.a2a.v1.tenant.{t}           any other tenant (t: its token, see below)
 
     R.agent.request.{agent}                       new tasks, humans' answers, cancels
     R.agent.response.{agent}.{sub_task}           a peer's answer to one of agent's calls
     R.agent.status.{agent}.{sub_task}             its progress
     R.agent.control.{agent}                       broadcast to every instance of agent
+    R.agent.handoff.{agent}                       handed-off tasks, for one instance to take
     R.instance.{agent}.{instance}.{kind}.{id}     answers for a task waiting in one
                                                   instance's memory (kind: response, status)
     R.client.{client}.{session}.{kind}.{id}       a client's answers and progress
+    R.alerts.{agent}                              the agent's alerts (runtime/alerts.py)
 
 Queue names (durable consumers on NATS) are ``{ns}-{name}`` for the default tenant
 and ``{ns}-{name}~{t}`` for another: ``~`` is in no agent or namespace name, so two
@@ -99,6 +101,11 @@ class Subjects:
         """Broadcast to every live instance of an agent (cancel of a running task)."""
         return f"{self.root}.agent.control.{agent}"
 
+    def handoff(self, agent: str) -> str:
+        """The handed-off tasks of an agent, for any one of its instances to take
+        (:mod:`meshpoint.runtime.handoff`)."""
+        return f"{self.root}.agent.handoff.{agent}"
+
     def responses(self, agent: str) -> str:
         """The filter of every answer to ``agent``'s calls."""
         return f"{self.root}.agent.response.{agent}.*"
@@ -106,6 +113,11 @@ class Subjects:
     def statuses(self, agent: str) -> str:
         """The filter of every progress update of ``agent``'s calls."""
         return f"{self.root}.agent.status.{agent}.*"
+
+    def alerts(self, agent: str) -> str:
+        """Where agent's instances publish their alerts (a blocked or expired task, its
+        breaker opened or closed, a message dead-lettered)."""
+        return f"{self.root}.alerts.{agent}"
 
     def inbox(self, agent: str, instance_id: str) -> str:
         """The prefix of one instance's own subjects (its inbox)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,9 @@ class TaskRun:
     lease_owner: str | None = None
     #: True while the task waits in memory for its outstanding calls (the in-memory path).
     waiting: bool = False
+    #: While it waits in memory: what continues it once its join completes (given
+    #: by the turn loop that paused it, with the pause).
+    go_on: Callable[[TaskRun], None] | None = None
     #: Set when another instance took the lease over: this run must stop quietly.
     lost: bool = False
     #: A first checkpoint failed with the database unreachable: it may have been
@@ -179,7 +182,7 @@ class LeaseOwners:
 @dataclass(frozen=True)
 class DeadLetters:
     """Where a malformed message goes: dead-lettered with its reason, logged, counted.
-    It never crashes an instance or changes a task (DESIGN.md invariant 11)."""
+    It never crashes an instance or changes a task (docs/security.md, "The broker")."""
 
     instance_id: str
     stats: InstanceStats

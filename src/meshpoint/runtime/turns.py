@@ -18,7 +18,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Protocol
@@ -37,18 +37,23 @@ from meshpoint.errors import (
     TaskBlockedError,
     UnknownTaskError,
 )
-from meshpoint.events import EventStore
-from meshpoint.history import request_digest
+from meshpoint.events.log import EventStore
+from meshpoint.history.planning import request_digest
 from meshpoint.llm.base import ModelResponse, ask_again
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent
 from meshpoint.runtime.calls import CallKinds, turn_calls
 from meshpoint.runtime.midturn import MidTurn
+from meshpoint.runtime.scope import Scope
 from meshpoint.runtime.stats import InstanceStats, ms_since
 from meshpoint.runtime.tasks import Background, InHand, KeyMissing, LeaseOwners, TaskRun
-from meshpoint.store.base import Store
 
 logger = logging.getLogger("meshpoint.runtime")
+#: ``ctx.flags`` keys read here and written by :mod:`meshpoint.runtime.handoff`: a
+#: handoff this task's iteration wrote (pending until the next iteration starts), and
+#: the last model call's prompt tokens (with the conversation's length then).
+HANDOFF_PENDING = "handoff"
+LAST_PROMPT_TOKENS = "last_prompt_tokens"
 #: How often a reply the task cannot store is handed back to the model before the task
 #: fails (OpenAIModel repairs what it reads first, with its own ``repair_attempts``).
 REPAIR_ATTEMPTS = 2
@@ -62,11 +67,46 @@ class End:
     text: str
 
 
+@dataclass(frozen=True)
+class HandOff:
+    """A :class:`TurnCheck`'s verdict: end this iteration, and let a fresh-context one
+    carry the task on (:mod:`meshpoint.runtime.handoff`); ``trigger`` names why,
+    ``reason`` says it, ``detail`` measures it (``detail["blocked"]``: the task may
+    not go on at all, and is blocked instead)."""
+
+    trigger: str
+    reason: str
+    detail: dict[str, Any]
+
+
 class TurnCheck(Protocol):
     """Looked at before each model call of a task."""
 
-    def before_model_call(self, ctx: TaskExecutionContext) -> End | None:
-        """None to go on, or how the task ends instead."""
+    def before_model_call(self, ctx: TaskExecutionContext) -> End | HandOff | None:
+        """None to go on, how the task ends instead, or that it hands off."""
+        ...
+
+
+class HandsOff(Protocol):
+    """What the turn loop needs of the handoffs (:mod:`meshpoint.runtime.handoff`)."""
+
+    async def hand_off(self, run: TaskRun, verdict: HandOff) -> bool:
+        """End the run's iteration; False if it could not (it goes on)."""
+        ...
+
+    async def carry_on(self, old: TaskExecutionContext, owner: str,
+                       drive: Callable[[TaskRun], Awaitable[None]]) -> None:
+        """Start the next iteration of a task restored with a pending handoff."""
+        ...
+
+    def failed(self, ctx: TaskExecutionContext, error: Exception) -> bool:
+        """Count a model call's error; True to retry it (checkpointed) instead of
+        failing the task."""
+        ...
+
+    def round_ended(self, ctx: TaskExecutionContext) -> None:
+        """A round of calls ended: one whose calls all failed counts as an error, any
+        other ends a run of errors."""
         ...
 
 
@@ -85,7 +125,8 @@ class TurnLimit:
 class Pauses(Protocol):
     """What the turn loop needs of the pause boundary."""
 
-    async def pause(self, run: TaskRun, sub_task_ids: list[str]) -> None: ...
+    async def pause(self, run: TaskRun, sub_task_ids: list[str],
+                    go_on: Callable[[TaskRun], None]) -> None: ...
 
 
 class Ends(Protocol):
@@ -105,8 +146,7 @@ class TurnLoop:
     """Runs the turns of one instance's tasks."""
 
     agent: Agent
-    instance_id: str
-    store: Store
+    scope: Scope
     kinds: CallKinds
     checks: Sequence[TurnCheck]
     pauses: Pauses
@@ -116,11 +156,12 @@ class TurnLoop:
     background: Background
     mid_turn: MidTurn
     owners: LeaseOwners
-    lease_ttl_s: float
     #: The stored tasks this instance cannot continue without a key it lacks.
     key_missing: KeyMissing
     #: The agent's event log, if it keeps one: flushed before a reconstruction reads it.
     events: EventStore | None = None
+    #: The agent's handoffs, if it has a ``handoff:`` policy.
+    handoffs: HandsOff | None = None
 
     async def start(self, run: TaskRun) -> None:
         """A new task, from its request."""
@@ -132,11 +173,11 @@ class TurnLoop:
         """Continue a stored task under ``owner``'s lease: its join completed, or it was
         checkpointed mid-turn and its instance died."""
         try:
-            restored = await self.store.restore_task(task_id, lease_owner=owner)
+            restored = await self.scope.store.restore_task(task_id, lease_owner=owner)
         except (LeaseNotHeldError, UnknownTaskError):
             return  # taken over or canceled meanwhile
         except TaskBlockedError as error:
-            logger.error("%s: %s", self.instance_id, error)
+            logger.error("%s: %s", self.scope.instance_id, error)
             self.stats.note("blocked", task_id, reason=error.reason)
             untold = await self._restart(error) if self.agent.recovery.reconstruct else error
             if untold is not None:
@@ -146,17 +187,23 @@ class TurnLoop:
             await self.leave(task_id, owner, error)
             return
         except StoreError as error:
-            logger.error("%s: cannot restore task %s: %s", self.instance_id, task_id, error)
+            logger.error("%s: cannot restore task %s: %s", self.scope.instance_id, task_id, error)
             return
-        if restored.agent_name != self.agent.name:
+        pending = restored.context.flags.get(HANDOFF_PENDING)
+        handed_to_us = isinstance(pending, dict) and pending.get("next_agent") == self.agent.name
+        if restored.agent_name != self.agent.name and not handed_to_us:
             # Never run another agent's task with this agent's model, tools and prompt
             # (its answers and decisions are refused before anything is written: this
             # guards whatever else could lead here). Its own agent's recovery takes it.
             logger.error("%s: task %s belongs to agent %r, not %r: left to its agent",
-                         self.instance_id, task_id, restored.agent_name, self.agent.name)
+                         self.scope.instance_id, task_id, restored.agent_name, self.agent.name)
             self.stats.note("refused_foreign_task", task_id)
             with contextlib.suppress(StoreError):
-                await self.store.release_resume_lease(task_id, owner)
+                await self.scope.store.release_resume_lease(task_id, owner)
+            return
+        if self.handoffs is not None and HANDOFF_PENDING in restored.context.flags:
+            # It handed off: the next iteration starts, whatever path took it here.
+            await self.handoffs.carry_on(restored.context, owner, self.drive)
             return
         run = TaskRun(restored.context, lease_owner=owner)
         self.in_hand.add(run)
@@ -168,34 +215,34 @@ class TurnLoop:
         not the task's): the restore wrote nothing, so give the lease up at once for
         an instance that holds the key, and pass the task by from now on."""
         logger.error("%s: leaving task %s to an instance with the key: %s",
-                     self.instance_id, task_id, error)
+                     self.scope.instance_id, task_id, error)
         self.key_missing.add(task_id)
         try:
-            await self.store.release_resume_lease(task_id, owner)
+            await self.scope.store.release_resume_lease(task_id, owner)
         except (StoreError, UnknownTaskError) as failed:  # then the lease expires
-            logger.warning("%s: could not give up the lease of %s: %s", self.instance_id,
+            logger.warning("%s: could not give up the lease of %s: %s", self.scope.instance_id,
                            task_id, failed)
         self.stats.note("key_missing", task_id, reason=str(error))
 
     async def _restart(self, blocked: TaskBlockedError) -> TaskBlockedError | None:
-        """Restart a blocked task in a fresh context from its reconstruction (seed
-        003). None if it was restarted (here, or by another instance first); else the
+        """Restart a blocked task in a fresh context from its reconstruction
+        (docs/events.md). None if it was restarted (here, or by another instance first); else the
         block to tell its caller about, saying why it was not restarted."""
-        from meshpoint.reconstruction import reconstruct
+        from meshpoint.events.reconstruction import reconstruct
 
         task_id = blocked.task_id
         try:
             if self.events is not None:
                 await self.events.flush()  # this instance's latest steps count too
-            rebuilt = await reconstruct(self.store, task_id, events=self.events)
+            rebuilt = await reconstruct(self.scope.store, task_id, events=self.events)
         except MeshpointError as error:
-            logger.error("%s: cannot reconstruct blocked task %s: %s", self.instance_id,
+            logger.error("%s: cannot reconstruct blocked task %s: %s", self.scope.instance_id,
                          task_id, error)
             return blocked
         if rebuilt.restart_refusal is not None:
             # The request it would restart with is not the one the signed history
             # names: the task waits for an operator (`meshpoint tasks reconstruct`).
-            logger.error("%s: not restarting blocked task %s: %s", self.instance_id,
+            logger.error("%s: not restarting blocked task %s: %s", self.scope.instance_id,
                          task_id, rebuilt.restart_refusal)
             self.stats.note("restart_refused", task_id, reason=rebuilt.restart_refusal)
             return TaskBlockedError(task_id, f"{blocked.reason}; not restarted from its "
@@ -203,9 +250,9 @@ class TurnLoop:
                                     a2a_context=blocked.a2a_context)
         owner = self.owners.next()
         try:
-            if await self.store.take_resume_lease(task_id, owner, self.lease_ttl_s,
-                                                  statuses=("blocked",),
-                                                  agent_name=self.agent.name) is None:
+            if await self.scope.store.take_resume_lease(task_id, owner, self.scope.lease_ttl_s,
+                                                        statuses=("blocked",),
+                                                        agent_name=self.agent.name) is None:
                 return None  # another instance took it first
             ctx = TaskExecutionContext(task_id, blocked.a2a_context)
             # The request's hash goes on only as the reconstruction checked it (the
@@ -215,10 +262,10 @@ class TurnLoop:
                 ctx.a2a_context["request_sha256"] = request_digest(rebuilt.request)
             ctx.history = self.agent.history_annotations()
             ctx.append_session_event({"role": "user", "content": rebuilt.prompt})
-            await self.store.restart_task(ctx, self.agent.name, lease_owner=owner,
-                                          reason=f"reconstructed: {blocked.reason}")
+            await self.scope.store.restart_task(ctx, self.agent.name, lease_owner=owner,
+                                                reason=f"reconstructed: {blocked.reason}")
         except MeshpointError as error:
-            logger.error("%s: cannot restart blocked task %s: %s", self.instance_id,
+            logger.error("%s: cannot restart blocked task %s: %s", self.scope.instance_id,
                          task_id, error)
             return blocked
         self.stats.note("reconstructed", task_id)
@@ -249,13 +296,27 @@ class TurnLoop:
                     return
                 verdict = next((v for check in self.checks
                                 if (v := check.before_model_call(ctx)) is not None), None)
-                if verdict is not None:
+                if isinstance(verdict, HandOff) and self.handoffs is not None:
+                    if await self.handoffs.hand_off(run, verdict):
+                        return
+                elif isinstance(verdict, End):
                     await self.ends.finish(run, verdict.state, verdict.text)
                     return
                 if policy.before_model_call(model_calls(ctx)) and \
                         not await self.mid_turn.checkpoint(run):
                     return
-                response = await self._call_model(ctx)
+                try:
+                    response = await self._call_model(ctx)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:
+                    if self.handoffs is None or not self.handoffs.failed(ctx, error):
+                        raise
+                    # Checkpointed (phase ``error``) and retried; past the agent's limit
+                    # the next check hands the task off with the errors.
+                    if not await self.mid_turn.checkpoint(run, phase="error"):
+                        return
+                    continue
                 if run.lost:
                     self.in_hand.forget(run)
                     return
@@ -270,13 +331,15 @@ class TurnLoop:
                     return  # the model's plan is kept, so that it is not asked again
                 if not await self._finish_round(run):
                     return
+                if self.handoffs is not None:
+                    self.handoffs.round_ended(ctx)
         except asyncio.CancelledError:
             raise
         except MeshpointError as error:
-            logger.warning("%s: task %s failed: %s", self.instance_id, ctx.task_id, error)
+            logger.warning("%s: task %s failed: %s", self.scope.instance_id, ctx.task_id, error)
             await self.ends.finish(run, a2a.TaskState.FAILED, f"{type(error).__name__}: {error}")
         except Exception as error:
-            logger.exception("%s: task %s failed", self.instance_id, ctx.task_id)
+            logger.exception("%s: task %s failed", self.scope.instance_id, ctx.task_id)
             await self.ends.finish(run, a2a.TaskState.FAILED, f"{type(error).__name__}: {error}")
 
     async def _call_model(self, ctx: TaskExecutionContext) -> ModelResponse:
@@ -286,9 +349,7 @@ class TurnLoop:
         OpenAIModel does with the replies it reads; ModelError if none is usable. The
         tokens of every attempt are counted."""
         agent = self.agent
-        messages = list(ctx.session_events)
-        if agent.system_prompt:
-            messages.insert(0, {"role": "system", "content": agent.system_prompt})
+        messages = conversation(agent, ctx)
         self.stats.log("step_start", ctx.task_id, step="model",
                        input={"messages": len(messages), "model": agent.model.name})
         started = time.perf_counter()
@@ -297,7 +358,7 @@ class TurnLoop:
         try:
             for _ in range(1 + REPAIR_ATTEMPTS):
                 response = await agent.model.complete(messages + feedback, agent.tool_specs)
-                self._count_tokens(ctx, response)
+                self._count_tokens(ctx, response, sent=None if feedback else messages)
                 problems = unusable(response)
                 if not problems:
                     break
@@ -320,16 +381,18 @@ class TurnLoop:
         ctx.flags["model_calls"] = model_calls(ctx) + 1
         return response
 
-    def _count_tokens(self, ctx: TaskExecutionContext, response: ModelResponse) -> None:
-        usage, agent = response.usage, self.agent
-        try:
-            ctx.record_token_usage(model=response.model or agent.model.name,
-                                   source=agent.name, prompt_tokens=usage.prompt_tokens,
-                                   completion_tokens=usage.completion_tokens,
-                                   cached_tokens=usage.cached_tokens)
-        except InvalidArgumentError as error:  # the model's report, not the task, is wrong
-            logger.warning("agent %s: task %s: the model's token usage is not counted: %s",
-                           agent.name, ctx.task_id, error)
+    def _count_tokens(self, ctx: TaskExecutionContext, response: ModelResponse, *,
+                      sent: list[dict[str, Any]] | None = None) -> None:
+        usage = response.usage
+        if sent is not None:
+            # What the context-utilization trigger measures from (docs/handoff.md): the
+            # conversation's own prompt (not a repair's, whose feedback is not kept), and
+            # the characters it had, from which the trigger learns the model's tokens a
+            # character.
+            ctx.flags[LAST_PROMPT_TOKENS] = {
+                "tokens": usage.context, "events": len(ctx.session_events),
+                "chars": sum(len(dump_bytes(m)) for m in sent)}
+        count_tokens(self.agent, ctx, response)
 
     def _begin_round(self, ctx: TaskExecutionContext, response: ModelResponse) -> None:
         """Open a new invocation with the response's calls, in the model's order."""
@@ -359,7 +422,7 @@ class TurnLoop:
             # Its result is dropped: the call is made again below (an approval waits
             # for a decision again), never settled with what its kind refused.
             logger.warning("%s: task %s: the result of call %s (%s) is refused: %s; the "
-                           "call is made again", self.instance_id, ctx.task_id, call.id,
+                           "call is made again", self.scope.instance_id, ctx.task_id, call.id,
                            call.name, reason)
             self.stats.log("result_refused", ctx.task_id, step=call.name,
                            input={"function_call_id": call.id}, output={"reason": reason})
@@ -383,7 +446,7 @@ class TurnLoop:
                     assert opened.sub_task_id is not None, "a waiting kind opens an item"
                     outstanding.append(opened.sub_task_id)
             if outstanding:
-                await self.pauses.pause(run, outstanding)
+                await self.pauses.pause(run, outstanding, self.go_on)
                 return False
         # An approved call's tool runs as it is settled: with after_tools, each is
         # checkpointed (its result and that it was settled) before the next one and
@@ -399,8 +462,8 @@ class TurnLoop:
         """Count a resume, how long the task was paused, and whether elsewhere."""
         paused_at = ctx.flags.pop("paused_at", None)
         if isinstance(paused_at, float | int):
-            self.stats.pause_resume_ms.append(max(0.0, (time.time() - paused_at) * 1000))
-        if ctx.flags.get("paused_by") != self.instance_id:
+            self.stats.pause_resume_ms.append(max(0.0, (self.scope.clock() - paused_at) * 1000))
+        if ctx.flags.get("paused_by") != self.scope.instance_id:
             self.stats.resumed_elsewhere += 1
         self.stats.note("resumed", ctx.task_id)
 
@@ -429,6 +492,29 @@ def shown(response: ModelResponse) -> str:
     parts += [f"(call {call.name} with arguments {json.dumps(call.arguments, default=repr)})"
               for call in response.tool_calls]
     return "\n".join(parts) or "(nothing)"
+
+
+def conversation(agent: Agent, ctx: TaskExecutionContext) -> list[dict[str, Any]]:
+    """What the agent's model is shown of a task: its system prompt, then the
+    conversation."""
+    messages = list(ctx.session_events)
+    if agent.system_prompt:
+        messages.insert(0, {"role": "system", "content": agent.system_prompt})
+    return messages
+
+
+def count_tokens(agent: Agent, ctx: TaskExecutionContext, response: ModelResponse) -> None:
+    """Count a model call's tokens on the task, by model and as the agent's; a report
+    the count refuses is logged (the model's report, not the task, is wrong)."""
+    usage = response.usage
+    try:
+        ctx.record_token_usage(model=response.model or agent.model.name,
+                               source=agent.name, prompt_tokens=usage.prompt_tokens,
+                               completion_tokens=usage.completion_tokens,
+                               cached_tokens=usage.cached_tokens)
+    except InvalidArgumentError as error:
+        logger.warning("agent %s: task %s: the model's token usage is not counted: %s",
+                       agent.name, ctx.task_id, error)
 
 
 def model_calls(ctx: TaskExecutionContext) -> int:

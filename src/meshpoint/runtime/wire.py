@@ -1,6 +1,6 @@
 """Subjects, headers and the A2A documents agents exchange.
 
-Subjects follow seed 000's topic layout (DESIGN §4) under a root per tenant
+Subjects follow the topic layout of docs/runtime.md ("Subjects") under a root per tenant
 (:mod:`meshpoint.runtime.subjects`). Answers are addressed to the calling *agent*,
 so any of its instances can take them; only a task on the in-memory path
 (checkpointing off, or a failed checkpoint) has its peers answer to the *instance*
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
 
 from meshpoint import a2a
 from meshpoint.errors import InvalidArgumentError
@@ -102,14 +102,61 @@ def cancel_broadcast(task_id: str) -> bytes:
     return CancelBroadcast(cancel=task_id).model_dump_json().encode()
 
 
+class HandoffBroadcast(BaseModel):
+    """A control message: the instance running ``task_id`` (a task of the agent) ends
+    its iteration before its next model call, and a fresh-context one carries it on
+    (``meshpoint tasks handoff``; :mod:`meshpoint.runtime.handoff`). Every other
+    instance ignores it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: Literal["meshpoint/handoff"] = "meshpoint/handoff"
+    task_id: str = Field(min_length=1, max_length=255)
+    #: Why, in the operator's words: the handoff record and the continuation prompt
+    #: carry it.
+    reason: str = Field(default="", max_length=1000)
+
+
+ControlMessage = CancelBroadcast | HandoffBroadcast
+
+
+def _control_kind(value: Any) -> str:
+    """A control message that names a ``method`` claims to be a handoff request: its
+    errors are that shape's; any other, a cancel's."""
+    return "handoff" if isinstance(value, dict) and "method" in value else "cancel"
+
+
+_CONTROL_MESSAGE: TypeAdapter[ControlMessage] = TypeAdapter(Annotated[
+    Annotated[CancelBroadcast, Tag("cancel")] | Annotated[HandoffBroadcast, Tag("handoff")],
+    Discriminator(_control_kind)])
+
+
 def parse_control(data: bytes, *, max_bytes: int = a2a.MAX_MESSAGE_BYTES) -> str:
-    """The task id a control message names; BadMessageError (naming what is wrong)
+    """The task id a cancel broadcast names; BadMessageError (naming what is wrong)
     for anything else, however it is malformed."""
     return a2a.parse_json(_CONTROL, "control message", data, max_bytes).cancel
 
 
+def handoff_broadcast(task_id: str, reason: str = "") -> bytes:
+    return HandoffBroadcast(task_id=task_id, reason=reason).model_dump_json().encode()
+
+
+def parse_control_message(data: bytes, *,
+                          max_bytes: int = a2a.MAX_MESSAGE_BYTES) -> ControlMessage:
+    """A control message: a cancel (:class:`CancelBroadcast`), or, when it names a
+    ``method``, an operator's handoff request (:class:`HandoffBroadcast`);
+    BadMessageError (naming what is wrong) for anything else."""
+    return a2a.parse_json(_CONTROL_MESSAGE, "control message", data, max_bytes)
+
+
 def cancel_request(task_id: str) -> bytes:
     return a2a.encode(a2a.CancelTaskRequest(id=new_id(), params=a2a.TaskIdParams(id=task_id)))
+
+
+def handoff_request(task_id: str, reason: str = "") -> bytes:
+    """An operator's request that ``task_id`` hand off (``meshpoint/handoff``)."""
+    return a2a.encode(a2a.HandoffTaskRequest(id=new_id(), params=a2a.HandoffParams(
+        id=task_id, reason=reason)))
 
 
 def status_update(request_id: str | int, task_id: str, context_id: str,

@@ -7,7 +7,7 @@ Open one from a URL::
 
 ``sqlite:///path`` (or ``sqlite:///:memory:``) is the embedded default;
 ``postgresql+asyncpg://user@host/db`` scales out. Both run the same operations
-(:mod:`meshpoint.store.sql`); what a dialect does differently lives in its own
+(:mod:`meshpoint.store.sqlstore`); what a dialect does differently lives in its own
 module (:mod:`meshpoint.store.sqlite`, :mod:`meshpoint.store.postgres`), imported
 only when a URL of that dialect is opened. The runtime sees the contract,
 :class:`~meshpoint.store.base.Store`.
@@ -16,6 +16,7 @@ only when a URL of that dialect is opened. The runtime sees the contract,
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,9 @@ from sqlalchemy.engine import URL
 
 from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from meshpoint.errors import ConfigurationError, SchemaError
-from meshpoint.history import HistoryOptions
+from meshpoint.history.planning import HistoryOptions
 from meshpoint.store.base import TIMEOUT_RESULT, Store
+from meshpoint.store.checks import check_id
 from meshpoint.store.engine import (
     MIGRATION_LOCK_TIMEOUT_S,
     Database,
@@ -33,17 +35,16 @@ from meshpoint.store.engine import (
     migrate,
     parse_url,
 )
-from meshpoint.store.records import (
+from meshpoint.store.results import (
     CheckpointReceipt,
     Lease,
     PausedTaskSummary,
-    PeerSubTask,
     Resolution,
     RestoredTask,
     StoreStats,
+    SubTask,
 )
-from meshpoint.store.rows import check_id
-from meshpoint.store.sql import SqlStore
+from meshpoint.store.sqlstore import SqlStore
 from meshpoint.tls import TlsConfig
 
 __all__ = [
@@ -51,12 +52,12 @@ __all__ = [
     "CheckpointReceipt",
     "Lease",
     "PausedTaskSummary",
-    "PeerSubTask",
     "Resolution",
     "RestoredTask",
     "SqlStore",
     "Store",
     "StoreStats",
+    "SubTask",
     "open_database",
     "open_store",
 ]
@@ -179,7 +180,7 @@ def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = Tr
     runs every operation's portable body, even where the dialect has a faster one
     (:mod:`meshpoint.store.hooks`): slower, and meant for tests and benchmarks.
     ``history`` says how the checkpoint history is kept (signing and encryption
-    keys, prices, retention; :class:`~meshpoint.history.HistoryOptions`): by default
+    keys, prices, retention; :class:`~meshpoint.history.planning.HistoryOptions`): by default
     a hash-chained, unsigned record of every checkpoint. ``tls`` requires TLS to
     PostgreSQL (:class:`~meshpoint.tls.TlsConfig`: a CA, a client certificate, what is
     verified); a URL may say it in libpq's words instead (``?sslmode=verify-full&
@@ -192,3 +193,12 @@ def open_store(url: str | URL, *, tenant_id: str = "default", migrate: bool = Tr
                        fast_paths=fast_paths, history=history, tls=tls,
                        migration_lock_timeout_s=migration_lock_timeout_s,
                        max_decompressed_bytes=max_decompressed_bytes)
+
+
+def __getattr__(name: str) -> Any:
+    """``PeerSubTask``, :class:`SubTask`'s former name: still importable, with a warning."""
+    if name == "PeerSubTask":
+        warnings.warn("meshpoint.store.PeerSubTask was renamed SubTask; import that",
+                      DeprecationWarning, stacklevel=2)
+        return SubTask
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """The checkpoint store's contract: what the runtime sees of a store.
 
-:class:`~meshpoint.store.sql.SqlStore` (SQLite and PostgreSQL) implements it; the
+:class:`~meshpoint.store.sqlstore.SqlStore` (SQLite and PostgreSQL) implements it; the
 runtime is written against :class:`Store` only, as it is against
 :class:`~meshpoint.broker.base.Broker` for messages.
 
@@ -27,33 +27,81 @@ any I/O; a write that would break an invariant raises a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from sqlalchemy import Connection
 
 from meshpoint.context import TaskExecutionContext
-from meshpoint.store.records import (
+from meshpoint.store.results import (
+    Blocked,
     CheckpointReceipt,
     Lease,
     PausedTaskSummary,
-    PeerSubTask,
     Resolution,
     RestoredTask,
     StoreStats,
+    SubTask,
 )
 from meshpoint.store.schema import TASK_STATUSES
 
-__all__ = ["TASK_STATUSES", "TIMEOUT_RESULT", "Store"]
+if TYPE_CHECKING:
+    from meshpoint.history import HistoryOptions
+    from meshpoint.history.record import CheckpointRecord
+    from meshpoint.history.verification import ChainReport
+    from meshpoint.store.breakers import Breakers, RecoveryLimits
+
+__all__ = ["TASK_STATUSES", "TIMEOUT_RESULT", "Store", "Transactional", "VerifiedHistory"]
+
+R = TypeVar("R")
 
 #: The result a sub-task resolved by its deadline carries.
 TIMEOUT_RESULT: dict[str, Any] = {"status": "timeout",
                                   "error": "the peer did not answer before the deadline"}
 
 
-class Store(Protocol):
-    """The checkpoint store of one tenant (see the module docstring for the rules
-    every operation follows)."""
+class Transactional(Protocol):
+    """What a part built on a store (the event log, say) needs of it:
+    its tenant, and transactions of that tenant in which to run named statements of
+    its own (:meth:`SqlStore.transaction <meshpoint.store.sqlstore.SqlStore.transaction>`)."""
 
     tenant_id: str
+
+    async def transaction(self, body: Callable[[Connection], R], *, write: bool = False,
+                          doing: str = "running a transaction", short: bool = False) -> R:
+        """Run ``body(connection)`` in one transaction of this tenant, return its result."""
+        ...
+
+
+class VerifiedHistory(Protocol):
+    """What a reconstruction (:mod:`meshpoint.events.reconstruction`) reads of a store's
+    checkpoint history (:class:`~meshpoint.store.history_store.HistoryStore`)."""
+
+    @property
+    def options(self) -> HistoryOptions:
+        """How the history is kept and verified (keys, signatures required or not)."""
+        ...
+
+    async def last_verified(self, task_id: str) -> tuple[ChainReport, CheckpointRecord | None]:
+        """The walk of the task's chain, and its newest record that verified with
+        every record before it (None if none did)."""
+        ...
+
+
+class Store(Transactional, Protocol):
+    """The checkpoint store of one tenant (see the module docstring for the rules
+    every operation follows). Its transactions (:class:`Transactional`) serve the
+    parts built on it, its :attr:`history` a task's reconstruction."""
+
+    tenant_id: str
+    #: The tenant's checkpoint history.
+    history: VerifiedHistory
+    #: The agents' circuit breakers, shared by every instance (docs/runtime.md,
+    #: "Recovery limits, the circuit breaker and alerts").
+    breakers: Breakers
+    #: Recovery's counted take-overs (``take_over_task``) and an operator's take of a
+    #: task (``take_task_by_hand``): :class:`~meshpoint.store.breakers.RecoveryLimits`.
+    recovery: RecoveryLimits
 
     # -- checkpoint ---------------------------------------------------------------------
 
@@ -79,8 +127,8 @@ class Store(Protocol):
         ``timeout_s``, or ``default_timeout_s``. On success
         ``ctx.session_events_persisted`` is advanced.
 
-        A *mid-turn* checkpoint (status ``working``, seed 004's strategies) is taken
-        by a task that keeps running: ``holder`` keeps the lease for
+        A *mid-turn* checkpoint (status ``working``; docs/runtime.md, "Mid-turn
+        checkpoints") is taken by a task that keeps running: ``holder`` keeps the lease for
         ``hold_lease_s`` (a first checkpoint stores the task leased to ``holder``; a
         resumed task's holder is its ``lease_owner``). Its current invocation may
         have calls still to make. If the holder dies, the lease expires and
@@ -106,8 +154,8 @@ class Store(Protocol):
         """
         ...
 
-    async def claim_peer_sub_task(self, sub_task_id: str) -> PeerSubTask | None:
-        """Claim a sub-task without a result (seed 000's first step): the sub-task
+    async def claim_peer_sub_task(self, sub_task_id: str) -> SubTask | None:
+        """Claim a sub-task without a result (the first of two steps): the sub-task
         for the first caller, ``None`` once it is claimed or resolved;
         UnknownSubTaskError for an unknown id.
 
@@ -173,6 +221,16 @@ class Store(Protocol):
         does not hold it; UnknownTaskError for an unknown task."""
         ...
 
+    # -- recovery limits and the breaker (docs/runtime.md, "Recovery limits, ...") -----
+
+    async def block_task(self, task_id: str, *, lease_owner: str, reason: str) -> Blocked:
+        """Mark the task ``blocked`` for an operator and release its lease, for the
+        holder of the lease, with a history record of phase ``blocked`` saying
+        ``reason`` (with the history on). Nothing is resumed from it until an operator
+        resumes it (:meth:`take_task_by_hand`); its caller is told by the runtime, from
+        the returned addressing. LeaseNotHeldError unless ``lease_owner`` holds it."""
+        ...
+
     # -- reads --------------------------------------------------------------------------
 
     async def restore_task(self, task_id: str, *, lease_owner: str | None = None,
@@ -182,10 +240,10 @@ class Store(Protocol):
         ``lease_owner``, LeaseNotHeldError unless that owner holds the lease.
 
         With the checkpoint history on, the task is verified against it first
-        (:mod:`meshpoint.store.verified`): restored from its history if its live row
+        (:mod:`meshpoint.store.history_restore`): restored from its history if its live row
         fails, rewound to its last verified checkpoint by the lease holder if its
         last record fails, or blocked (TaskBlockedError) if its chain is broken; a
-        read without a lease raises IntegrityError instead. ``verify=False`` checks
+        read without a lease raises HistoryIntegrityError instead. ``verify=False`` checks
         the live row's own checksum only (to end a task whatever its history)."""
         ...
 
@@ -203,15 +261,25 @@ class Store(Protocol):
         its lease: its conversation, joins and items replaced, the task ``resuming``
         under that lease, and the history told why (a ``restarted`` record, an
         ``integrity_restarted`` event). For a task that cannot be resumed from its
-        checkpoint (:mod:`meshpoint.reconstruction`). LeaseNotHeldError unless
+        checkpoint (:mod:`meshpoint.events.reconstruction`). LeaseNotHeldError unless
         ``lease_owner`` holds the lease."""
         ...
 
-    async def get_peer_sub_task(self, sub_task_id: str) -> PeerSubTask:
+    async def begin_iteration(self, ctx: TaskExecutionContext, agent_name: str, *,
+                              lease_owner: str, handoff: dict[str, Any]) -> None:
+        """Start a handoff's next iteration (docs/handoff.md): make ``ctx``, a fresh
+        context, the live state of its task for the holder of its lease, as
+        :meth:`restart_task` does, with a record of phase ``iteration`` whose
+        ``extensions.handoff_received`` is ``handoff`` (the handoff record it read)
+        and an ``agent_handoff_received`` event, in one transaction.
+        LeaseNotHeldError unless ``lease_owner`` holds the lease."""
+        ...
+
+    async def get_peer_sub_task(self, sub_task_id: str) -> SubTask:
         """One sub-task, without claiming it; UnknownSubTaskError for an unknown id."""
         ...
 
-    async def get_peer_sub_tasks_for_task(self, task_id: str) -> list[PeerSubTask]:
+    async def get_peer_sub_tasks_for_task(self, task_id: str) -> list[SubTask]:
         """Every sub-task of a paused task, pending and resolved (to cancel its peers,
         say); UnknownTaskError for an unknown task."""
         ...
@@ -261,7 +329,7 @@ class Store(Protocol):
                             limit: int = 100) -> list[str]:
         """Ids of ``agent_name``'s tasks last checkpointed strictly more than
         ``older_than_s`` ago that nobody holds a lease on, oldest first: recovery
-        fails them (seed 004's ``recovery.timeout``)."""
+        fails them (the agent's ``recovery.timeout``)."""
         ...
 
     async def list_paused_tasks(self, *, agent_name: str | None = None,
@@ -272,14 +340,14 @@ class Store(Protocol):
         ...
 
     async def next_deadlines(self, *, agent_name: str | None = None,
-                             limit: int = 10) -> list[PeerSubTask]:
+                             limit: int = 10) -> list[SubTask]:
         """The open sub-tasks that expire soonest."""
         ...
 
     async def stats(self, *, expire_after_s: float = 0.0) -> StoreStats:
         """Paused tasks by ``(agent_name, status)``, open and expired sub-tasks, the
-        oldest checkpoint and the next deadline; and seed 004's counts (see
-        :class:`~meshpoint.store.records.StoreStats`), a task counting as expired when
+        oldest checkpoint and the next deadline; and the recovery counts (see
+        :class:`~meshpoint.store.results.StoreStats`), a task counting as expired when
         last checkpointed strictly more than ``expire_after_s`` ago (0: never)."""
         ...
 

@@ -4,7 +4,7 @@
 parameters every path of :meth:`SqlStore.checkpoint_task` runs with: the task row
 (its context compressed and sealed as configured), its join's sub-tasks and
 invocations, the conversation events new since the last checkpoint, and the history
-record (:mod:`meshpoint.history`), hashed and signed.
+record (:mod:`meshpoint.history.planning`), hashed and signed.
 """
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ from meshpoint.errors import (
     LeaseNotHeldError,
     UnknownTaskError,
 )
-from meshpoint.history import HistoryHead, HistoryOptions, PlannedRecord, plan_record, seal_context
-from meshpoint.store import queries as q
-from meshpoint.store.history import record_params
-from meshpoint.store.records import CheckpointReceipt
-from meshpoint.store.rows import (
-    check_agent,
-    check_id,
-    check_timeout,
-    check_ttl,
-    encode_context,
-    plan_join,
+from meshpoint.history.planning import (
+    HistoryHead,
+    HistoryOptions,
+    PlannedRecord,
+    plan_record,
+    seal_context,
 )
+from meshpoint.store import queries as q
+from meshpoint.store.checks import check_agent, check_id, check_timeout, check_ttl
+from meshpoint.store.history_chain import record_params
+from meshpoint.store.results import CheckpointReceipt
+from meshpoint.store.rows import encode_context, plan_join
 from meshpoint.store.schema import CHECKPOINT_STATUSES
 from meshpoint.store.sealing import CONVERSATION, CORRELATION, RESULTS, Sealer
 

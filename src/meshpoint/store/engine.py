@@ -119,6 +119,13 @@ class Database:
         takes a lock there so that many instances may start at once, waiting
         ``lock_timeout_s`` for it at most)."""
 
+    def after_lock_wait(self, repeat: Callable[[], None]) -> None:
+        """Called in a write transaction after a statement that may have waited for
+        another writer's lock on a row, with the statements before it that must run
+        again if that writer committed rows they could not see. SQLite runs one
+        writer at a time, whose write lock is taken up front: nothing to repeat.
+        (A dialect's own need, not a fast path: it holds with ``fast_paths=False``.)"""
+
     async def check_tenant(self, tenant_id: str) -> None:
         """Raise TenantRoleError if this database would not let the connected role
         act as ``tenant_id`` (PostgreSQL's tenant roles; SQLite has no roles)."""

@@ -1,4 +1,4 @@
-"""The named statements of the event log (``agent_events``; :mod:`meshpoint.events`).
+"""The named statements of the event log (``agent_events``; :mod:`meshpoint.events.log`).
 
 An event's time is integer microseconds since the epoch (``created_at_us``): one
 exact value, stored and returned as it is, so that bounds and cursors compare what

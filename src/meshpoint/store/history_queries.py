@@ -1,5 +1,5 @@
 """The named statements of the checkpoint history (``agent_checkpoints`` and
-``agent_checkpoint_heads``; see :mod:`meshpoint.history`).
+``agent_checkpoint_heads``; see :mod:`meshpoint.history.planning`).
 
 A record is written in the transaction of the checkpoint it records: the portable
 body runs :data:`INSERT_RECORD` and then :data:`INSERT_HEAD` (a task's first record)
@@ -23,12 +23,13 @@ from sqlalchemy import (
     bindparam,
     delete,
     insert,
+    or_,
     select,
     update,
 )
 from sqlalchemy.sql.dml import Insert
 
-from meshpoint.store.queries import agent, limit, now, task, tenant
+from meshpoint.store.queries import agent, any_agent, limit, now, task, tenant
 from meshpoint.store.rows import HeadRow, RecordRow
 from meshpoint.store.schema import checkpoint_heads, checkpoints
 from meshpoint.store.statement import Statement
@@ -54,7 +55,7 @@ OF_TASK = and_(C.c.logical_task_id == task, C.c.tenant_id == tenant)
 RECORD_COLUMNS = (C.c.tenant_id, C.c.checkpoint_id, C.c.logical_task_id, C.c.seq, C.c.data,
                   C.c.hash, C.c.signature, C.c.key_id)
 #: A record's columns outside its hash, each a copy of what its document says: a chain
-#: walk reads them to check them (:class:`meshpoint.verification.RecordColumns`).
+#: walk reads them to check them (:class:`meshpoint.history.verification.RecordColumns`).
 COPIED_COLUMNS = (C.c.agent_name, C.c.agent_type, C.c.iteration, C.c.phase, C.c.parent_id,
                   C.c.retention_policy, C.c.created_at)
 HEAD_COLUMNS = (H.c.tenant_id, H.c.logical_task_id, H.c.agent_name, H.c.records, H.c.head_id,
@@ -162,6 +163,13 @@ LIST_HEADS = Statement(
     select(*HEAD_COLUMNS).where(H.c.tenant_id == tenant,
                                 H.c.logical_task_id > bindparam("p_after", type_=String))
     .order_by(H.c.logical_task_id).limit(limit), row=HeadRow)
+
+LIST_ENDED = Statement(
+    "list_ended", "Lists the tenant's ended tasks (a head with an outcome), of agent p_agent "
+    "unless p_any_agent, the latest ended first.",
+    select(*HEAD_COLUMNS).where(H.c.tenant_id == tenant, H.c.outcome.is_not(None),
+                                or_(any_agent, H.c.agent_name == agent))
+    .order_by(H.c.updated_at.desc(), H.c.logical_task_id).limit(limit), row=HeadRow)
 
 LIST_HEADLESS = Statement(
     "list_headless", "Lists the tenant's tasks that have history records but no head "

@@ -1,6 +1,6 @@
 """The fast paths a dialect may take instead of the store's portable bodies.
 
-:class:`~meshpoint.store.sql.SqlStore` writes every operation once, as a portable
+:class:`~meshpoint.store.sqlstore.SqlStore` writes every operation once, as a portable
 body that runs on SQLite and PostgreSQL alike. Where a dialect can do an operation
 faster, it overrides one of the named hooks below in its own module, beside the
 driver code the hook needs (DBOS keeps ``_sys_db_postgres.py`` beside its
@@ -20,7 +20,7 @@ import enum
 from collections.abc import Callable
 from typing import Any
 
-from meshpoint.store.records import Resolution
+from meshpoint.store.results import Resolution
 from meshpoint.store.rows import RestoreRows
 from meshpoint.store.sealing import Sealer
 from meshpoint.store.statement import Statement
@@ -47,14 +47,14 @@ class FastPaths:
     async def first_checkpoint(self, params: dict[str, Any]) -> int | Portable:
         """Write a first checkpoint (the task row, its sub-tasks, invocations and new
         events) and return the task's version; raise SQLAlchemy's
-        ``IntegrityError`` if a key is taken (nothing is written then)."""
+        ``HistoryIntegrityError`` if a key is taken (nothing is written then)."""
         return PORTABLE
 
     async def recheckpoint(self, params: dict[str, Any]) -> int | Portable:
         """Write a re-checkpoint for the holder of the task's lease (the task row, its
         old children replaced by the new) and return the task's version; PORTABLE,
         with nothing written, if the portable body would refuse it (it then says
-        why); raise SQLAlchemy's ``IntegrityError`` if a key is taken."""
+        why); raise SQLAlchemy's ``HistoryIntegrityError`` if a key is taken."""
         return PORTABLE
 
     async def resolve_one(self, params: Callable[[], dict[str, Any]],
@@ -75,7 +75,7 @@ class FastPaths:
                         params: dict[str, Any]) -> list[Any] | Portable:
         """Run one named statement by itself, outside any transaction (a statement is
         atomic alone), and return its rows: :meth:`SqlStore.statement
-        <meshpoint.store.sql.SqlStore.statement>`, for parts built on the store."""
+        <meshpoint.store.sqlstore.SqlStore.statement>`, for parts built on the store."""
         return PORTABLE
 
 

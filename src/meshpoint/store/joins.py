@@ -2,7 +2,7 @@
 
 A resolved sub-task is counted on its invocation (its turn's join); the resolution
 that completes a join marks its task ``resuming`` and may take its lease. Used by
-:class:`~meshpoint.store.sql.SqlStore`'s portable bodies of a resolution, a claim's
+:class:`~meshpoint.store.sqlstore.SqlStore`'s portable bodies of a resolution, a claim's
 record and the sweep (PostgreSQL's one-statement resolution does the same in SQL).
 """
 
@@ -16,13 +16,13 @@ from sqlalchemy import Connection
 
 from meshpoint.errors import CorruptCheckpointError
 from meshpoint.store import queries as q
-from meshpoint.store.records import PeerSubTask, Resolution
+from meshpoint.store.results import Resolution, SubTask
 
 logger = logging.getLogger("meshpoint.store")
 
 
 def advance(conn: Connection, keys: dict[str, Any], clock: Callable[[], float],
-            resolved: list[PeerSubTask], lease_owner: str | None, lease_ttl_s: float, *,
+            resolved: list[SubTask], lease_owner: str | None, lease_ttl_s: float, *,
             quarantine: bool = False) -> list[Resolution]:
     """Count freshly resolved sub-tasks on their invocations and mark completed joins.
 
@@ -32,7 +32,7 @@ def advance(conn: Connection, keys: dict[str, Any], clock: Callable[[], float],
     ``quarantine`` (the sweeper): then its sub-tasks are parked as ``quarantined`` and
     the batch goes on.
     """
-    groups: dict[tuple[str, str], list[PeerSubTask]] = {}
+    groups: dict[tuple[str, str], list[SubTask]] = {}
     for item in resolved:
         groups.setdefault((item.task_id, item.invocation_id), []).append(item)
     out: list[Resolution] = []

@@ -25,7 +25,7 @@ from sqlalchemy import Connection, func, literal, select, true
 
 from meshpoint.errors import ConfigurationError, InvalidArgumentError, TenantRoleError
 from meshpoint.store import queries as q
-from meshpoint.store.rows import check_id
+from meshpoint.store.checks import check_id
 from meshpoint.store.statement import Compiled, Statement
 
 #: The first statement of every transaction of a tenant's store: it sets the tenant
@@ -183,6 +183,10 @@ def _grant(conn: Connection, role: str, verifier: str | None) -> None:
             tuple(args)).scalar()
         conn.exec_driver_sql(str(ddl))
 
+    # Two grants at once (``migrate --runtime-role`` from two hosts) would update one
+    # catalog row (the database's ACL) together, and PostgreSQL fails the second with
+    # "tuple concurrently updated": one at a time, in this database.
+    conn.exec_driver_sql("SELECT pg_advisory_xact_lock(hashtext('meshpoint role grants'))")
     found = conn.exec_driver_sql(
         "SELECT rolsuper, rolbypassrls FROM pg_roles WHERE rolname = $1", (role,)).first()
     if found is None:

@@ -87,7 +87,7 @@ OPEN = text(OPEN_SUB_TASK_PREDICATE)
 #: tenant through it (test_statements_by_key_use_the_primary_key_without_statistics).
 OPEN_OF_TASK = S.c.status != "resolved"
 
-#: Columns that make a :class:`~meshpoint.store.records.PeerSubTask`.
+#: Columns that make a :class:`~meshpoint.store.results.SubTask`.
 SUB_COLUMNS = (S.c.sub_task_id, S.c.logical_task_id, S.c.agent_name, S.c.invocation_id,
                S.c.function_call_id, S.c.peer_agent_name, S.c.peer_task_id,
                S.c.correlation_data, S.c.timeout_deadline, S.c.status, S.c.resolved_by,
@@ -148,6 +148,16 @@ INSERT_INVOCATION = Statement(
         results=bindparam("results", type_=JSONText), created_at=now))
 
 
+#: The take-overs in a row a re-checkpoint leaves (RecoveryPolicy.max_recoveries): none
+#: once the task made progress (its conversation grew, or it paused), as many as before
+#: for a mid-turn checkpoint that adds nothing to the conversation (a crash loop's
+#: checkpoint before the model call that kills it is no progress).
+_RECOVERIES_AFTER = case(
+    (and_(bindparam("p_status", type_=String) == "working",
+          bindparam("p_event_count", type_=Integer) <= T.c.session_event_count),
+     T.c.recoveries), else_=literal(0))
+
+
 def recheckpoint_task() -> Update:
     """A new copy of recheckpoint_task's clause (see :func:`insert_task`): only the
     lease holder may overwrite the row, only from the conversation it restored
@@ -167,7 +177,7 @@ def recheckpoint_task() -> Update:
                 session_event_count=bindparam("p_event_count"),
                 owner=bindparam("p_holder", type_=String),
                 lease_expires_at=bindparam("p_hold_until", type_=Float),
-                version=T.c.version + 1,
+                version=T.c.version + 1, recoveries=_RECOVERIES_AFTER,
                 checkpointed_at=now, expires_at=bindparam("p_expires_at", type_=Float))
         .returning(T.c.version))
 
@@ -205,13 +215,14 @@ DELETE_EVENTS_FROM = Statement(
     "delete_events_from", "Deletes a task's conversation rows from event p_first on (a "
     "rewind to an earlier checkpoint).",
     delete(E).where(OF_TASK[E], E.c.seq >= bindparam("p_first", type_=Integer)))
-#: A rewind (meshpoint.store.verified): the lease holder's task takes the state of an
+#: A rewind (meshpoint.store.history_restore): the lease holder's task takes the state of an
 #: earlier, verified checkpoint, its join complete (the calls it waited on are lost).
 REWIND_TASK = Statement(
     "rewind_task", "Rewrites a task's row, for the holder of its lease, with the state "
-    "of an earlier checkpoint, ready to resume.",
+    "of an earlier checkpoint or a fresh one, ready to resume by agent p_agent (a "
+    "handoff at a phase change hands the task to the next phase's agent).",
     update(T).where(TASK_KEY, T.c.owner == owner)
-    .values(status="resuming", current_invocation_id=invocation,
+    .values(status="resuming", agent_name=agent, current_invocation_id=invocation,
             context=bindparam("p_context", type_=T.c.context.type),
             context_encoding=bindparam("p_encoding", type_=String),
             context_sha256=bindparam("p_sha256", type_=String),
@@ -263,8 +274,8 @@ RESOLVE_PENDING = Statement(
     .values(status="resolved", resolved_by=resolved_by, result=result, resolved_at=now)
     .returning(*SUB_COLUMNS), row=SubTaskRow)
 CLAIM_PENDING = Statement(
-    "claim_pending", "Claims a pending sub-task without recording a result (the first step "
-    "of seed 000's two).",
+    "claim_pending", "Claims a pending sub-task without recording a result (the first of "
+    "two steps).",
     update(S)
     .where(SUB_KEY, S.c.status == "pending")
     .values(status="claimed", resolved_at=now)
@@ -273,8 +284,8 @@ _CALL_KEY = and_(S.c.tenant_id == tenant, S.c.logical_task_id == task,
                  S.c.invocation_id == invocation,
                  S.c.function_call_id == bindparam("p_call", type_=String))
 RECORD_CLAIMED = Statement(
-    "record_claimed", "Records the result of a claimed call (the second step of seed "
-    "000's two).",
+    "record_claimed", "Records the result of a claimed call (the second step of the two: claim, "
+    "then record).",
     update(S)
     .where(_CALL_KEY, S.c.status == "claimed")
     .values(status="resolved", resolved_by=resolved_by, result=result, resolved_at=now)
@@ -389,8 +400,11 @@ RELEASE_LEASE = Statement(
 
 # -- reads -------------------------------------------------------------------------------
 
-GET_TASK = Statement("get_task", "Reads a paused task's row.", select(T).where(TASK_KEY),
-                     row=TaskRow)
+#: The columns of a task's row that a restore reads (:class:`TaskRow`): not its count of
+#: take-overs (0014), which only recovery reads (meshpoint.store.recovery_queries).
+TASK_COLUMNS = tuple(T.c[name] for name in TaskRow._fields)
+GET_TASK = Statement("get_task", "Reads a paused task's row.",
+                     select(*TASK_COLUMNS).where(TASK_KEY), row=TaskRow)
 GET_EVENTS = Statement(
     "get_events", "Reads a task's conversation rows in order.",
     select(E.c.seq, E.c.data).where(OF_TASK[E]).order_by(E.c.seq), row=EventRow)

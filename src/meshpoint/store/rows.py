@@ -1,11 +1,10 @@
-"""Pure helpers of the store: argument checks, the join plan of a checkpoint, the
-rows statements return, and decoding them back into records and contexts. No I/O
-happens here."""
+"""Pure helpers of the store: the join plan of a checkpoint, the rows statements
+return, and decoding them back into records and contexts (the argument checks are
+:mod:`meshpoint.store.checks`). No I/O happens here."""
 
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -18,9 +17,9 @@ from meshpoint.errors import (
     InvalidArgumentError,
     LeaseNotHeldError,
     UnknownTaskError,
-    WrongAgentError,
 )
-from meshpoint.store.records import PeerSubTask, RestoredTask
+from meshpoint.store.checks import check_id, check_timeout, is_id, is_timeout
+from meshpoint.store.results import RestoredTask, SubTask
 from meshpoint.store.sealing import (
     CLEAR,
     CONTEXT,
@@ -128,89 +127,8 @@ class RestoreRows(NamedTuple):
     latest: RecordRow | None = None
 
 
-MAX_ID = 255
-
-
-def _is_id(value: Any, max_len: int = MAX_ID) -> bool:
-    return type(value) is str and 0 < len(value) <= max_len and is_text(value)
-
-
-def is_text(value: str) -> bool:
-    """Whether every database can store ``value`` as text: no NUL (PostgreSQL's text
-    cannot hold it) and no lone surrogate (half of a UTF-16 pair, which is not UTF-8:
-    SQLite's driver fails on it)."""
-    if "\x00" in value:
-        return False
-    if value.isascii():
-        return True
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _is_timeout(value: Any) -> bool:
-    return type(value) in (int, float) and 0 <= value < math.inf  # NaN fails too
-
-
-def check_agent(what: str, owner: str, wanted: str | None) -> None:
-    """WrongAgentError unless ``wanted`` is None or ``owner``, the agent whose task
-    ``what`` (a phrase naming the task or sub-task) is."""
-    if wanted is not None and owner != wanted:
-        raise WrongAgentError(what, owner, wanted)
-
-
-def check_id(name: str, value: Any, *, max_len: int = MAX_ID) -> None:
-    if not _is_id(value, max_len):
-        text = type(value) is str and 0 < len(value) <= max_len
-        raise InvalidArgumentError(
-            f"{name} must be a str of 1 to {max_len} characters"
-            + (" without NUL or a lone surrogate (text no database can store)"
-               if text else "") + f", got {value!r:.80}")
-
-
 #: Keys of a sub-task's correlation data that must hold an id (the others may be None).
 _REQUIRED_IDS = ("invocation_id", "function_call_id")
-
-
-def check_timeout(name: str, value: Any) -> None:
-    if not _is_timeout(value):
-        raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {value!r}")
-
-
-#: The largest ``limit`` a read takes: PostgreSQL's LIMIT is bound as a 32-bit int.
-MAX_LIMIT = 2**31 - 1
-
-
-def check_limit(limit: Any) -> None:
-    if type(limit) is not int or not 1 <= limit <= MAX_LIMIT:
-        raise InvalidArgumentError(
-            f"limit must be an int from 1 to {MAX_LIMIT}, got {limit!r}")
-
-
-def check_time_range(since: Any, until: Any) -> tuple[float, float]:
-    """``(since, until)`` as epoch seconds (None: no end); InvalidArgumentError
-    unless both are finite numbers and ``since <= until``."""
-    for name, value in (("since", since), ("until", until)):
-        if name == "until" and value is None:
-            continue
-        try:
-            finite = type(value) in (int, float) and math.isfinite(value)
-        except OverflowError:  # an int too large for a float
-            finite = False
-        if not finite:
-            raise InvalidArgumentError(
-                f"{name} must be epoch seconds (a finite int or float), got {value!r:.80}")
-    end = math.inf if until is None else float(until)
-    if float(since) > end:
-        raise InvalidArgumentError(f"since ({since}) is after until ({until})")
-    return float(since), end
-
-
-def check_ttl(ttl_s: Any) -> None:
-    if type(ttl_s) not in (int, float) or not math.isfinite(ttl_s) or ttl_s <= 0:
-        raise InvalidArgumentError(f"ttl_s must be a finite number > 0, got {ttl_s!r}")
 
 
 def plan_join(doc: CheckpointDict, status: str, default_timeout_s: float
@@ -238,7 +156,7 @@ def plan_join(doc: CheckpointDict, status: str, default_timeout_s: float
         for key, value in (("invocation_id", inv), ("function_call_id", call),
                            ("peer_agent_name", corr.get("peer_agent_name")),
                            ("peer_task_id", corr.get("peer_task_id"))):
-            if not _is_id(value) and (value is not None or key in _REQUIRED_IDS):
+            if not is_id(value) and (value is not None or key in _REQUIRED_IDS):
                 check_id(f"{key} of sub-task {sub_task_id!r}", value)
         if inv != current:
             raise InvalidArgumentError(
@@ -246,7 +164,7 @@ def plan_join(doc: CheckpointDict, status: str, default_timeout_s: float
                 f"paused in invocation {current!r}: a paused task waits on one join, the "
                 "calls of its current invocation")
         timeout_s = corr.get("timeout_s", default_timeout_s)
-        if not _is_timeout(timeout_s):
+        if not is_timeout(timeout_s):
             check_timeout(f"timeout_s of sub-task {sub_task_id!r}", timeout_s)
         calls = invocations.setdefault(inv, ParallelCalls())
         if call not in calls.call_order:
@@ -271,7 +189,7 @@ def plan_join(doc: CheckpointDict, status: str, default_timeout_s: float
     return subs, invocations
 
 
-def sub_task(row: SubTaskRow, sealer: Sealer = CLEAR, *, strict: bool = False) -> PeerSubTask:
+def sub_task(row: SubTaskRow, sealer: Sealer = CLEAR, *, strict: bool = False) -> SubTask:
     """A sub-task from its row, its correlation data and result opened (strictly for
     a restore, which uses them; else a value that cannot be opened reads as
     unreadable: see :mod:`meshpoint.store.sealing`)."""
@@ -283,7 +201,7 @@ def sub_task(row: SubTaskRow, sealer: Sealer = CLEAR, *, strict: bool = False) -
             f"{type(corr).__name__}, not an object", task_id=row.logical_task_id)
     if row.peer_task_id is not None:
         corr = {**corr, "peer_task_id": row.peer_task_id}
-    return PeerSubTask(
+    return SubTask(
         sub_task_id=row.sub_task_id, task_id=row.logical_task_id, agent_name=row.agent_name,
         invocation_id=row.invocation_id, function_call_id=row.function_call_id,
         peer_agent_name=row.peer_agent_name, peer_task_id=row.peer_task_id,

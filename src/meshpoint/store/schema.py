@@ -1,12 +1,14 @@
 """The checkpoint store's tables, one definition for SQLite and PostgreSQL.
 
-Names follow seed 000 so readers of that design recognise them; every table
+Names follow the original design (docs/store.md, "Tables"); every table
 carries ``tenant_id`` as the first column of its primary key. Times are epoch
 seconds as floats (``*_at``, ``timeout_deadline``), computed by the store's
 clock rather than the database's, so SQLite and PostgreSQL behave alike.
 
 The Alembic migrations in ``migrations/versions`` must produce exactly these
-definitions; ``tests/integration/test_migrations.py`` checks that they do.
+definitions; ``tests/integration/test_migrations.py`` checks that they do. The tables
+of registered integrations (LangGraph's saver) join ``metadata`` when this module is
+imported (:mod:`meshpoint.store.integrations`), and are held to the same checks.
 
 No foreign keys tie a task's child rows to ``agent_paused_tasks``, on purpose.
 Children are written with their task and deleted with it in one transaction
@@ -24,7 +26,6 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
-    Boolean,
     Column,
     Dialect,
     Float,
@@ -41,6 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 from meshpoint import _json
+from meshpoint.store import integrations
 
 metadata = MetaData()
 
@@ -97,7 +99,7 @@ HistoryDoc = _document(SqliteJSONDoc())
 ID = String(255)
 TENANT = String(64)
 
-#: Statuses of a paused task (DESIGN.md §3). ``resuming`` is set by the store only, and
+#: Statuses of a paused task (docs/store.md, "Tables"). ``resuming`` is set by the store only, and
 #: ``blocked`` too: a task whose history failed verification waits for an operator.
 TASK_STATUSES = ("waiting_peers", "input_required", "handoff", "resuming", "working",
                  "blocked")
@@ -105,7 +107,7 @@ TASK_STATUSES = ("waiting_peers", "input_required", "handoff", "resuming", "work
 CHECKPOINT_STATUSES = ("waiting_peers", "input_required", "handoff", "working")
 
 #: Sub-tasks that are still open, i.e. can still expire: ``pending`` (waiting for the
-#: answer) and ``claimed`` (the two-step path of seed 000, result not yet recorded).
+#: answer) and ``claimed`` (the two-step path, result not yet recorded).
 #: The other statuses are ``resolved`` (answer or timeout) and ``quarantined`` (its
 #: task's rows are corrupt). SQL text, so that the partial index and the queries that
 #: must use it carry the predicate word for word.
@@ -136,6 +138,9 @@ paused_tasks = Table(
     Column("created_at", Float, nullable=False),
     Column("checkpointed_at", Float, nullable=False),
     Column("expires_at", Float),
+    # Take-overs in a row: recovery's take of a lease whose holder died counts one; a
+    # checkpoint of progress by the holder resets it (0014, RecoveryPolicy.max_recoveries).
+    Column("recoveries", Integer, nullable=False, server_default=text("0")),
     # Secondary indexes lead with a column that statements by key never test, so
     # that on a never-analyzed table only the primary key matches those (0004).
     # This one finds the tasks of an agent that recovery may resume. It holds only
@@ -209,7 +214,7 @@ session_events = Table(
     Column("created_at", Float, nullable=False),
 )
 
-#: The checkpoint history (seed 001, :mod:`meshpoint.history`): one immutable record per
+#: The checkpoint history (:mod:`meshpoint.history`): one immutable record per
 #: checkpoint and end of a task, hash-chained per task (migration 0008). Not live
 #: state: it outlives the task's live rows until its retention lets a purge remove it.
 checkpoints = Table(
@@ -305,76 +310,24 @@ ended_tasks = Table(
     Index("ix_agent_ended_tasks_agent", "agent_name", "tenant_id", "ended_at"),
 )
 
-#: LangGraph's checkpoints, saved by :mod:`meshpoint.integrations.langgraph` (migration
-#: 0010): one row per checkpoint of a thread and namespace. The row holds the
-#: checkpoint without its channel values, and its metadata, as written (``data``,
-#: verified against ``digest`` before it is read); ``metadata`` repeats the metadata
-#: as JSON for ``list(filter=...)`` only, and ``blobs`` names the version of each
-#: channel that has a value, which ``agent_langgraph_blobs`` holds.
-graph_checkpoints = Table(
-    "agent_langgraph_checkpoints",
+#: Each agent's circuit breaker (0014; :mod:`meshpoint.store.breakers`): shared by every
+#: instance of the agent, so that all of them stop resuming its tasks together, and
+#: kept across restarts. ``state`` is ``closed`` (resumes go on; ``failures`` failed
+#: resumes counted since ``window_started_at``), ``open`` (no resume until
+#: ``opened_until``) or ``half_open`` (one trial resume, ``trial_owner``'s, until
+#: ``trial_until``). A row is written at an agent's first failed resume.
+breakers = Table(
+    "agent_breakers",
     metadata,
     Column("tenant_id", TENANT, primary_key=True),
-    Column("thread_id", ID, primary_key=True),
-    Column("checkpoint_ns", ID, primary_key=True),  # "" for the root graph
-    Column("checkpoint_id", ID, primary_key=True),  # sorts by time (UUIDv6)
-    Column("parent_checkpoint_id", ID),
-    # The parent a loop step continues; NULL for an input, a fork, an update and a
-    # root. Unique (the index below): a checkpoint is continued by one loop step, so
-    # a superseded writer's step is refused instead of forking the chain.
-    Column("continues", ID),
-    Column("run_id", ID),  # the metadata's run_id, for delete_for_runs
-    # Kept by prune only because a delta channel of a kept checkpoint replays its
-    # writes: never listed nor read, only walked by get_delta_channel_history.
-    Column("hidden", Boolean, nullable=False),
-    Column("blobs", JSONText, nullable=False),  # {channel: version} of stored values
-    Column("metadata", JSONDoc, nullable=False),
-    Column("data", LargeBinary, nullable=False),
-    Column("digest", String(64), nullable=False),
-    Column("created_at", Float, nullable=False),
-    Index("ix_agent_langgraph_checkpoints_continues", "thread_id", "tenant_id",
-          "checkpoint_ns", "continues", unique=True),
-    Index("ix_agent_langgraph_checkpoints_run", "run_id", "tenant_id"),
-)
-
-#: The values of LangGraph channels, one row per channel version (shared by every
-#: checkpoint at that version). A list that grew since a version this process wrote
-#: or read is stored as the items it gained (``base_version`` names that version); a
-#: chain of such deltas starts at a whole value (``root_version``) and is cut by a
-#: whole value again as it grows (see the saver), so a value is read in one range
-#: scan of its chain.
-graph_blobs = Table(
-    "agent_langgraph_blobs",
-    metadata,
-    Column("tenant_id", TENANT, primary_key=True),
-    Column("thread_id", ID, primary_key=True),
-    Column("checkpoint_ns", ID, primary_key=True),
-    Column("channel", ID, primary_key=True),
-    Column("version", ID, primary_key=True),
-    Column("base_version", ID),  # NULL: a whole value; else the version it extends
-    Column("root_version", ID, nullable=False),  # the whole value its chain starts at
-    Column("depth", Integer, nullable=False),  # deltas since the root (0 for a root)
-    Column("items", Integer, nullable=False),  # list items in this row (0 if no list)
-    Column("data", LargeBinary, nullable=False),
-    Column("digest", String(64), nullable=False),
-    Index("ix_agent_langgraph_blobs_root", "thread_id", "tenant_id", "checkpoint_ns",
-          "channel", "root_version"),
-)
-
-#: Writes of LangGraph tasks (``put_writes``), pending on the checkpoint they follow.
-graph_writes = Table(
-    "agent_langgraph_writes",
-    metadata,
-    Column("tenant_id", TENANT, primary_key=True),
-    Column("thread_id", ID, primary_key=True),
-    Column("checkpoint_ns", ID, primary_key=True),
-    Column("checkpoint_id", ID, primary_key=True),
-    Column("task_id", ID, primary_key=True),
-    Column("idx", Integer, primary_key=True),
-    Column("channel", ID, nullable=False),
-    Column("task_path", Text, nullable=False),
-    Column("data", LargeBinary, nullable=False),
-    Column("digest", String(64), nullable=False),
+    Column("agent_name", ID, primary_key=True),
+    Column("state", String(16), nullable=False),
+    Column("failures", Integer, nullable=False),
+    Column("window_started_at", Float),
+    Column("opened_until", Float),
+    Column("trial_owner", ID),
+    Column("trial_until", Float),
+    Column("updated_at", Float, nullable=False),
 )
 
 #: PostgreSQL only (migration 0012): which database role is which tenant's, for a
@@ -393,3 +346,7 @@ tenant_roles = Table(
 
 #: Tables holding a paused task's live state, children first (the delete order).
 LIVE_TABLES = (peer_sub_tasks, parallel_invocations, session_events, paused_tasks)
+
+# Last, once the store's tables are defined: the tables of registered integrations
+# (LangGraph's saver) join ``metadata`` (see meshpoint.store.integrations).
+integrations.load_tables()

@@ -2,7 +2,7 @@
 
 With an encryption key ring (``HistoryOptions.encryption``; the config's
 ``history.encryption``), every value of these columns is sealed under its tenant's
-active AES-256-GCM key (:mod:`meshpoint.encryption`) where its row is encoded, and
+active AES-256-GCM key (:mod:`meshpoint.history.encryption`) where its row is encoded, and
 opened where its row is decoded; the statements never see the difference. The
 columns, by family (a family may be left in clear by name,
 ``history.encryption.exclude``):
@@ -20,8 +20,9 @@ calls         ``agent_peer_sub_tasks.correlation_data`` and ``result`` (a peer's
               turn's calls known at its checkpoint)
 snapshots     ``agent_checkpoints.snapshot`` (the task as checkpointed, for repairs)
 events        ``agent_events.input_data``, ``output_data``, ``state_snapshot``
-langgraph     ``agent_langgraph_checkpoints.data`` and ``metadata``,
-              ``agent_langgraph_blobs.data``, ``agent_langgraph_writes.data``
+langgraph     the LangGraph saver's ``data`` columns and its checkpoints' ``metadata``
+              (named, and sealed through a Sealer, by its own modules:
+              ``integrations/langgraph/tables.py``)
 ============  ==========================================================================
 
 Each ciphertext's associated data is its tenant, its column and its row's key (the
@@ -46,14 +47,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from meshpoint.encryption import EncryptionKeys, is_envelope, is_sealed
 from meshpoint.errors import (
     CorruptCheckpointError,
-    IntegrityError,
+    HistoryIntegrityError,
     KeyMissingError,
     UnreadableValueError,
 )
-from meshpoint.history import SEALED_CONTEXT_FIELDS
+from meshpoint.history.encryption import EncryptionKeys, is_envelope, is_sealed
+from meshpoint.history.planning import SEALED_CONTEXT_FIELDS
 
 #: The key of what a lenient read gives for a value it cannot open.
 UNREADABLE = "$unreadable"
@@ -67,10 +68,8 @@ RESULTS = "agent_parallel_invocations.results"
 EVENT_COLUMNS = {"p_input": "agent_events.input_data",
                  "p_output": "agent_events.output_data",
                  "p_state": "agent_events.state_snapshot"}
-LG_CHECKPOINT = "agent_langgraph_checkpoints.data"
-LG_METADATA = "agent_langgraph_checkpoints.metadata"
-LG_BLOB = "agent_langgraph_blobs.data"
-LG_WRITE = "agent_langgraph_writes.data"
+# The ``langgraph`` family's columns are named by the saver's tables module
+# (meshpoint.integrations.langgraph.tables), which seals them through a Sealer.
 
 
 @dataclass(frozen=True)
@@ -110,7 +109,7 @@ class Sealer:
                 raise KeyMissingError(_NO_RING)
             return self.keys.decrypt(value, tenant=self.tenant_id,
                                      aad=self._aad(column, row))
-        except (KeyMissingError, IntegrityError) as error:
+        except (KeyMissingError, HistoryIntegrityError) as error:
             refusal = _refusal(error, column, row)
             if strict:
                 raise refusal from None
@@ -119,7 +118,7 @@ class Sealer:
     def open_context_fields(self, context: dict[str, Any], task_id: str) -> None:
         """Open, in place, the fields of a stored context the history seals on their
         own whatever the families (its security context and history annotations:
-        :func:`meshpoint.history.seal_context`, bound to their task and field);
+        :func:`meshpoint.history.planning.seal_context`, bound to their task and field);
         strict, as :meth:`open`."""
         for name in SEALED_CONTEXT_FIELDS:
             value = context.get(name)
@@ -130,7 +129,7 @@ class Sealer:
                     raise KeyMissingError(_NO_RING)
                 context[name] = self.keys.decrypt(value, tenant=self.tenant_id,
                                                   aad={"task": task_id, "field": name})
-            except (KeyMissingError, IntegrityError) as error:
+            except (KeyMissingError, HistoryIntegrityError) as error:
                 raise _refusal(error, f"{CONTEXT} ({name})", {"task": task_id}) from None
 
     # -- bytes -------------------------------------------------------------------------
@@ -152,7 +151,7 @@ class Sealer:
                 raise KeyMissingError(_NO_RING)
             return self.keys.decrypt_bytes(data, tenant=self.tenant_id,
                                            aad=self._aad(column, row))
-        except (KeyMissingError, IntegrityError) as error:
+        except (KeyMissingError, HistoryIntegrityError) as error:
             raise _refusal(error, column, row) from None
 
 
@@ -165,7 +164,7 @@ def _refusal(error: Exception, column: str, row: Mapping[str, str]
     raises."""
     where = ", ".join(f"{key} {value!r}" for key, value in row.items())
     task_id = row.get("task") or row.get("thread")
-    if isinstance(error, IntegrityError):
+    if isinstance(error, HistoryIntegrityError):
         return CorruptCheckpointError(
             f"{column} of the row of {where} does not decrypt (tampered with, or moved "
             "there from another row or column); it was not used", task_id=task_id)

@@ -36,6 +36,7 @@ from sqlalchemy.pool import QueuePool, StaticPool
 
 from meshpoint import _json
 from meshpoint.errors import ConfigurationError
+from meshpoint.store import sa_internals as sa
 from meshpoint.store.engine import Database
 
 R = TypeVar("R")
@@ -96,8 +97,8 @@ class SqliteDatabase(Database):
     """SQLite through sqlite3; each transaction runs whole on a worker thread, or,
     if it is short and nobody holds the lock it needs, on the caller's thread.
 
-    The hop to a worker thread and back costs about what SQLite's own work on a
-    checkpoint does, and most of its jitter. So a ``short`` transaction of a
+    The hop to a worker thread and back is much of a short transaction's time and
+    most of its jitter (docs/store.md, *Performance*). So a ``short`` transaction of a
     file database first tries an *inline* connection whose busy timeout is zero:
     if the write lock (or that connection) is taken, SQLite says so at once and the
     transaction runs on a worker thread instead, where it waits for the lock as
@@ -120,8 +121,8 @@ class SqliteDatabase(Database):
         self._threads = ThreadPoolExecutor(workers, thread_name_prefix="meshpoint-sqlite")
         self._wal_checkpointer = wal_checkpointer
         self._inline = inline
-        # The inline connection stays checked out: a pool checkout, a Connection and
-        # a pool return per transaction were most of an empty transaction's time.
+        # The inline connection stays checked out: a checkout and return per
+        # transaction outweighed an empty transaction (docs/store.md, *Performance*).
         # The lock says whether a thread is using it (never waited for).
         self._inline_conn: Connection | None = None
         self._inline_busy = threading.Lock()
@@ -258,7 +259,7 @@ class WalCheckpointer:
     and keeps the log short.
 
     SQLite's automatic checkpoint runs inside whichever commit fills the log past
-    1,000 pages, and that commit paid for the copy: it was the p99 of a write.
+    1,000 pages, and that commit pays for the copy (docs/store.md, *Performance*).
     Connections therefore raise the automatic threshold to a safety net
     (:data:`WAL_AUTOCHECKPOINT_PAGES`), and this thread runs a PASSIVE checkpoint,
     which never waits for readers or writers, every ``interval_s`` on a connection
@@ -347,17 +348,14 @@ def _install_hooks(engine: Engine, *, memory: bool, busy_timeout_s: float,
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        # On the driver's connection: through SQLAlchemy's execution path this one
-        # statement was a fifth of an inline checkpoint's time.
+        # On the driver's connection, not SQLAlchemy's execution path (measured in
+        # docs/store.md, *Performance*).
         # The mode: set per transaction in the connection's info (the inline
         # connection, held across transactions), or by the engine's options.
         mode = conn.info.pop(SQLITE_BEGIN, None) \
             or conn.get_execution_options().get(SQLITE_BEGIN, "DEFERRED")
         statement = f"BEGIN {mode}"
-        dbapi_connection = conn.connection.dbapi_connection
-        assert dbapi_connection is not None
         try:
-            dbapi_connection.execute(statement)
+            sa.dbapi_connection(conn).execute(statement)
         except sqlite3.Error as error:  # raised as SQLAlchemy would raise it
-            raise exc.DBAPIError.instance(statement, (), error, sqlite3.Error,
-                                          dialect=conn.dialect) from error
+            raise sa.wrapped(statement, (), error, conn.dialect) from error

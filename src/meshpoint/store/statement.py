@@ -8,9 +8,9 @@ into ``store/sql/<name>.<dialect>.sql`` (see :mod:`meshpoint.store.render`), so
 the SQL can be reviewed as SQL.
 
 A statement runs *lean*. SQLAlchemy's execution path (execution context,
-parameter setup, result metadata, events) costs tens of microseconds per
-statement: nothing for an operator's query, and most of the budget of a
-pause-boundary write (see docs/store.md, *Performance*). So:
+parameter setup, result metadata, events) costs as much as a short statement's
+own work: nothing for an operator's query, much of a pause-boundary write
+(docs/store.md, *Performance*, has the measurements). So:
 
 * the statement is compiled by SQLAlchemy for the connection's dialect, once per
   dialect;
@@ -28,6 +28,9 @@ pause-boundary write (see docs/store.md, *Performance*). So:
 A dialect may also run a statement outside any transaction on its driver's own
 connection (PostgreSQL's fast paths await asyncpg directly): :meth:`compiled`,
 :meth:`bind` and :meth:`decode` are what such a runner needs.
+
+What this takes of SQLAlchemy beyond its documented API is reached through
+:mod:`meshpoint.store.sa_internals` only, where a unit test checks each piece.
 """
 
 from __future__ import annotations
@@ -38,12 +41,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, exc
+from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import ClauseElement
-from sqlalchemy.sql.compiler import SQLCompiler
 
-Processor = Callable[[Any], Any] | None
+from meshpoint.store import sa_internals as sa
+from meshpoint.store.sa_internals import Processor
 
 #: The dialects a portable statement runs on.
 DIALECTS = ("sqlite", "postgresql")
@@ -100,24 +103,16 @@ class Statement:
         if compiled is not None:
             return compiled
         assert dialect.name in self.dialects, f"{self.name} does not run on {dialect.name}"
-        sql = self.clause.compile(dialect=dialect)
-        assert isinstance(sql, SQLCompiler), "a Statement is SQL, not DDL"
-        names = tuple(sql.positiontup or ())
-        processors = tuple(
-            (index, process) for index, name in enumerate(names)
-            if (process := sql.binds[name].type.dialect_impl(dialect).bind_processor(dialect))
-            is not None)
-        defaults = {name: bind.value for name, bind in sql.binds.items()
-                    if not bind.required and bind.callable is None}
-        columns = tuple(getattr(self.clause, "exported_columns", ()))
+        sql = sa.compile_positional(self.clause, dialect)
+        columns = sa.result_columns(self.clause)
         keys = [str(c.key) for c in columns]
         row: Any = self._row
         if row is not None:
             assert list(row._fields) == keys, f"{self.name}: {row.__name__} is not {keys}"
         elif columns:
             row = namedtuple("Row", keys, rename=True)  # type: ignore[misc, no-redef]
-        compiled = Compiled(sql.string, names, defaults, _tuple_getter(names), processors,
-                            row, columns)
+        compiled = Compiled(sql.sql, sql.names, sql.literals, _tuple_getter(sql.names),
+                            sql.processors, row, columns)
         self._compiled[dialect.name] = compiled
         return compiled
 
@@ -148,9 +143,8 @@ class Statement:
             return []
         results = self._results.get(dialect.name)
         if results is None:
-            results = self._results[dialect.name] = tuple(
-                column.type.dialect_impl(dialect).result_processor(dialect, code)
-                for column, code in zip(compiled.columns, type_codes(), strict=True))
+            results = self._results[dialect.name] = sa.result_processors(
+                compiled.columns, dialect, list(type_codes()))
         return [make(*(value if process is None else process(value)
                        for value, process in zip(row, results, strict=True)))
                 for row in raw]
@@ -176,8 +170,7 @@ class Statement:
 
     def rowcount(self, conn: Connection, params: dict[str, Any]) -> int:
         """Execute a statement that returns no rows; how many rows it changed (the
-        driver's count: cheaper than a RETURNING clause, which on SQLite cost an
-        INSERT ... SELECT as much again)."""
+        driver's count, cheaper than a RETURNING clause: docs/store.md, *Performance*)."""
         compiled = self.compiled(conn.dialect)
         args = self.bind(compiled, params)
         count = 0
@@ -199,9 +192,8 @@ class Statement:
 
     def _execute(self, conn: Connection, compiled: Compiled,
                  call: Callable[[Any], Any], args: Any) -> list[Any]:
-        dbapi = conn.dialect.loaded_dbapi
-        dbapi_conn = conn.connection.dbapi_connection
-        assert dbapi_conn is not None, "a Statement runs on an open connection"
+        errors = sa.driver_errors(conn.dialect)
+        dbapi_conn = sa.dbapi_connection(conn)
         cursor = dbapi_conn.cursor()
         try:
             call(cursor)
@@ -209,13 +201,9 @@ class Statement:
             if compiled.row is None or description is None:
                 return []
             fetched = cursor.fetchall()
-        except dbapi.Error as error:
-            lost = conn.dialect.is_disconnect(error, dbapi_conn, cursor)
-            if lost:
-                conn.invalidate(error)
-            raise exc.DBAPIError.instance(compiled.sql, args, error, dbapi.Error,
-                                          connection_invalidated=lost,
-                                          dialect=conn.dialect) from error
+        except errors as error:
+            raise sa.statement_error(conn, compiled.sql, args, error, dbapi_conn,
+                                     cursor) from error
         except BaseException:
             # Cancelled mid-statement: the driver may still be busy with it, so the
             # connection must not go back to the pool (SQLAlchemy does the same).

@@ -1,4 +1,4 @@
-"""A LangGraph checkpoint saver on meshpoint's store (seed 003's ``get_checkpointer``).
+"""A LangGraph checkpoint saver on meshpoint's store (``get_checkpointer``; docs/langgraph.md).
 
 ::
 
@@ -17,17 +17,22 @@ In async code, open it on the loop that uses it::
 Its tables are created by meshpoint's migrations (0010), in the same database as the
 rest of meshpoint's, held to the tenant by row-level security on PostgreSQL.
 docs/langgraph.md says what it guarantees and which test proves each.
+
+Importing this package does not import LangGraph: the saver's names load on first use
+(PEP 562), so the store can load the saver's tables (:mod:`.tables`) and statements
+(:mod:`.queries`), which it registers (:mod:`meshpoint.store.integrations`), without
+the ``langgraph`` extra installed.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from meshpoint.integrations.langgraph.loop import OwnerLoop
-from meshpoint.integrations.langgraph.saver import MeshpointSaver
-from meshpoint.integrations.langgraph.serde import SafeSerializer
+if TYPE_CHECKING:
+    from meshpoint.integrations.langgraph.saver import MeshpointSaver
+    from meshpoint.integrations.langgraph.serde import SafeSerializer
 
 __all__ = ["DEFAULT_URL", "MeshpointSaver", "SafeSerializer", "get_checkpointer"]
 
@@ -50,6 +55,8 @@ def get_checkpointer(url: str | None = None, use_memory: bool = False, *,
     pydantic models, dataclasses, enums and named tuples of the graph's state (see
     :class:`SafeSerializer`); ``store_options`` go to :func:`meshpoint.open_store`.
     """
+    from meshpoint.integrations.langgraph.loop import OwnerLoop
+    from meshpoint.integrations.langgraph.saver import MeshpointSaver
     from meshpoint.store import open_store
 
     target = "sqlite:///:memory:" if use_memory else (
@@ -65,3 +72,15 @@ def get_checkpointer(url: str | None = None, use_memory: bool = False, *,
         loop.stop()
         raise
     return MeshpointSaver(store, types=types, owns_store=True, loop=loop)
+
+
+def __getattr__(name: str) -> Any:
+    """``MeshpointSaver`` and ``SafeSerializer``, imported (with LangGraph) when first
+    asked for."""
+    if name == "MeshpointSaver":
+        from meshpoint.integrations.langgraph.saver import MeshpointSaver
+        return MeshpointSaver
+    if name == "SafeSerializer":
+        from meshpoint.integrations.langgraph.serde import SafeSerializer
+        return SafeSerializer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,6 +31,7 @@ from langgraph.checkpoint.base import (
 from sqlalchemy import Connection, exc
 
 from meshpoint.errors import CheckpointConflictError, CorruptCheckpointError, InvalidArgumentError
+from meshpoint.integrations.langgraph import queries as lq
 from meshpoint.integrations.langgraph.rows import (
     StoredBlob,
     assemble,
@@ -39,9 +40,9 @@ from meshpoint.integrations.langgraph.rows import (
     thread_keys,
 )
 from meshpoint.integrations.langgraph.serde import SafeSerializer
-from meshpoint.store import langgraph_queries as lq
-from meshpoint.store.sealing import LG_BLOB, LG_CHECKPOINT, LG_METADATA, LG_WRITE, Sealer
-from meshpoint.store.sql import SqlStore
+from meshpoint.integrations.langgraph.tables import LG_BLOB, LG_CHECKPOINT, LG_METADATA, LG_WRITE
+from meshpoint.store.sealing import Sealer
+from meshpoint.store.sqlstore import SqlStore
 
 
 class MeshpointSaver(Protocol):

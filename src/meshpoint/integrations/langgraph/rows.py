@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshpoint.errors import CorruptCheckpointError, InvalidArgumentError
-from meshpoint.store.sealing import LG_BLOB, Sealer
+from meshpoint.integrations.langgraph.tables import LG_BLOB
+from meshpoint.store.sealing import Sealer
 
 #: A delta chain may grow to this many rows at least before a whole value cuts it.
 DELTA_RUN = 64

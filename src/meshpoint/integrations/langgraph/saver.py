@@ -2,7 +2,7 @@
 
 The saver is async first: each ``a*`` method is one transaction of the store's
 tenant (on PostgreSQL the tenant is set first, so row-level security holds every
-statement), and a read is one statement (:mod:`meshpoint.store.langgraph_queries`).
+statement), and a read is one statement (:mod:`meshpoint.integrations.langgraph.queries`).
 LangGraph's synchronous methods run the async ones on the event loop the store
 belongs to (:mod:`meshpoint.integrations.langgraph.loop`), as LangGraph's own async
 savers do. Rows are written and read by :mod:`.rows`, values by :mod:`.serde`; the
@@ -45,6 +45,7 @@ from sqlalchemy import Connection, exc
 
 from meshpoint.errors import InvalidArgumentError, ThreadSupersededError
 from meshpoint.integrations.langgraph import maintenance
+from meshpoint.integrations.langgraph import queries as lq
 from meshpoint.integrations.langgraph.loop import OwnerLoop
 from meshpoint.integrations.langgraph.rows import (
     BlobRow,
@@ -57,9 +58,8 @@ from meshpoint.integrations.langgraph.rows import (
     thread_keys,
 )
 from meshpoint.integrations.langgraph.serde import SafeSerializer
+from meshpoint.integrations.langgraph.tables import LG_CHECKPOINT, LG_METADATA, LG_WRITE
 from meshpoint.store import SqlStore
-from meshpoint.store import langgraph_queries as lq
-from meshpoint.store.sealing import LG_CHECKPOINT, LG_METADATA, LG_WRITE
 
 #: Checkpoints a listing reads per statement.
 PAGE = 100

@@ -1,4 +1,4 @@
--- Claims a pending sub-task without recording a result (the first step of seed 000's two).
+-- Claims a pending sub-task without recording a result (the first of two steps).
 UPDATE agent_peer_sub_tasks
 SET status='claimed', resolved_at=:p_now::FLOAT
 WHERE agent_peer_sub_tasks.tenant_id = :p_tenant::VARCHAR

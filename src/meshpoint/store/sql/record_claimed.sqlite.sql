@@ -1,4 +1,4 @@
--- Records the result of a claimed call (the second step of seed 000's two).
+-- Records the result of a claimed call (the second step of the two: claim, then record).
 UPDATE agent_peer_sub_tasks
 SET status='resolved', resolved_by=:p_resolved_by, result=:p_result, resolved_at=:p_now
 WHERE agent_peer_sub_tasks.tenant_id = :p_tenant

@@ -1,5 +1,5 @@
 """The store's tables: paused tasks, peer sub-tasks, parallel invocations, session
-events, checkpoint history and the event log (DESIGN.md §3).
+events, checkpoint history and the event log (docs/store.md, "Tables").
 
 Revision ID: 0001
 Revises:

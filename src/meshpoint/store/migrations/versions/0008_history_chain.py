@@ -1,4 +1,4 @@
-"""The checkpoint history becomes a hash chain per task (seed 001, issue 15).
+"""The checkpoint history becomes a hash chain per task (docs/history.md, "Integrity").
 
 ``agent_checkpoints`` existed with no API, so no deployment holds rows in it; it is
 recreated with each record's position in its task's chain (``seq``, unique per

@@ -1,4 +1,4 @@
-"""Row-level security on every table, per tenant (seed 001, DESIGN.md invariant 10).
+"""Row-level security on every table, per tenant (docs/store.md, "Tenant isolation").
 
 PostgreSQL only. Each table gets row-level security enabled *and forced* (so its
 owner is held to it too, unless a superuser or a role with BYPASSRLS) and one policy,

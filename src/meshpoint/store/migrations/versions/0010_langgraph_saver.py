@@ -6,7 +6,7 @@ a list gained since another version) and ``agent_langgraph_writes`` (the writes 
 tasks pending on a checkpoint). Every table is keyed by ``tenant_id`` first and, on
 PostgreSQL, gets row-level security enabled and forced with migration 0009's policy.
 A unique index on ``(thread, namespace, continues)`` makes a loop step that would
-fork a thread's chain fail (see ``schema.graph_checkpoints``). Secondary indexes lead
+fork a thread's chain fail (see ``integrations/langgraph/tables.py``). Secondary indexes lead
 with the thread or the run, never ``tenant_id`` (migration 0004 says why).
 
 Revision ID: 0010

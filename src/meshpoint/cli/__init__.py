@@ -1,0 +1,20 @@
+"""The ``meshpoint`` command line, one module per command group.
+
+* :mod:`~meshpoint.cli.main`: the application and its top-level commands (``demo``,
+  ``serve``, ``submit``, ``migrate``, ``stats``, ...);
+* :mod:`~meshpoint.cli.tasks`: ``tasks list|show|approve|deny|reply|cancel|cost`` and
+  ``recover``;
+* :mod:`~meshpoint.cli.history`: ``verify``, ``purge`` and ``keys`` (the history's
+  chains, retention and key ring);
+* :mod:`~meshpoint.cli.events`: ``events`` (query and follow) and ``tasks reconstruct``;
+* :mod:`~meshpoint.cli.broker`: ``nats-config`` (a NATS user per agent, client and
+  approver) and ``keys approver new``;
+* :mod:`~meshpoint.cli.common`: what every group shares (options, output, errors).
+
+The CLI may import every other part of meshpoint; nothing imports the CLI but the
+demos (for their output). ``meshpoint = "meshpoint.cli:app"`` is the console script.
+"""
+
+from meshpoint.cli.main import app
+
+__all__ = ["app"]

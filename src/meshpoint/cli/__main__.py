@@ -1,0 +1,5 @@
+"""``python -m meshpoint.cli``: the ``meshpoint`` command."""
+
+from meshpoint.cli.main import app
+
+app()
