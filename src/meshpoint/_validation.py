@@ -73,6 +73,27 @@ def _finite(value: float) -> float:
 
 #: A name that becomes a subject token (an agent's, a tool's, a namespace).
 Name = Annotated[str, AfterValidator(_name)]
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_KEY_RULE = "must be 1-64 letters, digits or '_', not starting with a digit"
+
+
+def _output_key(value: str) -> str:
+    if not _KEY.match(value):
+        raise ValueError(_KEY_RULE)
+    return value
+
+
+#: Where a stage's answer is stored in the workflow's state (and the ``{key}`` that
+#: names it in a later stage's system prompt).
+OutputKey = Annotated[str, AfterValidator(_output_key)]
+
+
+def check_output_key(what: str, value: str) -> str:
+    if not isinstance(value, str) or not _KEY.match(value):
+        raise InvalidArgumentError(f"{what} {_KEY_RULE}, got {value!r}")
+    return value
+
+
 #: Seconds of a timeout or an interval: a number > 0 (infinity allowed).
 Seconds = Annotated[float, Field(gt=0)]
 #: Seconds of a deadline that must come: a finite number > 0.

@@ -33,6 +33,8 @@ from meshpoint.llm.base import Model
 from meshpoint.runtime.agent import Agent, LocalTool
 from meshpoint.runtime.approvers import ANY, ApproverConfig, ApproverKey, Approvers
 from meshpoint.runtime.options import AlertOptions, RuntimeOptions
+from meshpoint.runtime.stages import SubAgent
+from meshpoint.runtime.workflows import WORKFLOW_AGENTS
 
 if TYPE_CHECKING:
     from meshpoint.broker import Broker
@@ -139,6 +141,38 @@ class MeshConfig(_Strict):
                                      "(give it one: handoff: {} for the defaults)")
         return agents
 
+    @field_validator("agents")
+    @classmethod
+    def _known_sub_agents(cls, agents: dict[str, AgentConfig]) -> dict[str, AgentConfig]:
+        def stages(name: str) -> list[str]:
+            return [item.agent for item in agents[name].sub_agents]
+
+        for name, spec in agents.items():
+            keys: dict[str, int] = {}
+            for index, item in enumerate(spec.sub_agents):
+                if item.agent not in agents:
+                    raise ValueError(
+                        f"agents.{name}.sub_agents.{index}: {item.agent!r} is not an agent "
+                        f"of this file (expected one of {sorted(agents)})")
+                key = (item.output_key or agents[item.agent].output_key
+                       or item.agent.replace("-", "_"))
+                if key in keys:
+                    raise ValueError(
+                        f"agents.{name}.sub_agents.{index}: output_key {key!r} is also "
+                        f"sub_agents.{keys[key]}'s (give each stage its own output_key)")
+                keys[key] = index
+        for name in agents:  # a workflow that reaches itself through its stages
+            path = [name]
+            todo = [(sub, [name]) for sub in stages(name)]
+            while todo:
+                sub, path = todo.pop()
+                if sub == name:
+                    raise ValueError(f"agents.{name}.sub_agents: a cycle: "
+                                     + " -> ".join([*path, name]))
+                if sub not in path:
+                    todo += [(s, [*path, sub]) for s in stages(sub)]
+        return agents
+
     def runtime_options(self) -> RuntimeOptions:
         """The :class:`~meshpoint.runtime.RuntimeOptions` of ``runtime:``, in the
         file's namespace."""
@@ -185,6 +219,16 @@ class MeshConfig(_Strict):
             raise ConfigurationError(f"agents.{name}: {error}") from None
 
     def _build_agent(self, name: str, spec: AgentConfig, path: Sequence[Path]) -> Agent:
+        if spec.kind != "llm":
+            loop: dict[str, Any] = ({"max_iterations": spec.max_iterations}
+                                    if spec.kind == "loop" else {})
+            return WORKFLOW_AGENTS[spec.kind](
+                name=name, description=spec.description, sub_agents=[
+                    self._sub_agent(item) for item in spec.sub_agents],
+                output_key=spec.output_key, stateless_checkpointing=True,
+                checkpoint=spec.checkpoint.policy(), recovery=spec.checkpoint.recovery,
+                agent_type=spec.agent_type, retention=spec.retention, events=spec.events,
+                **loop)
         return Agent(
             name=name, model=_build_model(name, self.models[spec.model]
                                           if isinstance(spec.model, str) else spec.model,
@@ -196,7 +240,14 @@ class MeshConfig(_Strict):
             system_prompt=spec.system_prompt, max_turns=spec.max_turns,
             checkpoint=spec.checkpoint.policy(), recovery=spec.checkpoint.recovery,
             agent_type=spec.agent_type, retention=spec.retention, events=spec.events,
-            handoff=spec.handoff)
+            handoff=spec.handoff, output_key=spec.output_key)
+
+    def _sub_agent(self, stage: SubAgent) -> SubAgent:
+        """A stage as the file gives it, its output key defaulting to its agent's."""
+        if stage.output_key is None and self.agents[stage.agent].output_key is not None:
+            stage = SubAgent(agent=stage.agent, output_key=self.agents[stage.agent].output_key,
+                             timeout_s=stage.timeout_s)
+        return stage
 
     async def open_store(self) -> SqlStore:
         from meshpoint.store import open_store

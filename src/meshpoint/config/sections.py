@@ -27,7 +27,7 @@ from pydantic import (
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from meshpoint._redact import redact_url
-from meshpoint._validation import OPTIONS, AtLeastOne, FiniteSeconds, Name, checked
+from meshpoint._validation import OPTIONS, AtLeastOne, FiniteSeconds, Name, OutputKey, checked
 from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from meshpoint.errors import InvalidArgumentError
 from meshpoint.runtime.agent import AgentType, Peer
@@ -37,6 +37,7 @@ from meshpoint.runtime.options import (
     RecoveryPolicy,
     RuntimeOptions,
 )
+from meshpoint.runtime.stages import SubAgent
 from meshpoint.store.engine import MIGRATION_LOCK_TIMEOUT_S
 from meshpoint.tls import TlsConfig
 
@@ -408,3 +409,42 @@ class AgentConfig(_Strict):
     #: When its tasks hand off to a fresh-context iteration (docs/handoff.md):
     #: ``handoff: {}`` for the defaults; absent (or null), never.
     handoff: HandoffPolicy | None = None
+    #: ``llm`` (an agent with a model; the default) or a workflow agent's kind, whose
+    #: stages are ``sub_agents`` (docs/workflows.md).
+    kind: Literal["llm", "sequential", "parallel", "loop"] = "llm"
+    #: Its stages: agents of the file, each a name or ``{agent, output_key, timeout_s}``.
+    sub_agents: list[SubAgent] = Field(default_factory=list)
+    #: A loop's rounds at most (absent: until a sub-agent escalates).
+    max_iterations: AtLeastOne | None = None
+    #: Where a workflow that calls this agent stores its answer (default: its name).
+    output_key: OutputKey | None = None
+
+    #: What a workflow agent may not be given (it has no model of its own).
+    _NOT_FOR_WORKFLOWS: ClassVar[tuple[str, ...]] = (
+        "model", "tools", "peers", "system_prompt", "handoff", "max_turns")
+
+    @field_validator("sub_agents", mode="before")
+    @classmethod
+    def _names_as_stages(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [{"agent": item} if isinstance(item, str) else item for item in value]
+        return value
+
+    @model_validator(mode="after")
+    def _workflow_fields(self) -> AgentConfig:
+        if self.kind == "llm":
+            for what in ("sub_agents", "max_iterations"):
+                if what in self.model_fields_set:
+                    raise ValueError(f"{what} is for workflow agents (kind: sequential, "
+                                     "parallel or loop)")
+            return self
+        if not self.sub_agents:
+            raise ValueError(f"a {self.kind} agent needs sub_agents: (the agents its "
+                             "stages call)")
+        given = [f for f in self._NOT_FOR_WORKFLOWS if f in self.model_fields_set]
+        if given:
+            raise ValueError(f"a {self.kind} agent has no model of its own, so no "
+                             f"{given[0]}: (give it to its sub_agents)")
+        if self.max_iterations is not None and self.kind != "loop":
+            raise ValueError(f"max_iterations is for loop agents, not {self.kind}")
+        return self

@@ -15,7 +15,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -31,6 +31,7 @@ from meshpoint._validation import (
     Seconds,
     check,
     check_name,
+    check_output_key,
     checked,
 )
 from meshpoint.context import TaskExecutionContext
@@ -44,6 +45,9 @@ from meshpoint.runtime.options import (
     RecoveryPolicy,
     RuntimeOptions,
 )
+
+if TYPE_CHECKING:
+    from meshpoint.runtime.stages import Workflow
 
 logger = logging.getLogger("meshpoint.runtime")
 
@@ -229,9 +233,17 @@ class Agent:
     #: When a task's iteration hands off to a fresh-context one (docs/handoff.md);
     #: None (the default): never, the conversation grows until ``max_turns``.
     handoff: HandoffPolicy | None = None
+    #: Where a workflow that calls this agent stores its answer (ADK's name; default:
+    #: the agent's name; docs/workflows.md).
+    output_key: str | None = None
+    #: A workflow agent's stages (set by SequentialAgent, ParallelAgent and LoopAgent,
+    #: :mod:`meshpoint.runtime.workflows`); None: the agent's model plans its turns.
+    workflow: Workflow | None = None
 
     def __post_init__(self) -> None:
         check_name("an agent name", self.name)
+        if self.output_key is not None:
+            check_output_key(f"agent {self.name!r}: output_key", self.output_key)
         if not isinstance(self.model, Model):
             raise InvalidArgumentError(
                 f"agent {self.name!r}: model must implement meshpoint.llm.Model "

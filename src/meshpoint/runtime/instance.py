@@ -71,6 +71,7 @@ from meshpoint.runtime.tasks import (
     TaskRun,
 )
 from meshpoint.runtime.turns import TurnCheck, TurnLimit, TurnLoop
+from meshpoint.runtime.workflows import METADATA_KEY, STATE_KEY, StageCalls
 from meshpoint.store.base import Store
 
 logger = logging.getLogger("meshpoint.runtime")
@@ -84,7 +85,8 @@ def call_kinds(agent: Agent, broker: Broker, subjects: Subjects, stats: Instance
     handoff: list[CallKind] = [] if agent.handoff is None else [HandoffCalls(agent.handoff)]
     return [*handoff, ApprovalCalls(agent=agent, broker=broker, stats=stats,
                                     approvers=approvers, tenant=subjects.tenant),
-            PeerCalls(agent=agent, broker=broker, subjects=subjects), LocalTools(agent=agent)]
+            (StageCalls if agent.workflow is not None else PeerCalls)(
+                agent=agent, broker=broker, subjects=subjects), LocalTools(agent=agent)]
 
 
 def turn_checks(agent: Agent) -> list[TurnCheck]:
@@ -397,6 +399,9 @@ class AgentInstance:
             "status_to": status_to, "context_id": message.context_id or task_id,
             "caller": (message.metadata or {}).get("meshpoint_caller"),
             "request_sha256": request_digest(message.text)})
+        state = ((message.metadata or {}).get(METADATA_KEY) or {}).get("state")
+        if isinstance(state, dict):
+            ctx.a2a_context[STATE_KEY] = state  # for its system prompt's placeholders
         ctx.append_session_event({"role": "user", "content": message.text})
         ctx.history = self.agent.history_annotations()
         self.stats.log("protocol_receive", task_id, step="request", message=request)

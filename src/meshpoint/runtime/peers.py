@@ -73,6 +73,7 @@ class PeerCalls:
             await self.broker.publish(
                 self.subjects.request(correlation["peer_agent_name"]),
                 wire.send_request(sub_task_id, correlation["query"], metadata={
+                    **(correlation.get("metadata") or {}),
                     "meshpoint_caller": {"agent": self.agent.name, "task_id": ctx.task_id}},
                     context_id=ctx.task_id),
                 wire.reply_headers(correlation["reply_to"], correlation["status_to"]))

@@ -45,6 +45,7 @@ from meshpoint.runtime.agent import Agent
 from meshpoint.runtime.calls import CallKinds, turn_calls
 from meshpoint.runtime.midturn import MidTurn
 from meshpoint.runtime.scope import Scope
+from meshpoint.runtime.stages import STATE_KEY, fill_placeholders
 from meshpoint.runtime.stats import InstanceStats, ms_since
 from meshpoint.runtime.tasks import Background, InHand, KeyMissing, LeaseOwners, TaskRun
 
@@ -305,18 +306,25 @@ class TurnLoop:
                 if policy.before_model_call(model_calls(ctx)) and \
                         not await self.mid_turn.checkpoint(run):
                     return
-                try:
-                    response = await self._call_model(ctx)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as error:
-                    if self.handoffs is None or not self.handoffs.failed(ctx, error):
-                        raise
-                    # Checkpointed (phase ``error``) and retried; past the agent's limit
-                    # the next check hands the task off with the errors.
-                    if not await self.mid_turn.checkpoint(run, phase="error"):
+                if self.agent.workflow is not None:
+                    planned = self._plan(ctx)
+                    if isinstance(planned, End):
+                        await self.ends.finish(run, planned.state, planned.text)
                         return
-                    continue
+                    response = planned
+                else:
+                    try:
+                        response = await self._call_model(ctx)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as error:
+                        if self.handoffs is None or not self.handoffs.failed(ctx, error):
+                            raise
+                        # Checkpointed (phase ``error``) and retried; past the agent's
+                        # limit the next check hands the task off with the errors.
+                        if not await self.mid_turn.checkpoint(run, phase="error"):
+                            return
+                        continue
                 if run.lost:
                     self.in_hand.forget(run)
                     return
@@ -380,6 +388,31 @@ class TurnLoop:
                               "repaired": len(feedback) // 2})
         ctx.flags["model_calls"] = model_calls(ctx) + 1
         return response
+
+    def _plan(self, ctx: TaskExecutionContext) -> ModelResponse | End:
+        """A workflow agent's next step, planned from its conversation
+        (:mod:`meshpoint.runtime.workflows`): its stages' calls, or how it ends. The
+        workflow's progress goes into the task's history records, and each stage's
+        start and end into its event log (steps ``stage:<output_key>``)."""
+        workflow = self.agent.workflow
+        assert workflow is not None
+        planned, progress = workflow.plan(ctx)
+        for answer in progress.last_round:
+            self.stats.log("step_complete", ctx.task_id, step=f"stage:{answer.stage.output_key}",
+                           output={"state": answer.state, "text": answer.text},
+                           state={"agent": answer.stage.agent, "iteration": answer.iteration})
+        started = workflow.started(planned) if isinstance(planned, ModelResponse) else ()
+        record = ctx.history.get("record")
+        if not isinstance(record, dict):
+            record = ctx.history["record"] = {}
+        record["execution_state"] = {**(record.get("execution_state") or {}),
+                                     **workflow.describe(progress, started)}
+        for stage, iteration in started:
+            self.stats.log("step_start", ctx.task_id, step=f"stage:{stage.output_key}",
+                           input={"agent": stage.agent, "iteration": iteration})
+        if isinstance(planned, ModelResponse):
+            return planned
+        return End(planned.state, planned.text)
 
     def _count_tokens(self, ctx: TaskExecutionContext, response: ModelResponse, *,
                       sent: list[dict[str, Any]] | None = None) -> None:
@@ -499,7 +532,11 @@ def conversation(agent: Agent, ctx: TaskExecutionContext) -> list[dict[str, Any]
     conversation."""
     messages = list(ctx.session_events)
     if agent.system_prompt:
-        messages.insert(0, {"role": "system", "content": agent.system_prompt})
+        prompt = agent.system_prompt
+        state = ctx.a2a_context.get(STATE_KEY)
+        if state is not None:  # a workflow's stage: ADK's {output_key} placeholders
+            prompt = fill_placeholders(prompt, state)
+        messages.insert(0, {"role": "system", "content": prompt})
     return messages
 
 
