@@ -76,7 +76,8 @@ class PeerCalls:
                     **(correlation.get("metadata") or {}),
                     "meshpoint_caller": {"agent": self.agent.name, "task_id": ctx.task_id}},
                     context_id=ctx.task_id),
-                wire.reply_headers(correlation["reply_to"], correlation["status_to"]))
+                wire.reply_headers(correlation["reply_to"], correlation["status_to"]),
+                msg_id=wire.request_msg_id(sub_task_id))
 
     async def withdraw(self, sub_task_id: str, correlation: dict[str, Any]) -> None:
         """Send ``tasks/cancel`` to the peer, naming the peer's own task: the id it

@@ -55,6 +55,13 @@ def answer_msg_id(task_id: str) -> str:
     return f"answer.{task_id}"
 
 
+def request_msg_id(sub_task_id: str) -> str:
+    """The dedupe id of a peer's request: the same each time its item is announced
+    (a redelivered request's run announces the stored items again, and the broker
+    drops the copy of one announced before)."""
+    return f"request.{sub_task_id}"
+
+
 def new_id() -> str:
     """A fresh id that is also a valid subject token."""
     return uuid.uuid4().hex
