@@ -4,19 +4,17 @@ gets one answer, the one an uninterrupted run gives.
 
 Each sub-agent's model answers from its request alone and counts the requests it
 answers, by request text (every stage of every loop iteration is asked a text of its
-own): that count is the side effect that must happen exactly once. The instances are
-killed in-process, as a crash kills them (nothing acknowledged, no lease released),
-and a fresh instance of the same agent replaces each one killed.
-"""
+own): that count is the side effect that must happen exactly once (the sub-agents and
+workflows are in :mod:`tests.integration.workflow_stages`). The instances are killed
+in-process, as a crash kills them (nothing acknowledged, no lease released), and a
+fresh instance of the same agent replaces each one killed."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-import re
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -24,20 +22,18 @@ import pytest
 
 from meshpoint import a2a
 from meshpoint.errors import UnknownTaskError
-from meshpoint.llm.base import ModelResponse, ToolSpec
-from meshpoint.runtime import (
-    Agent,
-    AgentInstance,
-    LoopAgent,
-    ParallelAgent,
-    SequentialAgent,
-    SubAgent,
-)
-from meshpoint.runtime.agent import RecoveryPolicy
+from meshpoint.runtime import Agent, AgentInstance, SequentialAgent, SubAgent
 from meshpoint.runtime.workflows import METADATA_KEY
 from meshpoint.store import SqlStore
 from tests.integration.mesh import FAST, Mesh, eventually
 from tests.integration.test_runtime import no_rows_left, text
+from tests.integration.workflow_stages import (
+    NO_LIMITS,
+    REQUEST,
+    SUB_AGENTS,
+    Counting,
+    workflows,
+)
 
 #: Shorter than FAST: a kill costs a lease (or an ack wait), and a run has many kills.
 QUICK = replace(FAST, lease_ttl_s=0.4, request_ack_wait_s=0.6, recovery_interval_s=0.05)
@@ -49,73 +45,6 @@ QUICK = replace(FAST, lease_ttl_s=0.4, request_ack_wait_s=0.6, recovery_interval
 #: workflow's answer is published and before its rows are deleted.
 POINTS = ("before_checkpoint", "after_checkpoint", "after_publish", "in_stage",
           "after_answer")
-#: Kills never block a task or open the breaker: a run may kill many holders.
-NO_LIMITS = RecoveryPolicy(max_recoveries=0, breaker_failures=0)
-REQUEST = "Write the launch note for the comet tracker"
-
-Hook = Callable[[str, str], Awaitable[None]]
-
-
-def answer(agent: str, request: str) -> str:
-    """A sub-agent's answer, a function of its request only. The writer drafts
-    version n+1 of the last draft its request holds; the critic escalates once it
-    sees draft 2 (so a loop ends in its second iteration)."""
-    drafts = [int(n) for n in re.findall(r"draft v(\d+)", request)]
-    latest = max(drafts, default=0)
-    if agent == "writer":
-        return f"draft v{latest + 1}: {digest(request)}"
-    if agent == "critic":
-        return json.dumps({"escalate": True}) if latest >= 2 else f"revise draft v{latest}"
-    return f"{agent} read {digest(request)}"
-
-
-def digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-class Counting:
-    """A sub-agent's model: answers :func:`answer` and counts each request it answers
-    in ``counts`` (by agent and request text); ``hook`` runs before it answers."""
-
-    def __init__(self, agent: str, counts: Counter[tuple[str, str]]) -> None:
-        self.name = f"counting-{agent}"
-        self.agent = agent
-        self.counts = counts
-        self.hook: Hook | None = None
-
-    async def complete(self, messages: list[dict[str, Any]],
-                       tools: list[ToolSpec]) -> ModelResponse:
-        request = str(messages[-1]["content"])
-        self.counts[(self.agent, request)] += 1
-        if self.hook is not None:
-            await self.hook(self.agent, request)
-        return ModelResponse(text=answer(self.agent, request))
-
-
-#: Each shape: the workflow asked, its workflow agents, and the sub-agents they call.
-SUB_AGENTS = ("research", "outline", "edit", "writer", "critic")
-
-
-def workflows(shape: str) -> tuple[str, list[Agent]]:
-    """The workflow agent the test asks, and every workflow agent it needs."""
-    def loop(name: str) -> Agent:
-        return LoopAgent(name=name, sub_agents=["writer", "critic"], max_iterations=3,
-                         recovery=NO_LIMITS)
-
-    if shape == "sequential":
-        return "seq", [SequentialAgent(name="seq", sub_agents=["research", "outline", "edit"],
-                                       recovery=NO_LIMITS)]
-    if shape == "parallel":
-        return "par", [ParallelAgent(name="par", sub_agents=["research", "outline", "edit"],
-                                     recovery=NO_LIMITS)]
-    if shape == "loop":
-        return "loop", [loop("loop")]
-    # A sequential whose second stage is a parallel, one branch of which is a loop.
-    return "nest", [SequentialAgent(name="nest", sub_agents=["research", "fan"],
-                                    recovery=NO_LIMITS),
-                    ParallelAgent(name="fan", sub_agents=["outline", "drafting"],
-                                  recovery=NO_LIMITS),
-                    loop("drafting")]
 
 
 class Kills:
