@@ -127,8 +127,8 @@ class PauseBoundary:
                     await self.scope.store.release_resume_lease(ctx.task_id, run.lease_owner)
             else:
                 # Our request was redelivered: its first run checkpointed but may have
-                # died before announcing. Announce the stored items again (a peer that
-                # has them already ignores or re-answers them).
+                # died before announcing. Announce the stored items again (the broker
+                # drops, by its msg_id, the request of one announced before).
                 await self._announce_stored(run)
         if run.delivery is not None:
             await run.delivery.ack()

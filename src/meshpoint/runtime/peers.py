@@ -77,7 +77,9 @@ class PeerCalls:
                     "meshpoint_caller": {"agent": self.agent.name, "task_id": ctx.task_id}},
                     context_id=ctx.task_id),
                 wire.reply_headers(correlation["reply_to"], correlation["status_to"]),
-                msg_id=wire.request_msg_id(sub_task_id))
+                # Announced again (a redelivered request's run), it is dropped by the
+                # broker; addressed to an inbox, it is another message.
+                msg_id=wire.request_msg_id(sub_task_id) if inbox is None else None)
 
     async def withdraw(self, sub_task_id: str, correlation: dict[str, Any]) -> None:
         """Send ``tasks/cancel`` to the peer, naming the peer's own task: the id it
