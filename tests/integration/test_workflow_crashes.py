@@ -70,10 +70,10 @@ class Kills:
         if lease_owner is not None:
             instance_id = lease_owner.rpartition("#")[0]
             return next(i for i in self.mesh.instances if i.instance_id == instance_id)
-        return next(i for i in self.mesh.instances if i.running and task_id in i.active) \
-            if any(task_id in i.active for i in self.mesh.instances if i.running) else \
-            next(i for i in reversed(self.mesh.instances)
-                 if i.running and task_id in i.stats.tasks("dropped"))
+        running = [i for i in self.mesh.instances if i.running]
+        holders = [i for i in running if task_id in i.active]
+        return holders[0] if holders else next(
+            i for i in reversed(running) if task_id in i.stats.tasks("dropped"))
 
     async def replace(self, victim: AgentInstance) -> None:
         if not victim.running:
