@@ -256,6 +256,24 @@ async def test_a_sequential_of_a_parallel_of_a_loop(mesh: Mesh, live_store: SqlS
     await no_rows_left(live_store)
 
 
+async def test_placeholders_reach_the_stages_of_a_nested_workflow(mesh: Mesh) -> None:
+    """As in ADK, where a workflow's state is its whole session's: a stage of a
+    parallel (or any) workflow that is itself a stage fills ``{key}`` from the answers
+    of the outer workflow's earlier stages too."""
+    outliner, writer, critic = Said("outliner", "1. moon"), Said("writer"), Said("critic")
+    await mesh.run(Agent("outliner", outliner, output_key="outline"))
+    await mesh.run(Agent("writer", writer, system_prompt="Expand {outline}."))
+    await mesh.run(Agent("critic", critic, system_prompt="Judge {writer?} of {outline}."))
+    await mesh.run(ParallelAgent(name="fan", sub_agents=["writer"]))
+    await mesh.run(LoopAgent(name="refine", sub_agents=["fan", "critic"], max_iterations=1))
+    await mesh.run(SequentialAgent(name="pipeline", sub_agents=[
+        Agent("outliner", outliner, output_key="outline"), "refine"]))
+    answer = await mesh.client.ask("pipeline", REQUEST, timeout_s=20)
+    assert answer.status.state is a2a.TaskState.COMPLETED, answer
+    assert system(writer) == "Expand 1. moon."
+    assert system(critic) == "Judge  of 1. moon."
+
+
 # -- failures -------------------------------------------------------------------------------
 
 async def test_a_failed_stage_fails_the_workflow_naming_it(mesh: Mesh,

@@ -77,10 +77,14 @@ class StageCalls(PeerCalls):
         workflow = self.agent.workflow
         assert workflow is not None and opened.sub_task_id is not None
         key, _, iteration = call.id.rpartition(".")
+        # A nested workflow passes on the state it was given (ADK's state is the
+        # session's): its stages' placeholders may name an outer stage's answer.
+        inherited = ctx.a2a_context.get(STATE_KEY)
+        state = {**(inherited if isinstance(inherited, dict) else {}),
+                 **({} if workflow.kind == "parallel" else workflow.progress(ctx).state())}
         ctx.active_peer_sub_tasks[opened.sub_task_id]["metadata"] = {METADATA_KEY: {
             "workflow": self.agent.name, "type": workflow.kind, "stage": key,
-            "iteration": int(iteration) if iteration.isdigit() else 1,
-            "state": {} if workflow.kind == "parallel" else workflow.progress(ctx).state()}}
+            "iteration": int(iteration) if iteration.isdigit() else 1, "state": state}}
         return opened
 
     async def settle(self, ctx: TaskExecutionContext, call: ToolCall, result: Any) -> Any:
