@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -397,3 +398,16 @@ def test_each_bad_workflow_config_is_refused_naming_it(tmp_path: Path) -> None:
     refused(tmp_path, "  wf: {kind: race, sub_agents: [writer]}\n", "agents.wf.kind")
     refused(tmp_path, "  wf: {kind: sequential, output_key: bad-key, sub_agents: [writer]}\n",
             "agents.wf.output_key")
+
+
+def test_a_workflow_agent_can_be_copied_with_changes() -> None:
+    """``dataclasses.replace`` (how an agent is copied with one change) gives the
+    stages' peers back to the new agent: they are not peers of the user's."""
+    loop = LoopAgent(name="refine", sub_agents=["writer", "critic"], max_iterations=2)
+    logged = replace(loop, events=True, max_iterations=3)
+    assert logged.events and workflow(logged).max_iterations == 3
+    assert logged.peers == loop.peers and workflow(logged).stages == workflow(loop).stages
+    other = replace(loop, sub_agents=["judge"])
+    assert [p.agent for p in other.peers] == ["judge"]
+    assert [s.agent for s in workflow(other).stages] == ["judge"]
+    mistake("a workflow agent has no peers", lambda: replace(loop, peers=[Peer("b")]))

@@ -121,7 +121,9 @@ class _WorkflowAgent(Agent):
         if not isinstance(self.model, NoModel):
             raise InvalidArgumentError(f"{kind} agent {self.name!r}: a workflow agent has "
                                        "no model (its stages are its sub_agents' turns)")
-        for what, given in (("tools", self.tools), ("peers", self.peers),
+        # dataclasses.replace() gives back the peers its stages made: not the user's.
+        derived = self.workflow is not None and tuple(self.peers) == stage_peers(self.workflow)
+        for what, given in (("tools", self.tools), ("peers", () if derived else self.peers),
                             ("handoff", self.handoff), ("system_prompt", self.system_prompt)):
             if given:
                 raise InvalidArgumentError(
