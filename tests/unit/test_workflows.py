@@ -145,6 +145,17 @@ def test_a_loop_stops_when_an_answer_escalates() -> None:
     assert finished(plan(flow, ctx)) == (a2a.TaskState.COMPLETED, "draft 3")
 
 
+
+def test_an_escalation_ends_the_loop_before_the_stages_after_it() -> None:
+    flow = workflow(LoopAgent(name="refine", sub_agents=["writer", "critic", "polisher"],
+                              max_iterations=5))
+    ctx = conversation()
+    step(flow, ctx, {"writer.1": "draft 1"})
+    step(flow, ctx, {"critic.1": json.dumps({"escalate": True})})
+    assert finished(plan(flow, ctx)) == (a2a.TaskState.COMPLETED, "draft 1")
+    assert stage_states(described(flow, ctx)) == {
+        "writer": "done", "critic": "done", "polisher": "waiting"}
+
 def test_a_loop_whose_first_answer_escalates_answers_with_it() -> None:
     flow = workflow(LoopAgent(name="refine", sub_agents=["judge"], max_iterations=3))
     ctx = conversation()
