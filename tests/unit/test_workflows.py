@@ -402,6 +402,8 @@ def test_each_bad_workflow_config_is_refused_naming_it(tmp_path: Path) -> None:
     refused(tmp_path, "  wf: {kind: sequential, tools: [], sub_agents: [writer]}\n",
             "agents.wf", "no tools:")
     refused(tmp_path, "  wf: {kind: sequential}\n", "agents.wf", "needs sub_agents")
+    refused(tmp_path, "  wf: {kind: loop, stateless_checkpointing: false, sub_agents: "
+                      "[writer]}\n", "agents.wf", "stateless_checkpointing must be true")
     refused(tmp_path, "  wf: {kind: sequential, max_iterations: 2, sub_agents: [writer]}\n",
             "agents.wf", "max_iterations is for loop agents")
     refused(tmp_path, "  wf: {sub_agents: [writer]}\n",

@@ -445,6 +445,9 @@ class AgentConfig(_Strict):
         if given:
             raise ValueError(f"a {self.kind} agent has no model of its own, so no "
                              f"{given[0]}: (give it to its sub_agents)")
+        if not self.stateless_checkpointing:
+            raise ValueError(f"a {self.kind} agent checkpoints at every stage boundary: "
+                             "stateless_checkpointing must be true")
         if self.max_iterations is not None and self.kind != "loop":
             raise ValueError(f"max_iterations is for loop agents, not {self.kind}")
         return self
