@@ -339,6 +339,8 @@ def test_fill_placeholders() -> None:
         assert fill_placeholders(literal, {}) == literal
     assert fill_placeholders("{{outline}}", state) == "{1. moon}"
     assert fill_placeholders("{outline} {notes?}", None) == "{outline} "
+    # An answer's own braces are its text, not placeholders filled in turn.
+    assert fill_placeholders("{a} {b}", {"a": "{b}", "b": "x"}) == "{b} x"
 
 
 # -- the config file's mistakes -------------------------------------------------------------
