@@ -290,7 +290,7 @@ async def test_a_failed_stage_fails_the_workflow_naming_it(mesh: Mesh,
     assert text(answer) == "stage check (agent broken) failed: RuntimeError: the model is down"
     assert len(first.shown) == 1 and last.shown == []
     written = await records(live_store, mesh.client.task_id("pipeline", request_id))
-    assert written[-1]["phase"] == "failed"
+    assert (written[-1]["phase"], written[-1]["workflow_stage"]) == ("failed", 1)
     assert states(written[-1]) == {"first": "done", "check": "failed", "last": "waiting"}
 
 

@@ -155,6 +155,7 @@ def test_an_escalation_ends_the_loop_before_the_stages_after_it() -> None:
     assert finished(plan(flow, ctx)) == (a2a.TaskState.COMPLETED, "draft 1")
     assert stage_states(described(flow, ctx)) == {
         "writer": "done", "critic": "done", "polisher": "waiting"}
+    assert described(flow, ctx)["workflow_stage"] == 1  # the stage that escalated
 
 def test_a_loop_whose_first_answer_escalates_answers_with_it() -> None:
     flow = workflow(LoopAgent(name="refine", sub_agents=["judge"], max_iterations=3))
@@ -175,6 +176,7 @@ def test_a_failed_stage_fails_the_workflow_naming_it(state: str) -> None:
         a2a.TaskState.FAILED, f"stage draft (agent writer) {state}: the model is down")
     assert stage_states(described(flow, ctx)) == {
         "outliner": "done", "draft": "failed", "editor": "waiting"}
+    assert described(flow, ctx)["workflow_stage"] == 1  # the stage that failed
 
 
 def test_failed_branches_and_loop_rounds_are_named() -> None:
@@ -250,6 +252,12 @@ def test_describe_a_loop_numbers_its_round() -> None:
     third = described(flow, ctx)
     assert (third["loop_iteration"], third["workflow_stage"]) == (2, 1)
     assert stage_states(third) == {"writer": "done", "critic": "running"}
+    step(flow, ctx, {"critic.2": "fine"})
+    step(flow, ctx, {"writer.3": "draft 3"})
+    step(flow, ctx, {"critic.3": "fine"})
+    last = described(flow, ctx)  # ended after max_iterations: the last stage ran last
+    assert (last["loop_iteration"], last["workflow_stage"]) == (3, 1)
+    assert stage_states(last) == {"writer": "done", "critic": "done"}
     unbounded = workflow(LoopAgent(name="refine", sub_agents=["writer"]))
     assert "loop_max_iterations" not in described(unbounded, conversation())
 

@@ -211,7 +211,6 @@ class Workflow:
         """The workflow's state as a history record's ``execution_state`` says it
         (seed 004's fields, and each stage's state), with the ``started`` calls
         running."""
-        done = len(progress.answers)
         progress = Progress(progress.request, progress.answers,
                             (*progress.running, *started))
         running = {s.output_key for s, _ in progress.running}
@@ -230,9 +229,10 @@ class Workflow:
             stages.append({"output_key": stage.output_key, "agent": stage.agent,
                            "state": state})
         described: dict[str, Any] = {"workflow_type": self.kind, "stages": stages}
-        if self.kind != "parallel":
-            described["workflow_stage"] = (done % len(self.stages) if self.kind == "loop"
-                                           else min(done, len(self.stages) - 1))
+        if self.kind != "parallel":  # the stage running, else the one that answered last
+            described["workflow_stage"] = (
+                progress.running[-1][0].index if progress.running
+                else progress.answers[-1].stage.index if progress.answers else 0)
         if self.kind == "loop":
             described["loop_iteration"] = iteration
             if self.max_iterations is not None:
