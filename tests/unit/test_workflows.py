@@ -387,7 +387,7 @@ def test_a_workflow_in_a_config_file(tmp_path: Path) -> None:
 """)
     config = load_config(path)
     pipeline = config.build_agent("pipeline")
-    assert isinstance(pipeline, SequentialAgent)
+    assert isinstance(pipeline, SequentialAgent) and pipeline.description == "Write, then review."
     assert [(s.agent, s.output_key, s.timeout_s) for s in workflow(pipeline).stages] == [
         ("writer", "writer", 600.0), ("refine", "final", 30.0)]
     refine = config.build_agent("refine")
