@@ -68,7 +68,8 @@ def test_shorthands_defaults_and_local_tools(tmp_path: Path) -> None:
      "agents.coordinator.peers.0.timeout: unknown key; expected one of: agent, description, "
      "timeout_s, tool_name"),
     (MINIMAL + "runtime: {lease_ttl: 3}\n",
-     "runtime.lease_ttl: unknown key; expected one of: drain_timeout_s, lease_ttl_s"),
+     "runtime.lease_ttl: unknown key; expected one of: announce_check_s, drain_timeout_s, "
+     "lease_ttl_s"),
     (MINIMAL.replace("agent: flights", "agent: hotels"),
      "agents.coordinator.peers.0.agent: 'hotels' is not an agent of this file "
      "(expected one of ['coordinator', 'flights'])"),

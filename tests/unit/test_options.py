@@ -37,7 +37,8 @@ from meshpoint.runtime.agent import CheckpointPolicy, HandoffPolicy, Phase, Reco
     (lambda: RuntimeOptions(namespace="a.b"), "RuntimeOptions.namespace must be 1-64 "
                                               "letters, digits, '_' or '-', got 'a.b'"),
     (lambda: RuntimeOptions(lease_ttl=3), "RuntimeOptions.lease_ttl: unknown argument; "
-                                          "expected one of: lease_ttl_s, max_deliver"),
+                                          "expected one of: announce_check_s, lease_ttl_s, "
+                                          "max_deliver"),
     (lambda: CheckpointPolicy(strategy="often"), "CheckpointPolicy.strategy must be "
                                                  "'event', 'interval' or 'hybrid'"),
     (lambda: CheckpointPolicy(interval=-1), "CheckpointPolicy.interval must be greater "
@@ -142,8 +143,8 @@ def test_the_file_reads_the_python_apis_types(tmp_path: Path,
     ("runtime: {namespace: other}\n",
      "runtime: namespace is set at the top level of the file, not under runtime:"),
     ("runtime: {lease_ttl: 3}\n",
-     "runtime.lease_ttl: unknown key; expected one of: drain_timeout_s, lease_ttl_s, "
-     "max_deliver, max_in_flight, max_message_bytes, recovery_interval_s"),
+     "runtime.lease_ttl: unknown key; expected one of: announce_check_s, drain_timeout_s, "
+     "lease_ttl_s, max_deliver, max_in_flight, max_message_bytes, recovery_interval_s"),
     ("runtime: {lease_ttl_s: 0}\n", "runtime.lease_ttl_s: Input should be greater than 0 "
                                     "(got 0)"),
     ("  worker: {checkpoint: {strategy: hybrid}}\n",

@@ -39,6 +39,7 @@ from meshpoint._json import json_copy
 from meshpoint.context import TaskExecutionContext
 from meshpoint.llm.base import ToolCall
 from meshpoint.runtime.agent import Agent, LocalTool, ToolCallInfo
+from meshpoint.store.results import SubTask
 
 #: An outstanding item: its sub-task id and correlation data.
 Item = tuple[str, dict[str, Any]]
@@ -193,6 +194,16 @@ class CallKinds:
         kind = self.of(correlation)
         if kind is not None:
             await kind.withdraw(sub_task_id, correlation)
+
+    async def announce_again(self, sub: SubTask) -> bool:
+        """Publish a stored item's request again, if its kind can (``announce_again``:
+        the peer calls); True if it did."""
+        again = getattr(self.of(sub.correlation_data), "announce_again", None)
+        if again is None:
+            return False
+        timeout_s = float(sub.correlation_data.get("timeout_s") or 0)
+        return bool(await again(sub.task_id, sub.sub_task_id, sub.correlation_data,
+                                sub.timeout_deadline - timeout_s))
 
     def review(self, ctx: TaskExecutionContext) -> list[tuple[ToolCall, str]]:
         """Drop each result of the current turn that its call's kind refuses

@@ -57,7 +57,7 @@ from meshpoint.runtime.memory import MemoryPath
 from meshpoint.runtime.midturn import MidTurn
 from meshpoint.runtime.options import AlertOptions
 from meshpoint.runtime.outages import Outages
-from meshpoint.runtime.peers import PeerCalls
+from meshpoint.runtime.peers import PeerCalls, announce_check
 from meshpoint.runtime.scope import Scope
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.subjects import Subjects
@@ -78,7 +78,8 @@ logger = logging.getLogger("meshpoint.runtime")
 
 
 def call_kinds(agent: Agent, broker: Broker, subjects: Subjects, stats: InstanceStats,
-               approvers: Approvers | None = None) -> list[CallKind]:
+               approvers: Approvers | None = None,
+               options: RuntimeOptions | None = None) -> list[CallKind]:
     """The kinds of call an instance makes, in the order they claim a call: where a
     new kind is registered. The first kind with an item outstanding names the
     pause: a task waiting on a human and on peers is ``input_required``."""
@@ -86,7 +87,9 @@ def call_kinds(agent: Agent, broker: Broker, subjects: Subjects, stats: Instance
     return [*handoff, ApprovalCalls(agent=agent, broker=broker, stats=stats,
                                     approvers=approvers, tenant=subjects.tenant),
             (StageCalls if agent.workflow is not None else PeerCalls)(
-                agent=agent, broker=broker, subjects=subjects), LocalTools(agent=agent)]
+                agent=agent, broker=broker, subjects=subjects, announce_check_s=announce_check(
+                    broker, (options or RuntimeOptions()).announce_check_s)),
+            LocalTools(agent=agent)]
 
 
 def turn_checks(agent: Agent) -> list[TurnCheck]:
@@ -135,7 +138,7 @@ class AgentInstance:
         outages = Outages(instance_id=name, lifecycle=lifecycle)
         #: The subjects of the store's tenant: two tenants never share a subject.
         self.subjects = subjects = Subjects(options.namespace, store.tenant_id)
-        kinds = CallKinds(call_kinds(agent, broker, subjects, stats, approvers))
+        kinds = CallKinds(call_kinds(agent, broker, subjects, stats, approvers, options))
         #: The event log alerts are recorded in when the agent keeps none (closed here).
         alert_log = self.events if self.events is not None else EventStore(store)
         self._alert_log = None if alert_log is self.events else alert_log

@@ -85,6 +85,17 @@ class Sweeper:
             except Exception as error:  # the timeout stands; the peer's own ends it
                 logger.warning("%s: could not withdraw %s: %s", self.scope.instance_id,
                                sub.sub_task_id, error)
+        # Requests the peer has said nothing of since the pause: published again, once
+        # (the caller may have died between its checkpoint and the publish; the broker
+        # drops the copy of one it has).
+        for sub in await self.scope.store.check_announcements(self.scope.agent_name):
+            try:
+                if await self.kinds.announce_again(sub):
+                    self.stats.note("announced_again", sub.task_id,
+                                    sub_task_id=sub.sub_task_id, peer=sub.peer_agent_name)
+            except Exception as error:  # it waits for its answer or its timeout
+                logger.warning("%s: could not publish %s again: %s", self.scope.instance_id,
+                               sub.sub_task_id, error)
 
 
 #: The statuses of a task recovery takes over once its lease expired: its join

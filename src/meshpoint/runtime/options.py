@@ -198,6 +198,11 @@ class RuntimeOptions:
     #: Ack wait of requests (a task's inbound message) and of answers.
     request_ack_wait_s: Seconds = 60.0
     response_ack_wait_s: Seconds = 30.0
+    #: How long after a pause a peer's request that got no word back is published
+    #: again, once, in case its instance died between the checkpoint and the publish
+    #: (the broker drops the copy of a request it has: it must be well inside the
+    #: broker's dedupe window, or no copy is sent).
+    announce_check_s: Seconds = 30.0
     max_deliver: AtLeastOne = 5
     #: Deliveries one instance handles at once per queue.
     max_in_flight: AtLeastOne = 16

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,16 @@ from meshpoint.runtime.calls import Item, Opened
 from meshpoint.runtime.subjects import Subjects
 
 logger = logging.getLogger("meshpoint.runtime")
+#: The share of the broker's dedupe window within which a request is published again
+#: (the rest is a margin for clocks and for the publish itself).
+DEDUPE_MARGIN = 0.8
+
+
+def announce_check(broker: Broker, check_s: float) -> float | None:
+    """The announcement check of requests published on ``broker`` (None: never, when
+    the broker drops no copies or the check would leave no time inside its window)."""
+    window = getattr(broker, "dedupe_window_s", None)
+    return check_s if window is not None and check_s < DEDUPE_MARGIN * window / 2 else None
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,10 @@ class PeerCalls:
     agent: Agent
     broker: Broker
     subjects: Subjects
+    #: Seconds after the pause at which a request that got no word back is published
+    #: again (the sweeper's announcement check); None: never (a broker without a
+    #: dedupe window, or a check that would fall outside it).
+    announce_check_s: float | None = None
 
     def handles(self, call: ToolCall) -> bool:
         return self.agent.peer_for_tool(call.name) is not None
@@ -59,7 +74,9 @@ class PeerCalls:
             "timeout_s": peer.timeout_s,
             "query": query if isinstance(query, str) else json.dumps(call.arguments),
             "reply_to": self.subjects.response(name, sub_task_id),
-            "status_to": self.subjects.status(name, sub_task_id)})
+            "status_to": self.subjects.status(name, sub_task_id),
+            **({} if self.announce_check_s is None else
+               {"announce_check_s": self.announce_check_s})})
         return Opened(sub_task_id=sub_task_id)
 
     async def announce(self, ctx: TaskExecutionContext, items: Sequence[Item], *,
@@ -70,16 +87,35 @@ class PeerCalls:
             if inbox is not None:
                 correlation["reply_to"] = f"{inbox}.response.{sub_task_id}"
                 correlation["status_to"] = f"{inbox}.status.{sub_task_id}"
-            await self.broker.publish(
-                self.subjects.request(correlation["peer_agent_name"]),
-                wire.send_request(sub_task_id, correlation["query"], metadata={
-                    **(correlation.get("metadata") or {}),
-                    "meshpoint_caller": {"agent": self.agent.name, "task_id": ctx.task_id}},
-                    context_id=ctx.task_id),
-                wire.reply_headers(correlation["reply_to"], correlation["status_to"]),
-                # Announced again (a redelivered request's run), it is dropped by the
-                # broker; addressed to an inbox, it is another message.
-                msg_id=wire.request_msg_id(sub_task_id) if inbox is None else None)
+            await self._publish(ctx.task_id, sub_task_id, correlation, inbox=inbox)
+
+    async def announce_again(self, task_id: str, sub_task_id: str,
+                             correlation: dict[str, Any], created_at: float) -> bool:
+        """Publish a stored request again (its announcement check is due: the peer has
+        said nothing since the pause), if the broker still holds the first copy's id
+        to drop this one by: a copy it would deliver could run the peer twice. True
+        if published."""
+        window = getattr(self.broker, "dedupe_window_s", None)
+        if window is None or time.time() - created_at > DEDUPE_MARGIN * window:
+            logger.warning("%s: task %s: the request of %s is not published again: it is "
+                           "older than the broker's dedupe window; it waits for its answer "
+                           "or its timeout", self.agent.name, task_id, sub_task_id)
+            return False
+        await self._publish(task_id, sub_task_id, correlation, inbox=None)
+        return True
+
+    async def _publish(self, task_id: str, sub_task_id: str, correlation: dict[str, Any], *,
+                       inbox: str | None) -> None:
+        await self.broker.publish(
+            self.subjects.request(correlation["peer_agent_name"]),
+            wire.send_request(sub_task_id, correlation["query"], metadata={
+                **(correlation.get("metadata") or {}),
+                "meshpoint_caller": {"agent": self.agent.name, "task_id": task_id}},
+                context_id=task_id),
+            wire.reply_headers(correlation["reply_to"], correlation["status_to"]),
+            # Announced again (a redelivered request's run, an announcement check),
+            # it is dropped by the broker; addressed to an inbox, it is another message.
+            msg_id=wire.request_msg_id(sub_task_id) if inbox is None else None)
 
     async def withdraw(self, sub_task_id: str, correlation: dict[str, Any]) -> None:
         """Send ``tasks/cancel`` to the peer, naming the peer's own task: the id it

@@ -189,6 +189,14 @@ class Store(Transactional, Protocol):
         sweep."""
         ...
 
+    async def check_announcements(self, agent_name: str, limit: int = 100) -> list[SubTask]:
+        """Take up to ``limit`` of ``agent_name``'s pending sub-tasks whose
+        announcement check is due (a deadline of ``announce_check_s`` in the
+        correlation data, earlier than the timeout, passed with no word from the
+        peer): each one's deadline becomes its timeout's, and they are returned, for
+        their requests to be published again. Each is returned once."""
+        ...
+
     async def reset_timeout_deadline(self, sub_task_id: str, *, timeout_s: float | None = None,
                                      peer_task_id: str | None = None) -> float | None:
         """Restart a pending sub-task's deadline at now + its timeout (a status update

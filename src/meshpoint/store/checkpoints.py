@@ -160,7 +160,8 @@ def plan_checkpoint(ctx: TaskExecutionContext, agent_name: str, *, keys: dict[st
                     "peer_task_id": corr.get("peer_task_id"),
                     "correlation_data": sealer.seal("calls", corr, CORRELATION,
                                                     task=task_id, sub_task=sub_task_id),
-                    "timeout_s": timeout_s, "timeout_deadline": now + timeout_s}
+                    "timeout_s": timeout_s,
+                    "timeout_deadline": now + min(timeout_s, _announce_check(corr, timeout_s))}
                    for sub_task_id, corr, timeout_s in subs],
         "p_invs": [{"invocation_id": inv, "total_expected": calls.total,
                     "completed_count": calls.completed, "call_order": calls.call_order,
@@ -219,3 +220,13 @@ def _explain_refused_recheckpoint(conn: Connection, params: dict[str, Any]) -> N
         f"task {task_id!r} has {state.session_event_count} stored conversation events "
         f"but the context says {params['p_first']}: checkpoint the context restored "
         "from the store, whose conversation only grows")
+
+
+def _announce_check(correlation: dict[str, Any], timeout_s: float) -> float:
+    """When the sub-task's announcement is checked (``announce_check_s`` in its
+    correlation data: the request is published again then if the peer has said
+    nothing, see ``Store.check_announcements``); its timeout if never."""
+    check = correlation.get("announce_check_s")
+    if isinstance(check, int | float) and not isinstance(check, bool) and 0 < check < timeout_s:
+        return float(check)
+    return timeout_s

@@ -91,3 +91,10 @@ def check_time_range(since: Any, until: Any) -> tuple[float, float]:
 def check_ttl(ttl_s: Any) -> None:
     if type(ttl_s) not in (int, float) or not math.isfinite(ttl_s) or ttl_s <= 0:
         raise InvalidArgumentError(f"ttl_s must be a finite number > 0, got {ttl_s!r}")
+
+
+def check_lease(owner: str | None, ttl_s: float) -> None:
+    """A lease owner's id and the lease's time to live, when an owner is given."""
+    if owner is not None:
+        check_id("lease_owner", owner)
+        check_ttl(ttl_s)

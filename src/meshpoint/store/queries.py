@@ -335,10 +335,16 @@ QUARANTINE = Statement(
 #: key from the pick, and tests no tenant of its own: given ``tenant_id = :p_tenant``
 #: as well, PostgreSQL without statistics scanned the tenant's rows by that prefix of
 #: the key and compared each with every picked row.
+#: A sub-task whose deadline is its announcement check (earlier than its timeout:
+#: ``announce_check_s`` in its correlation data): when it passes with no word from the
+#: peer, the request is published again, once, and the deadline becomes the timeout's.
+#: (The margin keeps float sums of the same terms from telling them apart.)
+ANNOUNCE_CHECK = S.c.timeout_deadline < S.c.created_at + S.c.timeout_s - 0.001
+_TIMEOUT_DUE = S.c.timeout_deadline >= S.c.created_at + S.c.timeout_s - 0.001
 _PICK_EXPIRED = (
     select(S.c.tenant_id, S.c.sub_task_id)
     .where(S.c.tenant_id == tenant, S.c.agent_name == agent, OPEN,
-           S.c.timeout_deadline <= now)
+           S.c.timeout_deadline <= now, _TIMEOUT_DUE)
     .order_by(S.c.timeout_deadline, S.c.sub_task_id)
     .limit(limit)
     .with_for_update(skip_locked=True)
@@ -351,6 +357,24 @@ SWEEP_EXPIRED = Statement(
     .where(tuple_(S.c.tenant_id, S.c.sub_task_id).in_(
         select(_PICK_EXPIRED.c.tenant_id, _PICK_EXPIRED.c.sub_task_id)))
     .values(status="resolved", resolved_by="timeout", result=result, resolved_at=now)
+    .returning(*SUB_COLUMNS), row=SubTaskRow)
+_PICK_UNCHECKED = (
+    select(S.c.tenant_id, S.c.sub_task_id)
+    .where(S.c.tenant_id == tenant, S.c.agent_name == agent, OPEN,
+           S.c.timeout_deadline <= now, S.c.status == "pending", ANNOUNCE_CHECK)
+    .order_by(S.c.timeout_deadline, S.c.sub_task_id)
+    .limit(limit)
+    .with_for_update(skip_locked=True)
+    .cte("unchecked")
+    .prefix_with("MATERIALIZED"))
+CHECK_ANNOUNCED = Statement(
+    "check_announced", "Takes up to p_limit of an agent's pending sub-tasks whose "
+    "announcement check is due: their deadline becomes their timeout's, and they are "
+    "returned to be published again.",
+    update(S)
+    .where(tuple_(S.c.tenant_id, S.c.sub_task_id).in_(
+        select(_PICK_UNCHECKED.c.tenant_id, _PICK_UNCHECKED.c.sub_task_id)))
+    .values(timeout_deadline=S.c.created_at + S.c.timeout_s)
     .returning(*SUB_COLUMNS), row=SubTaskRow)
 _TIMEOUT = bindparam("p_timeout", type_=Float)
 RESET_DEADLINE = Statement(
@@ -438,7 +462,7 @@ PENDING_SUMMARY = Statement(
     select(func.count(), func.min(S.c.timeout_deadline)).where(_PENDING))
 EXPIRED_COUNT = Statement(
     "expired_count", "Counts open sub-tasks whose deadline passed.",
-    select(func.count()).where(_PENDING, S.c.timeout_deadline <= now))
+    select(func.count()).where(_PENDING, S.c.timeout_deadline <= now, _TIMEOUT_DUE))
 _OPEN_BY_TASK = (select(S.c.logical_task_id, func.count().label("n"),
                         func.min(S.c.timeout_deadline).label("next_deadline"))
                  .where(_PENDING).group_by(S.c.logical_task_id).subquery())

@@ -46,7 +46,8 @@ from meshpoint.store import queries as q
 from meshpoint.store.base import TIMEOUT_RESULT, Store
 from meshpoint.store.breakers import Breakers, RecoveryLimits
 from meshpoint.store.checkpoints import insert_children, plan_checkpoint, rewrite_task
-from meshpoint.store.checks import check_id, check_limit, check_timeout, check_ttl
+from meshpoint.store.checks import check_id, check_lease, check_timeout
+from meshpoint.store.deadlines import Deadlines
 from meshpoint.store.engine import Database, translate
 from meshpoint.store.history_chain import (
     HeadMovedError,
@@ -116,6 +117,7 @@ class SqlStore(Store):
                              self._history.encrypt_exclude)
         self._reads = Reads(self._tx, self.sealer, clock)
         self._leases = Leases(self._tx, clock)
+        self._deadlines = Deadlines(self._tx, self.sealer, clock)
         #: The checkpoint history of this tenant (``store.history``).
         self.history: HistoryStore = HistoryStore(
             tenant_id=tenant_id, options=self._history, clock=clock,
@@ -309,7 +311,7 @@ class SqlStore(Store):
         # Copied, checked and sealed (bound to its sub-task) once, for either path.
         value = self.sealer.seal("calls", _json.json_copy(result, "result"), RESULT,
                                  sub_task=sub_task_id)
-        self._check_lease(lease_owner, lease_ttl_s)
+        check_lease(lease_owner, lease_ttl_s)
         doing = f"resolving sub-task {sub_task_id!r}"
 
         def params() -> dict[str, Any]:  # read when the statement runs: its clock too
@@ -357,7 +359,7 @@ class SqlStore(Store):
                             ("function_call_id", function_call_id)):
             check_id(name, value)
         copied = _json.json_copy(result, "result")
-        self._check_lease(lease_owner, lease_ttl_s)
+        check_lease(lease_owner, lease_ttl_s)
         keys = self._tx.keys(p_task=task_id, p_invocation=invocation_id, p_call=function_call_id)
 
         def body(conn: Connection) -> Resolution | None:
@@ -381,42 +383,21 @@ class SqlStore(Store):
 
         return await self._tx.write(f"recording a result for task {task_id!r}", body)
 
+    # -- deadlines (:mod:`meshpoint.store.deadlines`) -----------------------------------------
+
     async def sweep_expired_timeouts(self, agent_name: str, limit: int = 100, *,
                                      lease_owner: str | None = None,
                                      lease_ttl_s: float = 30.0) -> list[Resolution]:
-        check_id("agent_name", agent_name)
-        check_limit(limit)
-        self._check_lease(lease_owner, lease_ttl_s)
+        return await self._deadlines.sweep_expired_timeouts(
+            agent_name, limit, lease_owner=lease_owner, lease_ttl_s=lease_ttl_s)
 
-        def body(conn: Connection) -> list[Resolution]:
-            rows = q.SWEEP_EXPIRED.rows(conn, self._tx.keys(
-                p_agent=agent_name, p_now=self._clock(), p_limit=limit,
-                p_result=TIMEOUT_RESULT))
-            return advance(conn, self._tx.keys(), self._clock,
-                           [sub_task(row, self.sealer) for row in rows], lease_owner,
-                           lease_ttl_s, quarantine=True)
-
-        return await self._tx.write(f"sweeping expired sub-tasks of {agent_name!r}", body,
-                                    short=False)
+    async def check_announcements(self, agent_name: str, limit: int = 100) -> list[SubTask]:
+        return await self._deadlines.check_announcements(agent_name, limit)
 
     async def reset_timeout_deadline(self, sub_task_id: str, *, timeout_s: float | None = None,
                                      peer_task_id: str | None = None) -> float | None:
-        check_id("sub_task_id", sub_task_id)
-        if timeout_s is not None:
-            check_timeout("timeout_s", timeout_s)
-        if peer_task_id is not None:
-            check_id("peer_task_id", peer_task_id)
-
-        def body(conn: Connection) -> float | None:
-            deadline = q.RESET_DEADLINE.scalar(conn, self._tx.keys(
-                p_sub=sub_task_id, p_now=self._clock(), p_timeout=timeout_s,
-                p_peer_task=peer_task_id))
-            if deadline is None:
-                raise_if_unknown_sub_task(conn, self._tx.keys(), sub_task_id)
-            return None if deadline is None else float(deadline)
-
-        return await self._tx.write(f"resetting the deadline of {sub_task_id!r}", body,
-                                    one_statement=True)
+        return await self._deadlines.reset_timeout_deadline(
+            sub_task_id, timeout_s=timeout_s, peer_task_id=peer_task_id)
 
     # -- leases (:mod:`meshpoint.store.leases`) --------------------------------------------
 
@@ -589,10 +570,3 @@ class SqlStore(Store):
         return await self._tx.write(f"forgetting ended tasks of {agent_name!r}", body,
                                     one_statement=True, short=False)
 
-    # -- helpers -------------------------------------------------------------------------------
-
-    @staticmethod
-    def _check_lease(owner: str | None, ttl_s: float) -> None:
-        if owner is not None:
-            check_id("lease_owner", owner)
-            check_ttl(ttl_s)

@@ -7,6 +7,7 @@ WITH expired AS MATERIALIZED
      AND agent_peer_sub_tasks.agent_name = :p_agent
      AND status IN ('pending', 'claimed')
      AND agent_peer_sub_tasks.timeout_deadline <= :p_now
+     AND agent_peer_sub_tasks.timeout_deadline >= (agent_peer_sub_tasks.created_at + agent_peer_sub_tasks.timeout_s) - 0.001
    ORDER BY agent_peer_sub_tasks.timeout_deadline, agent_peer_sub_tasks.sub_task_id
    LIMIT :p_limit
    OFFSET 0)
