@@ -33,6 +33,9 @@ def test_demo_completes_every_task_while_instances_are_killed(tmp_path: Path) ->
     assert figures["approved"] + figures["approved_edited"] + figures["denied"] \
         == figures["approvals_requested"]
     assert figures["approved"] > 0 and figures["denied"] > 0
+    # A twentieth are workflow tasks: each of their three stages ran once.
+    assert figures["workflow_tasks"] == figures["workflow_completed"] == 4
+    assert figures["stages_run"] == 3 * 4 and figures["stages_run_again"] == 0
     for key in ("checkpoint_write_ms", "pause_resume_ms"):
         assert set(figures[key]) == {"p50", "p99"}
         assert 0 < figures[key]["p50"] <= figures[key]["p99"]
@@ -80,6 +83,7 @@ def test_demo_prints_a_progress_bar_and_a_table(tmp_path: Path) -> None:
     assert "tasks completed" in done.stdout and "pause-to-resume p50 / p99" in done.stdout
     assert "approvals requested" in done.stdout
     assert "handoffs by trigger" in done.stdout  # one of the 20 is a long task
+    assert "workflow tasks completed (sequential, 3 stages)" in done.stdout  # and one a workflow
     assert "max context use at a handoff (< 0.7)" in done.stdout
     assert "breaker trips · resumes it held · alerts" in done.stdout
     assert "nothing left behind" in done.stdout

@@ -40,7 +40,10 @@ def examples(page: Path) -> list[str]:
     ("docs/handoff.md", 0, "completed 12\n1 context_utilization True\n"
                            "2 context_utilization True\n3 context_utilization True",
      "handoff.db"),
-], ids=["store", "runtime", "langgraph-saver", "approvals", "history", "handoff"])
+    ("docs/workflows.md", 0, "completed reviser #1 on 'Heat pumps'\n{'web': 1, 'papers': 1, "
+                             "'writer': 1, 'critic': 2, 'reviser': 1}", "workflows.db"),
+], ids=["store", "runtime", "langgraph-saver", "approvals", "history", "handoff",
+        "workflows"])
 def test_the_examples_run(page: str, index: int, expected: str, live: str | None,
                           tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     found = examples(ROOT / page)
@@ -60,7 +63,8 @@ def test_the_examples_run(page: str, index: int, expected: str, live: str | None
 def test_every_example_of_the_docs_is_run() -> None:
     """A whole program added to a page is added to the test above, not left unrun."""
     counted = {page.name: len(examples(page)) for page in PAGES if examples(page)}
-    assert counted == {"README.md": 3, "runtime.md": 1, "history.md": 1, "handoff.md": 1}
+    assert counted == {"README.md": 3, "runtime.md": 1, "history.md": 1, "handoff.md": 1,
+                       "workflows.md": 1}
 
 
 def cited(page: Path) -> set[str]:

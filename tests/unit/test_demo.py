@@ -30,6 +30,7 @@ def test_a_run_that_proves_its_claims_has_no_shortfall() -> None:
     ({"completed": 39}, "1 task(s) not completed"),
     ({"rows_left": 2}, "2 live row(s) left behind"),
     ({"chains_failed": 1}, "1 history chain(s) fail verification"),
+    ({"stages_run_again": 2}, "2 workflow stage(s) ran twice"),
     ({"fewest_handoffs_per_long_task": 1}, "a long task handed off 1 time(s), not at least"),
     ({"fewest_handoffs_per_long_task": None}, "a long task handed off 0 time(s)"),
     ({"max_utilization_at_handoff": 0.70}, "a handoff came at 0.70 of the context window"),

@@ -72,21 +72,26 @@ def demo(
     long_rate: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="Share of the tasks that are long ones (a researcher's, "
         "handed off to fresh contexts at least twice each), rounded down.")] = 0.05,
+    workflow_rate: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="Share of the tasks that are workflow tasks (a sequential "
+        "workflow of three stages), rounded down.")] = 0.05,
     db: Annotated[Path, typer.Option(help=(
         "SQLite file, recreated with its -wal and -shm files; refused if they hold "
         "anything but a previous demo's data."))] = Path(
         "meshpoint-demo.db"),
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Run a coordinator, a researcher and three peer agents on the embedded default (a
-    SQLite file, the in-process broker) while coordinator and researcher instances are
-    killed and restarted; an approver answers the bookings that need a human's
-    approval; the researcher's long tasks hand off to fresh-context iterations."""
+    """Run a coordinator, a researcher, a workflow and their peer agents on the
+    embedded default (a SQLite file, the in-process broker) while coordinator and
+    researcher instances are killed and restarted; an approver answers the bookings
+    that need a human's approval; the researcher's long tasks hand off to
+    fresh-context iterations; each of the workflow's stages runs once."""
     from meshpoint.demo.scripted import DemoConfig, run_demo, shortfalls
 
     config = DemoConfig(db_path=db, tasks=tasks, instances=instances, fan_out=fan_out,
                         concurrency=concurrency, kill_rate=kill_rate, stall_rate=stall_rate,
-                        approval_rate=approval_rate, long_rate=long_rate)
+                        approval_rate=approval_rate, long_rate=long_rate,
+                        workflow_rate=workflow_rate)
     try:
         if as_json:
             figures = run_demo(config)
@@ -113,7 +118,8 @@ def _demo_table(figures: dict[str, Any], db: Path, *, ok: bool) -> None:
     def pair(ms: dict[str, float | None]) -> str:
         return " / ".join("-" if v is None else f"{v:.2f}" for v in (ms["p50"], ms["p99"]))
 
-    table = Table(title=f"meshpoint demo: coordinator and researcher x {figures['instances']} "
+    table = Table(title=f"meshpoint demo: coordinator, researcher and workflow x "
+                        f"{figures['instances']} "
                         f"instances, fan-out {figures['fan_out']}, SQLite file {shown(db)}")
     table.add_column("measure")
     table.add_column("value", justify="right")
@@ -135,6 +141,7 @@ def _demo_table(figures: dict[str, Any], db: Path, *, ok: bool) -> None:
         ("  approved · with edited arguments · denied",
          f"{figures['approved']} · {figures['approved_edited']} · {figures['denied']}"),
         *_long_rows(figures),
+        *_workflow_rows(figures),
         ("breaker trips · resumes it held · alerts",
          f"{figures['breaker_trips']} · {figures['resumes_held_by_the_breaker']} · "
          f"{figures['alerts']}"),
@@ -180,6 +187,18 @@ def _long_rows(figures: dict[str, Any]) -> list[tuple[str, object]]:
          "-" if most is None else f"{most:.2f}"),
         ("  researcher instances killed", figures["researcher_kills"]),
         ("  long tasks recovered after a kill", figures["long_recoveries"]),
+    ]
+
+
+def _workflow_rows(figures: dict[str, Any]) -> list[tuple[str, object]]:
+    """The table's rows of the workflow tasks (none if there were none)."""
+    if not figures["workflow_tasks"]:
+        return []
+    return [
+        (f"workflow tasks completed (sequential, {figures['workflow_stages']} stages)",
+         f"{figures['workflow_completed']} of {figures['workflow_tasks']}"),
+        ("  stages run · run twice", f"{figures['stages_run']} · "
+                                     f"{figures['stages_run_again']}"),
     ]
 
 

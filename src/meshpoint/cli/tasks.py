@@ -264,11 +264,13 @@ def show(task_id: Annotated[str, typer.Argument(help="The task.")],
     """One task: its status, what it waits on (peers and approvals, with their
     deadlines), who answered what, the last turns of its conversation, and its
     iterations (a task that hands off runs as several: how each started and ended,
-    with the context utilization at its handoff). A task that has ended (no live
-    rows) is shown from its history: how it ended, its answer or failure reason, and
-    its iterations."""
+    with the context utilization at its handoff), and a workflow agent's progress
+    (each stage's state, a loop's round). A task that has ended (no live rows) is
+    shown from its history: how it ended, its answer or failure reason, its
+    iterations and its workflow's last progress."""
     from meshpoint.cli.ended import ending_of
     from meshpoint.cli.handoffs import history_of, iterations, print_iterations
+    from meshpoint.cli.workflows import live_workflow, print_workflow, workflow_of
     from meshpoint.runtime.approvals import APPROVAL, as_decision, describe
 
     async def body(store: Any) -> dict[str, Any]:
@@ -291,7 +293,8 @@ def show(task_id: Annotated[str, typer.Argument(help="The task.")],
                     "checkpointed_at": None,
                     "lease_owner": None, "waiting_on": [], "answered": [],
                     "conversation": [], "verified": True, "integrity_error": None,
-                    "iterations": iterations(records)}
+                    "iterations": iterations(records),
+                    "workflow": workflow_of(records[-1].execution_state)}
         rows: list[dict[str, Any]] | None = None
         if integrity is None:
             try:
@@ -319,7 +322,7 @@ def show(task_id: Annotated[str, typer.Argument(help="The task.")],
                 "waiting_on": waiting, "answered": answered,
                 "conversation": ctx.session_events[-turns:] if turns else [],
                 "verified": integrity is None, "integrity_error": integrity,
-                "iterations": rows}
+                "iterations": rows, "workflow": live_workflow(ctx, subs)}
 
     task = run_on_store(url, config, schema, tenant, as_json, body)
     if as_json:
@@ -335,6 +338,8 @@ def show(task_id: Annotated[str, typer.Argument(help="The task.")],
         if task["reason"] is not None:
             console.print(f"reason: {shown(task['reason'])}", highlight=False)
         print_iterations(task["iterations"], title="iterations")
+        if task["workflow"] is not None:
+            print_workflow(console, task["workflow"], ended=True)
         return
     console.print(f"task [bold]{shown(task_id)}[/bold] of {shown(task['agent'])}: "
                   f"{shown(task['status'])}, paused {now - task['checkpointed_at']:.1f} s ago")
@@ -342,6 +347,8 @@ def show(task_id: Annotated[str, typer.Argument(help="The task.")],
         console.print(f"[red]unverified:[/red] {shown(task['integrity_error'])}. What follows "
                       f"is its live row, not checked against its history; `meshpoint verify "
                       f"--task {shown(task_id)}` walks the chain, and a cancel ends the task.")
+    if task["workflow"] is not None:
+        print_workflow(console, task["workflow"], ended=False)
     table = Table(title="waiting on")
     for column in ("call", "kind", "what", "deadline in (s)"):
         table.add_column(column)

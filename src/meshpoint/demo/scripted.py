@@ -19,6 +19,10 @@ A share of the tasks (``long_rate``) are long ones, a ``researcher``'s
 handed off at least twice, from one instance to whichever takes it, while the
 researcher's instances are killed as the coordinator's are.
 
+Another share (``workflow_rate``) are workflow tasks (:mod:`meshpoint.demo.workflows`):
+an ``itinerary`` sequential workflow of three stages, each a checkpoint, on
+``instances`` instances, whose stages' agents count how often each stage ran.
+
 The demo ends when every task is answered (or ``deadline_s`` passes) and reports
 what happened: every task must be completed, each answered once, no row left, and
 every task's checkpoint history (a record per checkpoint, handoff, iteration and end,
@@ -38,6 +42,7 @@ import random
 import sqlite3
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -46,7 +51,7 @@ from typing import Any
 
 from meshpoint import a2a
 from meshpoint.broker.inprocess import InProcessBroker
-from meshpoint.demo import handoffs
+from meshpoint.demo import handoffs, workflows
 from meshpoint.errors import AlreadyAnsweredError, ConfigurationError, MeshpointError
 from meshpoint.history.costs import Prices
 from meshpoint.history.planning import HistoryOptions
@@ -89,6 +94,9 @@ class DemoConfig:
     #: Share of the tasks that are long ones (a researcher's, handed off to fresh
     #: contexts), rounded down; they run beside the trips, outside ``concurrency``.
     long_rate: float = 0.05
+    #: Share of the tasks that are workflow tasks, rounded down (also outside
+    #: ``concurrency``).
+    workflow_rate: float = 0.05
 
 
 class StallingPeerModel(ScriptedModel):
@@ -248,7 +256,8 @@ def _other_agents(conn: sqlite3.Connection, tables: set[str]) -> set[str]:
     of, other than the demo's (its agents, as the default tenant)."""
     from meshpoint.store.schema import metadata
 
-    demo = ("coordinator", handoffs.RESEARCHER, *PEERS)
+    demo = ("coordinator", handoffs.RESEARCHER, *PEERS, workflows.ITINERARY,
+            *workflows.STAGES)
     marks = ", ".join("?" * len(demo))
     found: set[str] = set()
     for name in sorted(tables & set(metadata.tables)):
@@ -313,7 +322,11 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
     peers = [Agent(name, StallingPeerModel(name, config.stall_rate,
                                            config.peer_timeout_s * 2)) for name in PEERS]
     n_long = handoffs.long_task_count(config.tasks, config.long_rate)
-    n_trips = config.tasks - n_long
+    n_flows = min(config.tasks - n_long,
+                  handoffs.long_task_count(config.tasks, config.workflow_rate))
+    n_trips = config.tasks - n_long - n_flows
+    stage_calls: Counter[tuple[str, str]] = Counter()
+    itinerary, stage_agents = workflows.agents(stage_calls, recovery=DEMO_RECOVERY)
     started = time.perf_counter()
     history = HistoryOptions(prices=Prices(DEMO_PRICES))
     async with open_store(f"sqlite:///{config.db_path}", history=history) as store:
@@ -331,7 +344,9 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
         if n_long:
             killers.append(Killer([await launch(researcher) for _ in range(config.instances)],
                                   config.kill_rate, random.Random(config.seed + 1), launch))
-        for agent in peers:
+        for _ in range(config.instances if n_flows else 0):
+            await launch(itinerary)  # not killed: see meshpoint.demo.workflows
+        for agent in [*peers, *(stage_agents if n_flows else [])]:
             for _ in range(2):
                 await launch(agent)
         async with Client(broker, namespace=options.namespace) as client, \
@@ -339,6 +354,7 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
             approver = Approver(store, desk)
             watching = asyncio.get_running_loop().create_task(approver.run())
             long_ids: list[str] = []
+            flow_ids: list[str] = []
             rids: list[str] = []
             deadline = time.monotonic() + config.deadline_s
             while len(client.answers) < config.tasks and time.monotonic() < deadline:
@@ -355,6 +371,10 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
                         len(rids) >= len(long_ids) * n_trips * 3 // (4 * n_long):
                     long_ids.append(await client.submit(
                         handoffs.RESEARCHER, handoffs.long_request(len(long_ids))))
+                while len(flow_ids) < n_flows and \
+                        len(rids) >= len(flow_ids) * n_trips * 3 // (4 * n_flows):
+                    flow_ids.append(await client.submit(
+                        workflows.ITINERARY, workflows.request(len(flow_ids))))
                 await asyncio.sleep(0.02)
                 if on_progress is not None:
                     on_progress(len(client.answers), config.tasks)
@@ -365,7 +385,8 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
             # Let the last cleanups (they follow the answers) commit, then count.
             await asyncio.sleep(0.5)
             watching.cancel()
-            answers = {rid: client.answers.get(rid, []) for rid in (*long_ids, *rids)}
+            answers = {rid: client.answers.get(rid, [])
+                       for rid in (*long_ids, *flow_ids, *rids)}
         for instance in every:
             await instance.stop()
         await broker.close()
@@ -379,8 +400,9 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
     seconds = time.perf_counter() - started
     coordinators = [i for i in every if i.agent.name == "coordinator"]
     researchers = [i for i in every if i.agent.name == handoffs.RESEARCHER]
+    itineraries = [i for i in every if i.agent.name == workflows.ITINERARY]
 
-    mesh = coordinators + researchers
+    mesh = coordinators + researchers + itineraries
 
     def total(what: str, instances: list[AgentInstance] = mesh) -> int:
         return sum(i.stats.counts[what] for i in instances)
@@ -394,16 +416,17 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
         return sum(1 for rid in rids if answers[rid]
                    and answers[rid][0].status.state is a2a.TaskState.COMPLETED)
 
-    done = completed([*long_ids, *rids])
+    done = completed([*long_ids, *flow_ids, *rids])
     return {
-        "submitted": len(rids) + len(long_ids), "completed": done,
+        "submitted": len(rids) + len(long_ids) + len(flow_ids), "completed": done,
         "failed": config.tasks - done,
         "duplicate_answers": sum(max(0, len(a) - 1) for a in answers.values()),
         "checkpoints_written": total("checkpoints"),
         "resumed": total("resumed"),
         "resumed_elsewhere": sum(i.stats.resumed_elsewhere for i in mesh),
         "recovered_after_kill": taken_over(),
-        "redelivered_requests": total("started") - len(rids) - len(long_ids),
+        "redelivered_requests": total("started") - len(rids) - len(long_ids)
+        - len(flow_ids),
         "timeouts": total("timeout"),
         "approvals_requested": len(approver.seen | set(approver.decided)),
         "approved": sum(d == "approved" for d in approver.decided.values()),
@@ -412,6 +435,9 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
         "kills": killers[0].kills, "instances": config.instances, "fan_out": config.fan_out,
         "long_tasks": len(long_ids), "long_completed": completed(long_ids),
         "researcher_kills": sum(k.kills for k in killers[1:]),
+        "workflow_tasks": len(flow_ids), "workflow_completed": completed(flow_ids),
+        "workflow_stages": len(workflows.STAGES),
+        **workflows.figures(stage_calls, [workflows.request(n) for n in range(n_flows)]),
         **long_figures,
         # Of the long tasks: take-overs after their instance died (its lease expired,
         # or its handoff message was lost), and requests delivered again.
@@ -437,7 +463,8 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
 def shortfalls(figures: dict[str, Any]) -> list[str]:
     """What the demo's figures show went wrong (nothing, for a run that proves its
     claims): a task not completed, a row left, a chain that fails verification, a
-    long task handed off fewer than twice, or past the utilization threshold."""
+    workflow stage that ran twice, a long task handed off fewer than twice, or past
+    the utilization threshold."""
     found = []
     if figures["completed"] != figures["submitted"]:
         found.append(f"{figures['submitted'] - figures['completed']} task(s) not completed")
@@ -445,6 +472,8 @@ def shortfalls(figures: dict[str, Any]) -> list[str]:
         found.append(f"{figures['rows_left']} live row(s) left behind")
     if figures["chains_failed"]:
         found.append(f"{figures['chains_failed']} history chain(s) fail verification")
+    if figures.get("stages_run_again"):
+        found.append(f"{figures['stages_run_again']} workflow stage(s) ran twice")
     if figures["long_tasks"]:
         fewest, most = figures["fewest_handoffs_per_long_task"], \
             figures["max_utilization_at_handoff"]
