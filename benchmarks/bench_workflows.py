@@ -68,7 +68,7 @@ from meshpoint.llm.base import ModelResponse
 from meshpoint.runtime import Agent, AgentInstance, Client, RuntimeOptions, SequentialAgent
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_handoff import NATS_URL, PG_DSN, POSTGRES_URL, reachable
+from bench_handoff import NATS_URL, PG_DSN, POSTGRES_URL, TimedStore, reachable
 from bench_store import percentiles
 
 RESULTS = Path(__file__).parent / "results"
@@ -77,6 +77,11 @@ STAGES = 5
 #: The stage (1-based) during which the workflow's instance is killed.
 KILLED_AT = 4
 ANSWER = "stage answer: " + "x" * 186  # ~200 B
+#: The store's operations of a stage boundary, each timed (each once a boundary): the
+#: workflow's checkpoint at its call to the next stage (with its history record), the
+#: answer's claim (its sub-task resolved), the restore verifying the chain. (The
+#: cleanup of the workflow's rows comes after its answer, off the path.)
+OPS = ("checkpoint_task", "resolve_peer_sub_task", "restore_task")
 console = Console(width=150)
 
 
@@ -126,7 +131,7 @@ class Mesh:
     and an instance of the workflow."""
 
     def __init__(self, store: Any, broker: Any, namespace: str) -> None:
-        self.store, self.broker = store, broker
+        self.store, self.broker = TimedStore(store, OPS), broker
         self.options = RuntimeOptions(namespace=namespace)
         self.clock = Clock()
         self.models = [Fixed(name, self.clock) for name in stage_names()]
@@ -346,15 +351,23 @@ async def compare(sides: dict[str, Mesh | Graph], runs: int, label: str,
     for side in order:
         sides[side].clock.boundaries_ms.clear()
         e2e[side].clear()
+        if isinstance(sides[side], Mesh):
+            for samples in sides[side].store.ms.values():
+                samples.clear()
     job = progress.add_task(f"{label}: {runs} workflows a side, interleaved", total=runs)
     for n in range(runs):
         for k in range(len(order)):
             await one(order[(n + k) % len(order)], n)
         progress.advance(job)
     progress.remove_task(job)
-    return {side: {"end_to_end": percentiles(e2e[side]),
-                   "boundary": percentiles(sides[side].clock.boundaries_ms)}
-            for side in order}
+    out = {side: {"end_to_end": percentiles(e2e[side]),
+                  "boundary": percentiles(sides[side].clock.boundaries_ms)}
+           for side in order}
+    for side, mesh in sides.items():
+        if isinstance(mesh, Mesh):
+            out[side]["store"] = {op: {**percentiles(ms), "per_workflow": len(ms) / runs}
+                                  for op, ms in mesh.store.ms.items()}
+    return out
 
 
 @asynccontextmanager
@@ -400,7 +413,7 @@ async def on_sqlite(tmp: Path, runs: int, kills: int, progress: Progress) -> dic
     saver.setup()
     async with meshes_on(f"sqlite:///{tmp}/mp.db", {"meshpoint": in_process}) as meshes:
         result = await compare({**meshes, **graphs(saver)}, runs, "SQLite", progress)
-        kill = {"meshpoint": await meshpoint_reruns(meshes["meshpoint"].store, in_process,
+        kill = {"meshpoint": await meshpoint_reruns(meshes["meshpoint"].store._store, in_process,
                                                     kills)}
     conn.close()
     kill["langgraph"] = langgraph_reruns("sqlite", str(tmp / "lg-kill.db"), tmp, kills)
@@ -438,7 +451,8 @@ async def on_postgres(tmp: Path, runs: int, kills: int, progress: Progress, *,
             async with meshes_on(POSTGRES_URL, brokers, schema=schemas["mp"]) as meshes:
                 result = await compare({**meshes, **graphs(saver)}, runs, "PostgreSQL",
                                        progress)
-                kill = {side: await meshpoint_reruns(meshes["meshpoint"].store, make, kills)
+                kill = {side: await meshpoint_reruns(meshes["meshpoint"].store._store, make,
+                                                     kills)
                         for side, make in brokers.items()}
         kill["langgraph"] = langgraph_reruns("postgres", lg_url, tmp, kills)
     return {"sides": result, "kill": kill}
@@ -490,6 +504,23 @@ def report(results: dict[str, Any], mode: str, runs: int) -> None:
                 kills.add_row(backend, NAMES[name], str(d["kills"]),
                               " ".join(map(str, d["stage_calls"])), str(d["reruns"]))
     console.print(kills)
+    where = Table(title="where a meshpoint stage boundary goes: its store operations, p50 / "
+                        "p99 ms (calls a workflow); the rest is the broker's four messages, "
+                        "the two turn loops and the A2A parsing")
+    where.add_column("backend")
+    where.add_column("side")
+    for op in OPS:
+        where.add_column(op, justify="right")
+    where.add_column("boundary p50 less their p50s", justify="right")
+    for backend, r in results.items():
+        for side, s in r["sides"].items():
+            if "store" in s:
+                ops = s["store"]
+                rest = s["boundary"]["p50"] - sum(ops[op]["p50"] for op in OPS)
+                where.add_row(backend, NAMES[side], *(
+                    f"{ops[op]['p50']:.2f} / {ops[op]['p99']:.2f} "
+                    f"({ops[op]['per_workflow']:g})" for op in OPS), f"{rest:.2f}")
+    console.print(where)
 
 
 def main() -> int:
