@@ -79,9 +79,10 @@ KILLED_AT = 4
 ANSWER = "stage answer: " + "x" * 186  # ~200 B
 #: The store's operations of a stage boundary, each timed (each once a boundary): the
 #: workflow's checkpoint at its call to the next stage (with its history record), the
-#: answer's claim (its sub-task resolved), the restore verifying the chain. (The
-#: cleanup of the workflow's rows comes after its answer, off the path.)
-OPS = ("checkpoint_task", "resolve_peer_sub_task", "restore_task")
+#: answer's claim (its sub-task resolved), the circuit breaker's admission of the
+#: resume (a read while it is closed), the restore verifying the chain. (The cleanup
+#: of the workflow's rows comes after its answer, off the path.)
+OPS = ("checkpoint_task", "resolve_peer_sub_task", "breakers.admit", "restore_task")
 console = Console(width=150)
 
 
@@ -132,6 +133,8 @@ class Mesh:
 
     def __init__(self, store: Any, broker: Any, namespace: str) -> None:
         self.store, self.broker = TimedStore(store, OPS), broker
+        self.store.breakers = TimedStore(store.breakers, ("admit",))
+        self.store.ms["breakers.admit"] = self.store.breakers.ms["admit"]
         self.options = RuntimeOptions(namespace=namespace)
         self.clock = Clock()
         self.models = [Fixed(name, self.clock) for name in stage_names()]
