@@ -72,7 +72,7 @@ from bench_handoff import NATS_URL, PG_DSN, POSTGRES_URL, TimedStore, reachable
 from bench_store import percentiles
 
 RESULTS = Path(__file__).parent / "results"
-MODES = {"quick": {"runs": 60, "kills": 2}, "full": {"runs": 500, "kills": 10}}
+MODES = {"quick": {"runs": 60, "kills": 1}, "full": {"runs": 500, "kills": 10}}
 STAGES = 5
 #: The stage (1-based) during which the workflow's instance is killed.
 KILLED_AT = 4
