@@ -51,7 +51,9 @@ sql: $(STAMP)
 ## bench: meshpoint beside LangGraph's savers, claim throughput, each PostgreSQL fast path
 ## beside its portable body (and, history off, its no-history statement beside the guarded
 ## one), a 10-tool turn checkpointed after each tool beside a LangGraph
-## graph of 10 steps, a handoff's overhead (trigger to the next iteration's first model call), the LangGraph saver beside SqliteSaver/PostgresSaver over a 500-step
+## graph of 10 steps, a handoff's overhead (trigger to the next iteration's first model call),
+## a 5-stage sequential workflow beside a LangGraph graph of 5 nodes (each stage boundary,
+## and the stages run again after a kill), the LangGraph saver beside SqliteSaver/PostgresSaver over a 500-step
 ## conversation, RSS (BENCH_MODE=quick, about 3 minutes); BENCH_MODE=full adds
 ## the store and scale-out benchmarks and 100k tasks
 BENCH_MODE ?= quick
@@ -63,6 +65,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_guards.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_turn.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_handoff.py --mode $(BENCH_MODE)
+	$(BIN)/python benchmarks/bench_workflows.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_saver.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_runtime.py $(if $(filter full,$(BENCH_MODE)),--paused 30000,--tasks 300)
 	if [ "$(BENCH_MODE)" = full ]; then \

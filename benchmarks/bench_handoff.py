@@ -97,12 +97,12 @@ STEPS = ("checkpoint_task", "take_resume_lease", "restore_task", "begin_iteratio
 
 
 class TimedStore:
-    """The store, with the time each of a handoff's operations (:data:`STEPS`) takes
-    (every other attribute is the store's own)."""
+    """The store, with the time each of a handoff's operations (:data:`STEPS`, or
+    ``steps``) takes (every other attribute is the store's own)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, steps: tuple[str, ...] = STEPS) -> None:
         self._store = store
-        self.ms: dict[str, list[float]] = {step: [] for step in STEPS}
+        self.ms: dict[str, list[float]] = {step: [] for step in steps}
 
     def __getattr__(self, name: str) -> Any:
         found = getattr(self._store, name)
