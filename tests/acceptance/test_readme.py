@@ -40,7 +40,7 @@ def examples(page: Path) -> list[str]:
     ("docs/handoff.md", 0, "completed 12\n1 context_utilization True\n"
                            "2 context_utilization True\n3 context_utilization True",
      "handoff.db"),
-    ("docs/workflows.md", 0, "completed reviser #1 on 'Heat pumps'\n{'web': 1, 'papers': 1, "
+    ("docs/workflows.md", 0, "completed reviser, call 1, on 'Heat pumps'\n{'web': 1, 'papers': 1, "
                              "'writer': 1, 'critic': 2, 'reviser': 1}", "workflows.db"),
 ], ids=["store", "runtime", "langgraph-saver", "approvals", "history", "handoff",
         "workflows"])

@@ -199,6 +199,7 @@ def _workflow_rows(figures: dict[str, Any]) -> list[tuple[str, object]]:
          f"{figures['workflow_completed']} of {figures['workflow_tasks']}"),
         ("  stages run · run twice", f"{figures['stages_run']} · "
                                      f"{figures['stages_run_again']}"),
+        ("  itinerary instances killed", figures.get("workflow_kills", 0)),
     ]
 
 

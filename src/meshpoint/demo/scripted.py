@@ -310,7 +310,8 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
     for path in (config.db_path, *_sidecars(config.db_path)):
         path.unlink(missing_ok=True)
     options = RuntimeOptions(lease_ttl_s=1.0, sweep_interval_s=0.2, recovery_interval_s=0.25,
-                             request_ack_wait_s=1.5, response_ack_wait_s=1.5, max_deliver=50)
+                             request_ack_wait_s=1.5, response_ack_wait_s=1.5, max_deliver=50,
+                             announce_check_s=1.0)
     rate = config.approval_rate
     coordinator = Agent("coordinator", ScriptedModel(delay_s=0.01), peers=[
         Peer(name, timeout_s=config.peer_timeout_s) for name in PEERS], tools=[
@@ -344,8 +345,9 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
         if n_long:
             killers.append(Killer([await launch(researcher) for _ in range(config.instances)],
                                   config.kill_rate, random.Random(config.seed + 1), launch))
-        for _ in range(config.instances if n_flows else 0):
-            await launch(itinerary)  # not killed: see meshpoint.demo.workflows
+        flow_killers = [Killer([await launch(itinerary) for _ in range(config.instances)],
+                               config.kill_rate, random.Random(config.seed + 2), launch)
+                        ] if n_flows else []
         for agent in [*peers, *(stage_agents if n_flows else [])]:
             for _ in range(2):
                 await launch(agent)
@@ -378,7 +380,7 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
                 await asyncio.sleep(0.02)
                 if on_progress is not None:
                     on_progress(len(client.answers), config.tasks)
-                for killer in killers:
+                for killer in [*killers, *flow_killers]:
                     await killer.step()
             if on_progress is not None:
                 on_progress(len(client.answers), config.tasks)
@@ -436,6 +438,7 @@ async def _run(config: DemoConfig, on_progress: Callable[[int, int], None] | Non
         "long_tasks": len(long_ids), "long_completed": completed(long_ids),
         "researcher_kills": sum(k.kills for k in killers[1:]),
         "workflow_tasks": len(flow_ids), "workflow_completed": completed(flow_ids),
+        "workflow_kills": sum(k.kills for k in flow_killers),
         "workflow_stages": len(workflows.STAGES),
         **workflows.figures(stage_calls, [workflows.request(n) for n in range(n_flows)]),
         **long_figures,

@@ -9,12 +9,10 @@ instance takes the stage's answer, and a stage that answered is never asked agai
 The stages' agents count the calls they get per workflow task, so the demo shows how
 many stages ran (three per task) and how many ran twice (none).
 
-The workflow's instances are not killed by the demo yet: an instance that resumed a
-workflow and dies after checkpointing the next stage's call but before publishing
-it leaves that call unmade, and the stage times out (docs/workflows.md, "Known
-limit"); killed at the demo's rate, that window is hit often enough to fail a run.
-Workflow instances killed at every other boundary: tests/integration/
-test_workflow_crashes.py.
+The workflow's instances are killed as the coordinator's are, at every moment of a
+stage boundary: a call whose publish a kill prevented is published again by the
+sweeper's announcement check (docs/runtime.md, "Crashes"). Workflow instances killed
+at every boundary, counted: tests/integration/test_workflow_crashes.py.
 """
 
 from __future__ import annotations
