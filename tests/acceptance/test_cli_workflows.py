@@ -55,6 +55,9 @@ async def test_a_loop_shows_its_round_and_each_stage_live_and_ended(
     shown = await shown_when(where, task_id, [("critic", "critic", "running"),
                                               ("reviser", "reviser", "waiting")])
     assert shown["live"] is True and shown["status"] == "waiting_peers"
+    # The stage's timeout (600 s), not its announcement check (30 s), stored first.
+    assert [round(w["deadline"] - shown["checkpointed_at"]) for w in shown["waiting_on"]] \
+        == [600]
     assert shown["workflow"] | {"stages": None} == {
         "type": "loop", "stage": 0, "loop_iteration": 1, "loop_max_iterations": 3,
         "stages": None}

@@ -60,3 +60,24 @@ async def test_a_check_later_than_the_timeout_is_the_timeout(
     clock.advance(11)
     assert await store.check_announcements(AGENT) == []
     assert len(await store.sweep_expired_timeouts(AGENT)) == 2
+
+
+async def test_a_claim_ends_the_check_and_a_claimer_that_dies_leaves_a_timeout(
+        store: SqlStore, clock: FakeClock) -> None:
+    """A claimed call is never published again, and still times out when its claimer
+    dies before recording its result (the claim's deadline still runs)."""
+    await store.checkpoint_task(checked_fan_out("t1", peers=1, timeout_s=60), AGENT)
+    assert await store.claim_peer_sub_task("t1/sub-0") is not None  # ...its claimer dies
+    assert (await store.stats()).next_deadline == clock.now + 60
+    clock.advance(6)
+    assert await store.check_announcements(AGENT) == []
+    clock.advance(55)
+    swept = await store.sweep_expired_timeouts(AGENT)
+    assert [r.sub_task.sub_task_id for r in swept] == ["t1/sub-0"]
+
+
+async def test_operators_are_shown_the_timeout_not_the_check(
+        store: SqlStore, clock: FakeClock) -> None:
+    await store.checkpoint_task(checked_fan_out("t1", timeout_s=60), AGENT)
+    assert (await store.stats()).next_deadline == clock.now + 60
+    assert [t.next_deadline for t in await store.list_paused_tasks()] == [clock.now + 60]

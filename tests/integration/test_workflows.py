@@ -271,7 +271,25 @@ async def test_placeholders_reach_the_stages_of_a_nested_workflow(mesh: Mesh) ->
     answer = await mesh.client.ask("pipeline", REQUEST, timeout_s=20)
     assert answer.status.state is a2a.TaskState.COMPLETED, answer
     assert system(writer) == "Expand 1. moon."
-    assert system(critic) == "Judge  of 1. moon."
+    # The writer answered inside the parallel: its answer came out with the parallel's.
+    assert system(critic) == "Judge writer 1 of 1. moon."
+
+
+async def test_a_nested_workflows_stage_answers_reach_the_outer_stages_after_it(
+        mesh: Mesh) -> None:
+    """ADK's pattern of parallel gatherers, each under its own output key, then a
+    merger that names them: a nested workflow answers its caller with its stages'
+    answers too, so ``{web}`` and ``{papers}`` are filled beside ``{gather}``."""
+    web, papers, merger = Said("web", "W"), Said("papers", "P"), Said("merger")
+    await mesh.run(Agent("web", web))
+    await mesh.run(Agent("papers", papers, output_key="papers_found"))
+    await mesh.run(Agent("merger", merger, system_prompt="{web} + {papers_found} / {gather?}"))
+    await mesh.run(ParallelAgent(name="gather", sub_agents=[
+        "web", SubAgent(agent="papers", output_key="papers_found")]))
+    await mesh.run(SequentialAgent(name="pipeline", sub_agents=["gather", "merger"]))
+    answer = await mesh.client.ask("pipeline", REQUEST, timeout_s=20)
+    assert answer.status.state is a2a.TaskState.COMPLETED, answer
+    assert system(merger) == "W + P / ## web\n\nW\n\n## papers_found\n\nP"
 
 
 # -- failures -------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -47,6 +47,9 @@ from meshpoint.errors import (
     NotFoundError,
     UnknownTaskError,
 )
+
+if TYPE_CHECKING:
+    from meshpoint.store.results import SubTask
 
 tasks_app = typer.Typer(help="Tasks: list and show them (paused, and with --all ended ones "
                         "from their history), and answer those waiting for a human.",
@@ -315,7 +318,7 @@ def show(task_id: Annotated[str, typer.Argument(help="The task.")],
                     else {"call_id": sub.sub_task_id, "peer": sub.peer_agent_name,
                           "query": corr.get("query")})
             waiting.append({**item, "kind": "approval" if "tool" in item else "peer",
-                            "deadline": sub.timeout_deadline})
+                            "deadline": timeout_at(sub, restored.checkpointed_at)})
         return {"task_id": task_id, "agent": restored.agent_name, "status": restored.status,
                 "live": True, "checkpointed_at": restored.checkpointed_at,
                 "lease_owner": restored.owner,
@@ -552,3 +555,14 @@ def resume(task_id: Annotated[str, typer.Argument(help="The task.")],
         return
     console.print(f"task {shown(task_id)}: {shown(done['was'])} -> resuming; the next "
                   f"recovery pass of an instance of agent {shown(done['agent'])} resumes it")
+
+
+def timeout_at(sub: SubTask, checkpointed_at: float) -> float:
+    """When a pending call times out. Its stored deadline may still be its
+    announcement check (``announce_check_s``, earlier than its timeout: the sweeper
+    publishes it again then), which is not when it times out."""
+    timeout_s = sub.correlation_data.get("timeout_s")
+    if isinstance(timeout_s, int | float) and "announce_check_s" in sub.correlation_data \
+            and sub.timeout_deadline < checkpointed_at + timeout_s - 0.001:
+        return checkpointed_at + float(timeout_s)
+    return sub.timeout_deadline

@@ -31,6 +31,7 @@ from meshpoint.errors import (
     StoreError,
     StoreUnavailableError,
     TaskEndedError,
+    UnknownSubTaskError,
     UnknownTaskError,
 )
 from meshpoint.runtime.calls import CallKinds
@@ -67,6 +68,17 @@ class PauseBoundary:
         ctx.flags["paused_by"] = self.scope.instance_id
         if not self.checkpointing or not await self._checkpoint(run, sub_task_ids):
             await self.memory.wait(run, sub_task_ids, go_on)
+            if run.maybe_stored:
+                await self._end_announcement_checks(sub_task_ids)
+
+    async def _end_announcement_checks(self, sub_task_ids: list[str]) -> None:
+        """The checkpoint may have committed: its calls, asked at this instance's inbox,
+        must not be published again by an announcement check (their answers come here,
+        not to the stored rows). A status update's reset ends a check; best effort (a
+        store still down leaves the row to its check)."""
+        for sub_task_id in sub_task_ids:
+            with contextlib.suppress(StoreError, UnknownSubTaskError):
+                await self.scope.store.reset_timeout_deadline(sub_task_id)
 
     async def _checkpoint(self, run: TaskRun, sub_task_ids: list[str]) -> bool:
         """Steps 2-5; False if the task must wait in memory instead."""

@@ -195,6 +195,12 @@ class CallKinds:
         if kind is not None:
             await kind.withdraw(sub_task_id, correlation)
 
+    @property
+    def checks_announcements(self) -> bool:
+        """Whether a kind gives its calls an announcement check (else the sweeper
+        need not look for due checks)."""
+        return any(getattr(kind, "announce_check_s", None) is not None for kind in self._kinds)
+
     async def announce_again(self, sub: SubTask) -> bool:
         """Publish a stored item's request again, if its kind can (``announce_again``:
         the peer calls); True if it did."""

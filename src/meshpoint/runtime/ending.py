@@ -19,6 +19,7 @@ from meshpoint.errors import LeaseNotHeldError, StoreError, TaskBlockedError, Un
 from meshpoint.runtime import wire
 from meshpoint.runtime.calls import CallKinds
 from meshpoint.runtime.scope import Scope
+from meshpoint.runtime.stages import ANSWER_STATE_FLAG, ANSWER_STATE_KEY
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.tasks import InHand, TaskRun
 
@@ -155,6 +156,9 @@ class Endings:
                     "instance": self.scope.instance_id}
         if state in FAILURES:  # the reason, as a field (the status message has it too)
             metadata["meshpoint_error"] = text
+        answered_state = ctx.flags.get(ANSWER_STATE_FLAG)
+        if isinstance(answered_state, dict):  # a workflow's: its stages' answers
+            metadata[ANSWER_STATE_KEY] = answered_state
         await self.scope.broker.publish(reply_to, wire.final_task(
             ctx.a2a_context.get("request_id") or ctx.task_id, ctx.task_id,
             ctx.a2a_context.get("context_id") or ctx.task_id, state, text,

@@ -88,6 +88,8 @@ class Sweeper:
         # Requests the peer has said nothing of since the pause: published again, once
         # (the caller may have died between its checkpoint and the publish; the broker
         # drops the copy of one it has).
+        if not self.kinds.checks_announcements:
+            return
         for sub in await self.scope.store.check_announcements(self.scope.agent_name):
             try:
                 if await self.kinds.announce_again(sub):

@@ -97,9 +97,11 @@ class PeerCalls:
         if published."""
         window = getattr(self.broker, "dedupe_window_s", None)
         if window is None or time.time() - created_at > DEDUPE_MARGIN * window:
-            logger.warning("%s: task %s: the request of %s is not published again: it is "
-                           "older than the broker's dedupe window; it waits for its answer "
-                           "or its timeout", self.agent.name, task_id, sub_task_id)
+            logger.warning("%s: task %s: the request of %s is not published again: the "
+                           "broker %s; it waits for its answer or its timeout",
+                           self.agent.name, task_id, sub_task_id,
+                           "drops no copies" if window is None else
+                           "may no longer drop a copy (past its dedupe window)")
             return False
         await self._publish(task_id, sub_task_id, correlation, inbox=None)
         return True

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import field_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from meshpoint import a2a
@@ -21,6 +22,10 @@ WorkflowKind = Literal["sequential", "parallel", "loop"]
 WORKFLOW_KINDS: tuple[WorkflowKind, ...] = ("sequential", "parallel", "loop")
 #: The request metadata key a stage's request carries the workflow's state in.
 METADATA_KEY = "meshpoint_workflow"
+#: ``ctx.flags`` key of the state a workflow answers its caller with (in the answer's
+#: metadata, under :data:`ANSWER_STATE_KEY`).
+ANSWER_STATE_FLAG = "workflow_answer_state"
+ANSWER_STATE_KEY = "meshpoint_workflow_state"
 #: ``ctx.a2a_context`` key of the state a task's request carried (for placeholders).
 STATE_KEY = "workflow_state"
 
@@ -37,6 +42,14 @@ class SubAgent:
     agent: Name
     output_key: OutputKey | None = None
     timeout_s: Seconds = 600.0
+
+    @field_validator("agent", mode="before")
+    @classmethod
+    def _an_agent_by_its_name(cls, value: Any) -> Any:
+        """``SubAgent(agent=writer)`` with an Agent: its name (a stage names its
+        agent; the agent runs on instances of its own)."""
+        name = getattr(value, "name", None)
+        return name if not isinstance(value, str) and isinstance(name, str) else value
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,10 @@ class Answer:
     iteration: int
     state: str
     text: str
+    #: The state a workflow that was the stage's agent answered with (its own
+    #: stages' answers, by output key): ADK's state is the session's, so a later stage
+    #: may name a nested stage's answer.
+    nested: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -88,6 +105,17 @@ class Progress:
         latest = {a.stage.output_key: a for a in self.answers}
         return {key: latest[key].text
                 for key in sorted(latest, key=lambda k: latest[k].stage.index)}
+
+    def shared_state(self) -> dict[str, str]:
+        """:meth:`state` with, before each stage's own answer, the answers of the
+        stages of a workflow that answered it (what placeholders may name, and what
+        this workflow answers its own caller with)."""
+        latest = {a.stage.output_key: a for a in self.answers}
+        shared: dict[str, str] = {}
+        for key in sorted(latest, key=lambda k: latest[k].stage.index):
+            shared.update(latest[key].nested)
+            shared[key] = latest[key].text
+        return shared
 
 
 @dataclass(frozen=True)
@@ -157,8 +185,7 @@ class Workflow:
                         calls[call["id"]] = (by_key[key], int(number))
             elif event.get("role") == "tool" and event.get("tool_call_id") in calls:
                 stage, iteration = calls.pop(event["tool_call_id"])
-                state, text = _stage_result(event.get("content"))
-                answers.append(Answer(stage, iteration, state, text))
+                answers.append(Answer(stage, iteration, *_stage_result(event.get("content"))))
                 last_round.append(answers[-1])
         return Progress(request, tuple(answers), tuple(calls.values()), tuple(last_round))
 
@@ -240,14 +267,17 @@ class Workflow:
         return described
 
 
-def _stage_result(content: Any) -> tuple[str, str]:
+def _stage_result(content: Any) -> tuple[str, str, dict[str, str]]:
+    """A stage's outcome, answer and nested state, from its conversation event."""
     try:
         value = json.loads(content) if isinstance(content, str) else content
     except ValueError:
         value = None
     if isinstance(value, dict) and isinstance(value.get("state"), str):
-        return value["state"], str(value.get("text") or "")
-    return a2a.TaskState.COMPLETED.value, str(content)
+        nested = value.get("nested")
+        return value["state"], str(value.get("text") or ""), {
+            str(k): str(v) for k, v in nested.items()} if isinstance(nested, dict) else {}
+    return a2a.TaskState.COMPLETED.value, str(content), {}
 
 
 def _loop_answer(progress: Progress) -> str:

@@ -45,7 +45,7 @@ from meshpoint.runtime.agent import Agent
 from meshpoint.runtime.calls import CallKinds, turn_calls
 from meshpoint.runtime.midturn import MidTurn
 from meshpoint.runtime.scope import Scope
-from meshpoint.runtime.stages import STATE_KEY, fill_placeholders
+from meshpoint.runtime.stages import ANSWER_STATE_FLAG, STATE_KEY, fill_placeholders
 from meshpoint.runtime.stats import InstanceStats, ms_since
 from meshpoint.runtime.tasks import Background, InHand, KeyMissing, LeaseOwners, TaskRun
 
@@ -412,6 +412,8 @@ class TurnLoop:
                            input={"agent": stage.agent, "iteration": iteration})
         if isinstance(planned, ModelResponse):
             return planned
+        if planned.state is a2a.TaskState.COMPLETED:
+            ctx.flags[ANSWER_STATE_FLAG] = progress.shared_state()  # for its caller
         return End(planned.state, planned.text)
 
     def _count_tokens(self, ctx: TaskExecutionContext, response: ModelResponse, *,

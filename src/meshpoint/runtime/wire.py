@@ -206,7 +206,10 @@ def as_result(response: a2a.SuccessResponse | a2a.ErrorResponse) -> dict[str, An
         if not result.status.state.is_final:
             return None
         text = result.status.message.text if result.status.message else ""
+        nested = (result.metadata or {}).get("meshpoint_workflow_state")
         return {"status": result.status.state.value, "text": text,
+                # A workflow's answer carries its stages' answers (runtime/stages.py).
+                **({"workflow_state": nested} if isinstance(nested, dict) else {}),
                 "peer_task_id": result.id,
                 "artifacts": [a.model_dump(by_alias=True, exclude_none=True)
                               for a in result.artifacts],

@@ -81,7 +81,8 @@ class StageCalls(PeerCalls):
         # session's): its stages' placeholders may name an outer stage's answer.
         inherited = ctx.a2a_context.get(STATE_KEY)
         state = {**(inherited if isinstance(inherited, dict) else {}),
-                 **({} if workflow.kind == "parallel" else workflow.progress(ctx).state())}
+                 **({} if workflow.kind == "parallel" else
+                    workflow.progress(ctx).shared_state())}
         ctx.active_peer_sub_tasks[opened.sub_task_id]["metadata"] = {METADATA_KEY: {
             "workflow": self.agent.name, "type": workflow.kind, "stage": key,
             "iteration": int(iteration) if iteration.isdigit() else 1, "state": state}}
@@ -93,7 +94,9 @@ class StageCalls(PeerCalls):
             else a2a.TaskState.COMPLETED.value
         if state != a2a.TaskState.COMPLETED.value and isinstance(result, dict):
             text = result.get("text") or result.get("error") or state
-        return json.dumps({"state": state, "text": text})
+        nested = result.get("workflow_state") if isinstance(result, dict) else None
+        return json.dumps({"state": state, "text": text,
+                           **({"nested": nested} if isinstance(nested, dict) else {})})
 
 
 class NoModel:
@@ -127,8 +130,8 @@ class _WorkflowAgent(Agent):
                             ("handoff", self.handoff), ("system_prompt", self.system_prompt)):
             if given:
                 raise InvalidArgumentError(
-                    f"{kind} agent {self.name!r}: a workflow agent has no {what} (give "
-                    "them to its sub_agents)")
+                    f"{kind} agent {self.name!r}: a workflow agent has no {what} of its "
+                    "own (its sub_agents have theirs)")
         if not self.stateless_checkpointing:
             raise InvalidArgumentError(f"{kind} agent {self.name!r}: every stage boundary is "
                                        "a checkpoint: stateless_checkpointing must be on")

@@ -227,6 +227,7 @@ def _announce_check(correlation: dict[str, Any], timeout_s: float) -> float:
     correlation data: the request is published again then if the peer has said
     nothing, see ``Store.check_announcements``); its timeout if never."""
     check = correlation.get("announce_check_s")
-    if isinstance(check, int | float) and not isinstance(check, bool) and 0 < check < timeout_s:
+    if isinstance(check, int | float) and not isinstance(check, bool) \
+            and 0 < check < timeout_s - 0.001:  # queries.ANNOUNCE_CHECK's margin
         return float(check)
     return timeout_s

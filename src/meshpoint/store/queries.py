@@ -86,6 +86,15 @@ OPEN = text(OPEN_SUB_TASK_PREDICATE)
 #: agent and tenant) as high as the task's own, and now and then scanned the whole
 #: tenant through it (test_statements_by_key_use_the_primary_key_without_statistics).
 OPEN_OF_TASK = S.c.status != "resolved"
+#: A sub-task whose deadline is its announcement check (earlier than its timeout:
+#: ``announce_check_s`` in its correlation data): when it passes with no word from the
+#: peer, the request is published again, once, and the deadline becomes the timeout's.
+#: (The margin keeps float sums of the same terms from telling them apart.)
+ANNOUNCE_CHECK = S.c.timeout_deadline < S.c.created_at + S.c.timeout_s - 0.001
+_TIMEOUT_DUE = S.c.timeout_deadline >= S.c.created_at + S.c.timeout_s - 0.001
+#: When a sub-task times out, whatever its deadline now is (what operators are shown).
+TIMES_OUT_AT = case((ANNOUNCE_CHECK, S.c.created_at + S.c.timeout_s),
+                    else_=S.c.timeout_deadline)
 
 #: Columns that make a :class:`~meshpoint.store.results.SubTask`.
 SUB_COLUMNS = (S.c.sub_task_id, S.c.logical_task_id, S.c.agent_name, S.c.invocation_id,
@@ -278,7 +287,9 @@ CLAIM_PENDING = Statement(
     "two steps).",
     update(S)
     .where(SUB_KEY, S.c.status == "pending")
-    .values(status="claimed", resolved_at=now)
+    # A claim ends an announcement check: a claimer that dies leaves the call to
+    # time out (its deadline still runs), never to be published again.
+    .values(status="claimed", resolved_at=now, timeout_deadline=TIMES_OUT_AT)
     .returning(*SUB_COLUMNS), row=SubTaskRow)
 _CALL_KEY = and_(S.c.tenant_id == tenant, S.c.logical_task_id == task,
                  S.c.invocation_id == invocation,
@@ -335,12 +346,6 @@ QUARANTINE = Statement(
 #: key from the pick, and tests no tenant of its own: given ``tenant_id = :p_tenant``
 #: as well, PostgreSQL without statistics scanned the tenant's rows by that prefix of
 #: the key and compared each with every picked row.
-#: A sub-task whose deadline is its announcement check (earlier than its timeout:
-#: ``announce_check_s`` in its correlation data): when it passes with no word from the
-#: peer, the request is published again, once, and the deadline becomes the timeout's.
-#: (The margin keeps float sums of the same terms from telling them apart.)
-ANNOUNCE_CHECK = S.c.timeout_deadline < S.c.created_at + S.c.timeout_s - 0.001
-_TIMEOUT_DUE = S.c.timeout_deadline >= S.c.created_at + S.c.timeout_s - 0.001
 _PICK_EXPIRED = (
     select(S.c.tenant_id, S.c.sub_task_id)
     .where(S.c.tenant_id == tenant, S.c.agent_name == agent, OPEN,
@@ -459,12 +464,12 @@ COUNT_BY_AGENT_STATUS = Statement(
     .where(T.c.tenant_id == tenant).group_by(T.c.agent_name, T.c.status))
 PENDING_SUMMARY = Statement(
     "pending_summary", "Counts open sub-tasks and reads the next deadline.",
-    select(func.count(), func.min(S.c.timeout_deadline)).where(_PENDING))
+    select(func.count(), func.min(TIMES_OUT_AT)).where(_PENDING))
 EXPIRED_COUNT = Statement(
     "expired_count", "Counts open sub-tasks whose deadline passed.",
     select(func.count()).where(_PENDING, S.c.timeout_deadline <= now, _TIMEOUT_DUE))
 _OPEN_BY_TASK = (select(S.c.logical_task_id, func.count().label("n"),
-                        func.min(S.c.timeout_deadline).label("next_deadline"))
+                        func.min(TIMES_OUT_AT).label("next_deadline"))
                  .where(_PENDING).group_by(S.c.logical_task_id).subquery())
 _ANY_STATUS = bindparam("p_any_status", type_=Boolean)
 LIST_PAUSED_TASKS = Statement(

@@ -5,7 +5,9 @@ SELECT agent_paused_tasks.logical_task_id, agent_paused_tasks.agent_name,
 FROM agent_paused_tasks
 LEFT OUTER JOIN
   (SELECT agent_peer_sub_tasks.logical_task_id AS logical_task_id, count(*) AS n,
-     min(agent_peer_sub_tasks.timeout_deadline) AS next_deadline
+     min(CASE
+             WHEN (agent_peer_sub_tasks.timeout_deadline < (agent_peer_sub_tasks.created_at + agent_peer_sub_tasks.timeout_s) - 0.001) THEN agent_peer_sub_tasks.created_at + agent_peer_sub_tasks.timeout_s ELSE agent_peer_sub_tasks.timeout_deadline
+         END) AS next_deadline
    FROM agent_peer_sub_tasks
    WHERE agent_peer_sub_tasks.tenant_id = :p_tenant
      AND status IN ('pending', 'claimed')
