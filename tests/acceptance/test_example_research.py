@@ -7,13 +7,11 @@ log. The offline models (examples/research/models.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +19,12 @@ from typing import Any
 
 import pytest
 
-from tests.acceptance.test_example_support import Served, environment, read_until
-from tests.conftest import forget_namespace, pg_execute
+from tests.acceptance.test_example_support import (
+    Served,
+    environment,
+    read_until,
+    served_example,
+)
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "research"
 TOPIC = "Heat pumps in cold climates"
@@ -101,18 +103,9 @@ def test_embedded_the_client_prints_the_reviewed_brief(tmp_path: Path) -> None:
 
 @pytest.fixture
 def deployment(tmp_path: Path, postgres_url: str, nats_url: str) -> Iterator[Served]:
-    name = f"res{uuid.uuid4().hex[:10]}"
-    folder = copy_of_the_example(tmp_path)
-    served = Served(folder, offline() | dict(
-        MESHPOINT_STORE_URL=postgres_url, MESHPOINT_STORE_SCHEMA=f"mp_{name}",
-        MESHPOINT_BROKER_URL=nats_url, MESHPOINT_NAMESPACE=name,
-        MESHPOINT_CONFIG="mesh.yaml"))
-    try:
+    with served_example(copy_of_the_example(tmp_path), offline(), "res", postgres_url,
+                        nats_url) as served:
         yield served
-    finally:
-        served.stop()
-        pg_execute(f"DROP SCHEMA IF EXISTS mp_{name} CASCADE")
-        asyncio.run(forget_namespace(nats_url, name))
 
 
 def test_served_a_kill_9_of_the_workflow_mid_workflow_runs_no_stage_twice(

@@ -8,6 +8,7 @@ The offline model here; the local one in ``test_llm_server.py``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -128,11 +129,13 @@ def read_until(stream: IO[str], needle: str, timeout_s: float) -> list[str]:
     raise AssertionError(f"no line with {needle!r} in:\n" + "\n".join(lines))
 
 
-@pytest.fixture
-def deployment(tmp_path: Path, postgres_url: str, nats_url: str) -> Iterator[Served]:
-    name = f"sup{uuid.uuid4().hex[:10]}"
-    folder = copy_of_the_example(tmp_path)
-    served = Served(folder, environment(
+@contextlib.contextmanager
+def served_example(folder: Path, env: dict[str, str], prefix: str, postgres_url: str,
+                   nats_url: str) -> Iterator[Served]:
+    """An example's ``meshpoint serve`` processes on this test's PostgreSQL schema and
+    NATS namespace (named ``prefix`` and a random suffix), stopped and cleaned after."""
+    name = f"{prefix}{uuid.uuid4().hex[:10]}"
+    served = Served(folder, env | dict(
         MESHPOINT_STORE_URL=postgres_url, MESHPOINT_STORE_SCHEMA=f"mp_{name}",
         MESHPOINT_BROKER_URL=nats_url, MESHPOINT_NAMESPACE=name,
         MESHPOINT_CONFIG="mesh.yaml"))
@@ -142,6 +145,13 @@ def deployment(tmp_path: Path, postgres_url: str, nats_url: str) -> Iterator[Ser
         served.stop()
         pg_execute(f"DROP SCHEMA IF EXISTS mp_{name} CASCADE")
         asyncio.run(forget_namespace(nats_url, name))
+
+
+@pytest.fixture
+def deployment(tmp_path: Path, postgres_url: str, nats_url: str) -> Iterator[Served]:
+    with served_example(copy_of_the_example(tmp_path), environment(), "sup", postgres_url,
+                        nats_url) as served:
+        yield served
 
 
 def test_served_the_printed_approve_command_and_a_kill_9_make_one_refund_and_one_answer(
