@@ -1,0 +1,109 @@
+"""The Prometheus metrics of an instance (meshpoint.ops.metrics), fed by its stats on a
+real store: what a pause, a resume elsewhere and the answers it took count, what the
+store is read for at scrape time, and what a scrape does when that read fails."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from meshpoint.ops.metrics import Metrics
+from tests.integration.mesh import Mesh, eventually
+from tests.integration.test_runtime import TRIP2, coordinator, simple
+
+#: The labels every metric of an instance carries; only these, and a closed set more.
+LABELS = {"agent", "backend", "outcome", "kind", "trigger", "status", "le"}
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """``(sample name, labels) -> value`` of a scrape, as Prometheus parses it."""
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+async def scrape(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Scrape from another thread, as the HTTP server does (the store read runs on
+    this loop)."""
+    return samples((await asyncio.to_thread(generate_latest, metrics.registry)).decode())
+
+
+def value(scraped: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
+          **labels: str) -> float:
+    return sum(v for (n, ls), v in scraped.items()
+               if n == name and set(labels.items()) <= set(ls))
+
+
+async def test_a_pause_and_a_resume_elsewhere_are_counted_once_each(mesh: Mesh) -> None:
+    agent = coordinator("flights", "hotels")
+    (first,) = await mesh.run(agent)
+    before = Metrics(first)
+    backend = mesh.store.dialect
+    rids = [await mesh.client.submit("coordinator", f"{TRIP2} #{i}") for i in range(3)]
+    await eventually(lambda: len(first.stats.tasks("paused")) == 3, what="three pauses")
+    paused = await scrape(before)
+    own = {"agent": "coordinator", "backend": backend}
+    assert value(paused, "meshpoint_checkpoint_write_seconds_count", **own) == 3
+    assert value(paused, "meshpoint_tasks_started_total", **own) == 3
+    assert value(paused, "meshpoint_tasks", status="waiting_peers", **own) == 3
+    assert value(paused, "meshpoint_approvals_pending", **own) == 0
+    assert value(paused, "meshpoint_scrape_errors_total") == 0
+
+    # The instance that paused leaves; another takes the answers and resumes the tasks.
+    await first.stop()
+    (second,) = await mesh.run(agent)
+    after = Metrics(second)
+    for name in ("flights", "hotels"):
+        await mesh.run(simple(name))
+    for rid in rids:
+        await mesh.client.wait(rid, 15)
+    scraped = await scrape(after)
+    assert value(scraped, "meshpoint_claims_total", outcome="won", **own) == 6
+    assert value(scraped, "meshpoint_resolutions_total", outcome="answered", **own) == 6
+    assert value(scraped, "meshpoint_resumes_total", kind="other_instance", **own) == 3
+    assert value(scraped, "meshpoint_resumes_total", kind="same_instance", **own) == 0
+    assert value(scraped, "meshpoint_checkpoint_restore_seconds_count", **own) == 3
+    assert value(scraped, "meshpoint_pause_resume_seconds_count", **own) == 3
+    assert value(scraped, "meshpoint_tasks_ended_total", outcome="completed", **own) == 3
+    assert value(scraped, "meshpoint_checkpoint_write_seconds_count", **own) == 0
+    assert value(scraped, "meshpoint_tasks", **own) == 0  # ended tasks leave the store
+    assert value(scraped, "meshpoint_breaker_open", **own) == 0
+    task_ids = {mesh.client.task_id("coordinator", rid) for rid in rids} | set(rids)
+    for (_, labels) in scraped | paused:
+        assert {k for k, _ in labels} <= LABELS
+        assert not {v for _, v in labels} & task_ids
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_a_take_over_is_a_recovery_that_succeeded_once_its_task_resumes(
+        mesh: Mesh) -> None:
+    """The mapping of the notes recovery makes (a real take-over is the acceptance
+    tests'): a task taken over and resumed counts as both."""
+    (instance,) = await mesh.run(simple("flights"))
+    metrics = Metrics(instance)
+    instance.stats.note("recovered", "t-1", journal=False, attempt=1)
+    instance.stats.note("recovered", "t-2", journal=False, attempt=1)
+    instance.stats.note("resumed", "t-1", journal=False, elsewhere=True, restore_s=0.004)
+    instance.stats.note("handed_off", "t-1", journal=False, trigger="context_full")
+    scraped = await scrape(metrics)
+    assert value(scraped, "meshpoint_recoveries_attempted_total") == 2
+    assert value(scraped, "meshpoint_recoveries_succeeded_total") == 1
+    assert value(scraped, "meshpoint_resumes_total", kind="takeover") == 1
+    assert value(scraped, "meshpoint_resumes_total", kind="other_instance") == 0
+    assert value(scraped, "meshpoint_checkpoint_restore_seconds_bucket", le="0.005") == 1
+    assert value(scraped, "meshpoint_handoffs_total", trigger="context_full") == 1
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_a_store_read_that_does_not_answer_in_time_is_a_scrape_error(
+        mesh: Mesh) -> None:
+    (instance,) = await mesh.run(simple("flights"))
+    metrics = Metrics(instance, scrape_timeout_s=0.05)
+    # Scraped from the loop's own thread: the read it schedules cannot run in time.
+    scraped = samples(generate_latest(metrics.registry).decode())
+    assert value(scraped, "meshpoint_scrape_errors_total") == 1
+    assert value(scraped, "meshpoint_tasks_started_total") == 0  # the rest is served
+    assert not [name for name, _ in scraped if name == "meshpoint_tasks"]
+    assert value(await scrape(metrics), "meshpoint_scrape_errors_total") == 1
