@@ -15,7 +15,7 @@ from tests.integration.mesh import Mesh, eventually
 from tests.integration.test_runtime import TRIP2, coordinator, simple
 
 #: The labels every metric of an instance carries; only these, and a closed set more.
-LABELS = {"agent", "backend", "outcome", "kind", "trigger", "status", "le"}
+LABELS = {"agent", "backend", "outcome", "kind", "trigger", "cause", "status", "le"}
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -79,14 +79,16 @@ async def test_a_pause_and_a_resume_elsewhere_are_counted_once_each(mesh: Mesh) 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 async def test_a_take_over_is_a_recovery_that_succeeded_once_its_task_resumes(
         mesh: Mesh) -> None:
-    """The mapping of the notes recovery makes (a real take-over is the acceptance
-    tests'): a task taken over and resumed counts as both."""
+    """The mapping of the notes recovery and blocking make: a task taken over and
+    resumed counts as both; a block says its cause."""
     (instance,) = await mesh.run(simple("flights"))
     metrics = Metrics(instance)
     instance.stats.note("recovered", "t-1", journal=False, attempt=1)
     instance.stats.note("recovered", "t-2", journal=False, attempt=1)
     instance.stats.note("resumed", "t-1", journal=False, elsewhere=True, restore_s=0.004)
     instance.stats.note("handed_off", "t-1", journal=False, trigger="context_full")
+    instance.stats.note("blocked", "t-3", journal=False, reason="tampered", cause="history")
+    instance.stats.note("blocked", "t-4", journal=False, reason="taken over 4 times")
     scraped = await scrape(metrics)
     assert value(scraped, "meshpoint_recoveries_attempted_total") == 2
     assert value(scraped, "meshpoint_recoveries_succeeded_total") == 1
@@ -94,6 +96,9 @@ async def test_a_take_over_is_a_recovery_that_succeeded_once_its_task_resumes(
     assert value(scraped, "meshpoint_resumes_total", kind="other_instance") == 0
     assert value(scraped, "meshpoint_checkpoint_restore_seconds_bucket", le="0.005") == 1
     assert value(scraped, "meshpoint_handoffs_total", trigger="context_full") == 1
+    assert value(scraped, "meshpoint_history_verification_failures_total") == 1
+    assert value(scraped, "meshpoint_tasks_blocked_total", cause="history") == 1
+    assert value(scraped, "meshpoint_tasks_blocked_total", cause="max_recoveries") == 1
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)

@@ -54,7 +54,7 @@ _CLAIMS = {"answer_claimed": "won", "ignored_answer": "late",
 _RESOLUTIONS = {"answer_claimed": "answered", "timeout": "timeout",
                 "approved": "approved", "denied": "denied", "replied": "replied"}
 #: How a task ended here.
-_ENDINGS = ("completed", "failed", "canceled", "rejected", "expired", "blocked")
+_ENDINGS = ("completed", "failed", "canceled", "rejected", "expired")
 #: Plain counters, by the note they count.
 _COUNTERS = {
     "started": ("meshpoint_tasks_started_total", "Tasks started from their request."),
@@ -122,6 +122,15 @@ class Metrics:
         handoffs = counter("meshpoint_handoffs_total", "Handoffs to a fresh context, by "
                            "trigger.", "trigger")
         self._handoffs = handoffs
+        blocked = counter("meshpoint_tasks_blocked_total", "Tasks blocked for an operator, "
+                          "by cause: history (its restore failed the history's "
+                          "verification), max_recoveries, handoff (a handoff that could not "
+                          "be made).", "cause")
+        self._blocked = {cause: blocked.labels(*own, cause)
+                         for cause in ("history", "max_recoveries", "handoff")}
+        self.verification_failures = counter(
+            "meshpoint_history_verification_failures_total", "Restores refused because the "
+            "task's history failed verification (the task is blocked).").labels(*own)
         self.breaker = Gauge("meshpoint_breaker_open", "1 while this instance last saw its "
                              "agent's breaker open, else 0.", base,
                              registry=reg).labels(*own)
@@ -140,7 +149,7 @@ class Metrics:
             self._counts.setdefault(outcome, []).append(ends.labels(*own, outcome))
         self._handlers: dict[str, Callable[[str, dict[str, Any]], None]] = {
             "paused": self._paused, "resumed": self._resumed, "recovered": self._recovering,
-            "handed_off": self._handed_off,
+            "handed_off": self._handed_off, "blocked": self._blocked_task,
             "breaker_opened": lambda _t, _d: self.breaker.set(1),
             "breaker_closed": lambda _t, _d: self.breaker.set(0)}
         #: Tasks taken over and not resumed yet (bounded: see TAKEOVERS_KEPT).
@@ -187,6 +196,13 @@ class Metrics:
         trigger = detail.get("trigger")
         self._handoffs.labels(self.agent, self.backend,
                               trigger if isinstance(trigger, str) else "unknown").inc()
+
+    def _blocked_task(self, _task_id: str, detail: dict[str, Any]) -> None:
+        if detail.get("cause") == "history":
+            self.verification_failures.inc()
+            self._blocked["history"].inc()
+        else:
+            self._blocked["handoff" if "trigger" in detail else "max_recoveries"].inc()
 
     # -- at scrape time ----------------------------------------------------------------
 

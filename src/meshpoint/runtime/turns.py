@@ -180,7 +180,7 @@ class TurnLoop:
             return  # taken over or canceled meanwhile
         except TaskBlockedError as error:
             logger.error("%s: %s", self.scope.instance_id, error)
-            self.stats.note("blocked", task_id, reason=error.reason)
+            self.stats.note("blocked", task_id, reason=error.reason, cause="history")
             untold = await self._restart(error) if self.agent.recovery.reconstruct else error
             if untold is not None:
                 await self.ends.tell_blocked(untold)
