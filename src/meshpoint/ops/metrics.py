@@ -5,7 +5,7 @@ process-wide one: two instances in a process, or a test, never share a figure). 
 fed by the instance's :class:`~meshpoint.runtime.stats.InstanceStats` as one more
 watcher: each counted happening the instance notes anyway increments a counter or
 observes a histogram, through label children bound once, so the hot path pays a
-dictionary lookup and a lock-free-for-us increment, and keeps no second account.
+dictionary lookup and an increment, and keeps no second account.
 
 What the store knows (tasks by status, tasks waiting for a human) is read when
 Prometheus scrapes: one :meth:`~meshpoint.store.SqlStore.stats` query, run on the
