@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from meshpoint.ops.metrics import Metrics
 from tests.integration.mesh import Mesh, eventually
-from tests.integration.test_runtime import TRIP2, coordinator, simple
+from tests.integration.test_runtime import TRIP2, GatedModel, coordinator, kill_mid_turn, simple
 
 #: The labels every metric of an instance carries; only these, and a closed set more.
 LABELS = {"agent", "backend", "outcome", "kind", "trigger", "cause", "status", "le"}
@@ -80,6 +80,43 @@ async def test_a_pause_and_a_resume_elsewhere_are_counted_once_each(mesh: Mesh) 
     for (_, labels) in scraped | paused:
         assert {k for k, _ in labels} <= LABELS
         assert not {v for _, v in labels} & task_ids
+
+
+async def test_a_real_take_over_and_a_redelivery_are_counted_where_they_happen(
+        mesh: Mesh) -> None:
+    """An instance dies mid-turn after its resume: the instance that takes the task over
+    counts a recovery attempted and succeeded and a resume of kind takeover; an
+    instance dies before its first checkpoint: the request is delivered again."""
+    model = GatedModel(block="compose")
+    coordinators = await mesh.run(coordinator("flights", "hotels", model=model), 3)
+    metrics = [Metrics(i) for i in coordinators]
+    await mesh.run(simple("flights"))
+    await mesh.run(simple("hotels"))
+    rid = await mesh.client.submit("coordinator", TRIP2)
+    dying, _ = await kill_mid_turn(mesh, model, coordinators, rid)
+    alive = [m for m in metrics if m.instance is not dying]
+    total: dict[str, float] = {}
+    for name, labels in (("meshpoint_recoveries_attempted_total", {}),
+                         ("meshpoint_recoveries_succeeded_total", {}),
+                         ("meshpoint_resumes_total", {"kind": "takeover"}),
+                         ("meshpoint_tasks_ended_total", {"outcome": "completed"})):
+        total[name] = sum([value(await scrape(m), name, **labels) for m in alive])
+    assert total == {"meshpoint_recoveries_attempted_total": 1,
+                     "meshpoint_recoveries_succeeded_total": 1,
+                     "meshpoint_resumes_total": 1, "meshpoint_tasks_ended_total": 1}
+
+    plan = GatedModel(block="plan")
+    again = await mesh.run(coordinator("flights", model=plan), 2)
+    watched = [Metrics(i) for i in again]
+    for instance in coordinators:
+        if instance is not dying:
+            await instance.stop()
+    rid = await mesh.client.submit("coordinator", TRIP2)
+    dying, _ = await kill_mid_turn(mesh, plan, again, rid)
+    (survivor,) = [m for m in watched if m.instance is not dying]
+    scraped = await scrape(survivor)
+    assert value(scraped, "meshpoint_redeliveries_total") == 1
+    assert value(scraped, "meshpoint_tasks_started_total") == 1
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
