@@ -11,6 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshpoint.ops.metrics import Metrics
+from meshpoint.runtime import wire
 from tests.integration.mesh import Mesh, eventually
 from tests.integration.test_runtime import TRIP2, GatedModel, coordinator, kill_mid_turn, simple
 
@@ -132,6 +133,10 @@ async def test_a_take_over_is_a_recovery_that_succeeded_once_its_task_resumes(
     instance.stats.note("handed_off", "t-1", journal=False, trigger="context_full")
     instance.stats.note("blocked", "t-3", journal=False, reason="tampered", cause="history")
     instance.stats.note("blocked", "t-4", journal=False, reason="taken over 4 times")
+    instance.stats.note("announced_again", "t-5", journal=False, sub_task_id="s", peer="p")
+    instance.stats.note("breaker_opened", "flights", journal=False)
+    assert value(await scrape(metrics), "meshpoint_breaker_open") == 1
+    instance.stats.note("breaker_closed", "flights", journal=False)
     scraped = await scrape(metrics)
     assert value(scraped, "meshpoint_recoveries_attempted_total") == 2
     assert value(scraped, "meshpoint_recoveries_succeeded_total") == 1
@@ -142,6 +147,31 @@ async def test_a_take_over_is_a_recovery_that_succeeded_once_its_task_resumes(
     assert value(scraped, "meshpoint_history_verification_failures_total") == 1
     assert value(scraped, "meshpoint_tasks_blocked_total", cause="history") == 1
     assert value(scraped, "meshpoint_tasks_blocked_total", cause="max_recoveries") == 1
+    assert value(scraped, "meshpoint_announcements_published_again_total") == 1
+    assert value(scraped, "meshpoint_breaker_open") == 0
+
+
+async def test_the_event_log_and_dead_letters_are_counted(mesh: Mesh) -> None:
+    """An agent that keeps an event log: what it wrote, and nothing dropped; a message
+    that is not a request is dead-lettered and counted."""
+    (instance,) = await mesh.run(simple("flights", events=True))
+    metrics = Metrics(instance)
+    await mesh.client.wait(await mesh.client.submit("flights", "hi"), 10)
+    await mesh.broker.publish(wire.request_subject(mesh.options.namespace, "flights"),
+                              b"not a request")
+    scraped: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+
+    async def flushed() -> bool:
+        scraped.clear()
+        scraped.update(await scrape(metrics))
+        return value(scraped, "meshpoint_event_log_written_total") > 0 and \
+            value(scraped, "meshpoint_event_log_buffered") == 0 and \
+            value(scraped, "meshpoint_dead_letters_total") == 1
+
+    await eventually(flushed, what="the events written and the dead letter counted")
+    assert value(scraped, "meshpoint_event_log_dropped_total") == 0
+    assert value(scraped, "meshpoint_event_log_refused_total") == 0
+    assert value(scraped, "meshpoint_tasks_ended_total", outcome="completed") == 1
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
