@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from meshpoint.ops.metrics import Metrics
 from meshpoint.runtime import wire
 from tests.integration.mesh import Mesh, eventually
+from tests.integration.test_approvals import SideEffects, approving, paused
 from tests.integration.test_runtime import TRIP2, GatedModel, coordinator, kill_mid_turn, simple
 
 #: The labels every metric of an instance carries; only these, and a closed set more.
@@ -118,6 +119,30 @@ async def test_a_real_take_over_and_a_redelivery_are_counted_where_they_happen(
     scraped = await scrape(survivor)
     assert value(scraped, "meshpoint_redeliveries_total") == 1
     assert value(scraped, "meshpoint_tasks_started_total") == 1
+
+
+async def test_a_task_waiting_for_approval_is_pending_until_approved(mesh: Mesh) -> None:
+    """The approvals-pending gauge is read from the store; the decision is a
+    resolution by outcome."""
+    (instance,) = await mesh.run(approving(SideEffects()))
+    metrics = Metrics(instance)
+    request_id, task_id, pending = await paused(mesh, "Send the report")
+    waiting = await scrape(metrics)
+    assert value(waiting, "meshpoint_approvals_pending", agent="coordinator") == 1
+    assert value(waiting, "meshpoint_tasks", agent="coordinator",
+                 status="input_required") == 1
+    await mesh.client.approve(task_id, pending[0]["call_id"], by="alice")
+    await mesh.client.wait(request_id, timeout_s=10)
+    scraped: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+
+    async def none_pending() -> bool:
+        scraped.clear()
+        scraped.update(await scrape(metrics))
+        return value(scraped, "meshpoint_approvals_pending", agent="coordinator") == 0
+
+    await eventually(none_pending, what="no approval pending")
+    assert value(scraped, "meshpoint_resolutions_total", outcome="approved") == 1
+    assert value(scraped, "meshpoint_tasks_ended_total", outcome="completed") == 1
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
