@@ -54,7 +54,7 @@ sql: $(STAMP)
 ## graph of 10 steps, a handoff's overhead (trigger to the next iteration's first model call),
 ## a 5-stage sequential workflow beside a LangGraph graph of 5 nodes (each stage boundary,
 ## and the stages run again after a kill), the LangGraph saver beside SqliteSaver/PostgresSaver over a 500-step
-## conversation, RSS (BENCH_MODE=quick, about 3 minutes); BENCH_MODE=full adds
+## conversation, the pause write with metrics on and off, RSS (BENCH_MODE=quick, about 3 minutes); BENCH_MODE=full adds
 ## the store and scale-out benchmarks and 100k tasks
 BENCH_MODE ?= quick
 bench: $(STAMP)
@@ -67,6 +67,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_handoff.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_workflows.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_saver.py --mode $(BENCH_MODE)
+	$(BIN)/python benchmarks/bench_metrics.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_runtime.py $(if $(filter full,$(BENCH_MODE)),--paused 30000,--tasks 300)
 	if [ "$(BENCH_MODE)" = full ]; then \
 	  $(BIN)/python benchmarks/bench_store.py && $(BIN)/python benchmarks/bench_scaleout.py; fi

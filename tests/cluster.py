@@ -85,14 +85,15 @@ class Cluster:
         subprocess.run(self.command("migrate", "--config", str(self.config_path)),
                        check=True, env=self.env, capture_output=True, timeout=120)
 
-    def spawn(self, agent: str) -> Proc:
+    def spawn(self, agent: str, *args: str) -> Proc:
+        """Start a serve process of ``agent``, with ``args`` added to its command line."""
         self.spawned += 1
         log = self.workdir / f"{agent}-{self.spawned}.log"
         stats = self.workdir / f"{agent}-{self.spawned}.stats.json"
         log_file = log.open("wb")
         popen = subprocess.Popen(
             self.command("serve", "--config", str(self.config_path), "--agent", agent,
-                         "--log-level", "warning", "--stats-json", str(stats)),
+                         "--log-level", "warning", "--stats-json", str(stats), *args),
             stdout=subprocess.PIPE, stderr=log_file, env=self.env)
         proc = Proc(agent, popen, log, log_file)
         self.procs.append(proc)

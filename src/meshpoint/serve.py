@@ -28,8 +28,9 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 from meshpoint import a2a
 from meshpoint._redact import redact_url
 from meshpoint._retry import retried
-from meshpoint.config import MeshConfig
+from meshpoint.config import MeshConfig, MetricsConfig
 from meshpoint.errors import BrokerError, MeshpointError, StoreUnavailableError
+from meshpoint.ops.metrics import Metrics, MetricsServer
 from meshpoint.runtime import AgentInstance
 from meshpoint.store import SqlStore
 
@@ -43,12 +44,16 @@ READY = "meshpoint: ready"
 
 async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None = None,
                 on_ready: Callable[[AgentInstance], None] | None = None,
-                stats_path: Path | None = None) -> None:
+                stats_path: Path | None = None,
+                metrics: MetricsConfig | None = None) -> None:
     """Serve ``agent_name`` until SIGTERM/SIGINT, then drain and return.
 
     A store or broker that is unreachable at start is retried for up to
     ``runtime.startup_timeout_s`` (hosts restart in any order); a signal meanwhile ends the
-    process cleanly."""
+    process cleanly. ``metrics`` (else the config's ``metrics:``) serves Prometheus's
+    ``/metrics`` there from before the instance takes work (a port in use is a
+    ConfigurationError naming it) until it has drained."""
+    metrics = metrics or config.metrics
     agent = config.build_agent(agent_name)
     approvers = config.build_approvers()
     startup_timeout_s = config.runtime.startup_timeout_s
@@ -66,29 +71,44 @@ async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None 
         try:
             instance = config.instance(agent, store, broker, approvers=approvers,
                                        instance_id=instance_id)
-            await instance.start()
-            logger.info("%s serving agent %s (namespace %s, broker %s, store %s%s, "
-                        "tenant %s)", instance.instance_id, agent_name, config.namespace,
-                        redact_url(config.broker.url), redact_url(config.store.url),
-                        f" schema {config.store.schema_name}" if config.store.schema_name
-                        else "", config.store.tenant)
-            if on_ready is not None:
-                on_ready(instance)
-            purging = asyncio.create_task(_purge_every(
-                store, config.history.purge_interval_s, stop))
-            await stop.wait()
-            purging.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await purging
-            logger.info("%s: signal received, draining (up to %gs)", instance.instance_id,
-                        config.runtime.drain_timeout_s)
-            await instance.drain(config.runtime.drain_timeout_s)
-            if stats_path is not None:
-                stats_path.write_text(json.dumps(instance.stats.summary(samples=True)))
+            exporter = None if metrics is None else MetricsServer.start(
+                Metrics(instance), metrics.host, metrics.port)
+            try:
+                await _serve_instance(config, instance, store, agent_name, stop,
+                                      on_ready, stats_path)
+            finally:
+                if exporter is not None:
+                    exporter.close()
         finally:
             await broker.close()
     finally:
         await store.close()
+
+
+async def _serve_instance(config: MeshConfig, instance: AgentInstance, store: SqlStore,
+                          agent_name: str, stop: asyncio.Event,
+                          on_ready: Callable[[AgentInstance], None] | None,
+                          stats_path: Path | None) -> None:
+    """Start ``instance``, run it until ``stop``, then drain it."""
+    await instance.start()
+    logger.info("%s serving agent %s (namespace %s, broker %s, store %s%s, "
+                "tenant %s)", instance.instance_id, agent_name, config.namespace,
+                redact_url(config.broker.url), redact_url(config.store.url),
+                f" schema {config.store.schema_name}" if config.store.schema_name
+                else "", config.store.tenant)
+    if on_ready is not None:
+        on_ready(instance)
+    purging = asyncio.create_task(_purge_every(
+        store, config.history.purge_interval_s, stop))
+    await stop.wait()
+    purging.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await purging
+    logger.info("%s: signal received, draining (up to %gs)", instance.instance_id,
+                config.runtime.drain_timeout_s)
+    await instance.drain(config.runtime.drain_timeout_s)
+    if stats_path is not None:
+        stats_path.write_text(json.dumps(instance.stats.summary(samples=True)))
 
 
 async def _purge_every(store: SqlStore, interval_s: float, stop: asyncio.Event) -> None:

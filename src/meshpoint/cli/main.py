@@ -292,10 +292,17 @@ def serve(
     stats_json: Annotated[Path | None, typer.Option(
         help="On a graceful exit, write this instance's counts and latency samples "
              "here (JSON).")] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        min=0, max=65535, help="Serve Prometheus metrics on this port (0: a free one; "
+        "the URL is logged), at /metrics. Default: the config's metrics: port, if any.")
+    ] = None,
+    metrics_host: Annotated[str | None, typer.Option(
+        help="The address the metrics are served on. Default: the config's metrics: "
+             "host, else 127.0.0.1.")] = None,
 ) -> None:
     """Run one instance of AGENT until SIGTERM/SIGINT; then stop taking work, let the
     work in hand checkpoint or finish, and exit 0."""
-    from meshpoint.config import load_config
+    from meshpoint.config import MetricsConfig, load_config
     from meshpoint.serve import print_ready
     from meshpoint.serve import serve as run_serve
 
@@ -308,8 +315,17 @@ def serve(
     logging.basicConfig(level=level, handlers=[handler])
     try:
         mesh = load_config(config)
+        metrics = mesh.metrics
+        if metrics_port is not None or metrics_host is not None:
+            port = metrics_port if metrics_port is not None else \
+                metrics.port if metrics is not None else None
+            if port is None:
+                raise typer.BadParameter("--metrics-host needs --metrics-port (or the "
+                                         "config's metrics: port)", param_hint="--metrics-host")
+            metrics = MetricsConfig(port=port, host=metrics_host or (
+                metrics.host if metrics is not None else "127.0.0.1"))
         asyncio.run(run_serve(mesh, agent, instance_id=instance_id, on_ready=print_ready,
-                              stats_path=stats_json))
+                              stats_path=stats_json, metrics=metrics))
     except MeshpointError as error:
         fail(error)
 

@@ -37,6 +37,7 @@ from meshpoint.config.sections import (
     EncryptionConfig,
     HistoryConfig,
     ImportPath,
+    MetricsConfig,
     ModelConfig,
     OpenAIModelConfig,
     PythonModelConfig,
@@ -63,7 +64,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["AgentConfig", "BrokerConfig", "CheckpointConfig", "ClientConfig",
-           "EncryptionConfig", "HistoryConfig", "ImportPath", "MeshConfig", "ModelConfig",
+           "EncryptionConfig", "HistoryConfig", "ImportPath", "MeshConfig", "MetricsConfig",
+           "ModelConfig",
            "OpenAIModelConfig", "PythonModelConfig", "RetentionPolicy", "RuntimeConfig",
            "ScriptedModelConfig", "SigningConfig", "StoreConfig", "ToolConfig",
            "load_config", "open_client"]

@@ -19,6 +19,7 @@ from meshpoint.config.sections import (
     BrokerConfig,
     ClientConfig,
     HistoryConfig,
+    MetricsConfig,
     ModelConfig,
     OpenAIModelConfig,
     PythonModelConfig,
@@ -67,6 +68,8 @@ class MeshConfig(_Strict):
     #: Where every agent's alerts go besides its alert subject and the event log (a
     #: webhook; docs/runtime.md, "Recovery limits, the circuit breaker and alerts").
     alerts: AlertOptions = Field(default_factory=AlertOptions)
+    #: Where ``meshpoint serve`` serves Prometheus metrics; unset: it serves none.
+    metrics: MetricsConfig | None = None
     #: Where the user's code the file names (``module:function`` tools, predicates,
     #: model factories) is imported from: directories, relative to the config file,
     #: put at the front of the import path. Not given: the config file's directory.

@@ -382,6 +382,17 @@ class HistoryConfig(_Strict):
             prices=Prices(self.prices, self.currency), retention=self.retention)
 
 
+class MetricsConfig(_Strict):
+    """The ``metrics:`` section: where ``meshpoint serve`` serves Prometheus's
+    ``/metrics`` (docs/operations.md); ``--metrics-port`` and ``--metrics-host`` win."""
+
+    #: The TCP port; 0 picks a free one (``serve`` logs the URL).
+    port: int = Field(ge=0, le=65535)
+    #: The address to listen on: loopback unless said otherwise (the figures name
+    #: agents and counts, not tasks; a scraper elsewhere needs ``0.0.0.0``).
+    host: str = "127.0.0.1"
+
+
 class ClientConfig(_Strict):
     """A client of the mesh (a web backend, ``meshpoint submit``): it gets a NATS user
     of its own from ``meshpoint nats-config``, which may submit to ``agents`` only."""

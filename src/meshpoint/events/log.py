@@ -182,6 +182,11 @@ class EventStore:
         #: Events written so far.
         self.written = 0
 
+    @property
+    def buffered(self) -> int:
+        """Events logged and not written yet."""
+        return len(self._buffer)
+
     # -- writing ---------------------------------------------------------------------
 
     def log_event(self, agent_id: str, thread_id: str | None, event_type: str, *,

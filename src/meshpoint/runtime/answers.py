@@ -98,6 +98,7 @@ class Answers:
         if resolution is None:
             self.stats.note("ignored_answer", sub_task_id)
             return
+        self.stats.note("answer_claimed", sub_task_id, journal=False)
         self.stats.log("protocol_receive", resolution.sub_task.task_id, step="answer",
                        input={"sub_task_id": sub_task_id,
                               "peer": resolution.sub_task.peer_agent_name,

@@ -102,8 +102,10 @@ class PauseBoundary:
             run.maybe_stored = run.lease_owner is None and isinstance(
                 error, StoreUnavailableError)
             return False
-        self.stats.checkpoint_ms.append((time.perf_counter() - started) * 1000)
-        self.stats.note("paused", ctx.task_id, status=status, items=sub_task_ids)
+        write_s = time.perf_counter() - started
+        self.stats.checkpoint_ms.append(write_s * 1000)
+        self.stats.note("paused", ctx.task_id, status=status, items=sub_task_ids,
+                        write_s=write_s)
         try:
             await self.kinds.announce(ctx, sub_task_ids)
             for sub_task_id in sub_task_ids:

@@ -377,6 +377,8 @@ class AgentInstance:
         except BadMessageError as error:
             await self._dead_letters.reject(delivery, error)
             return
+        if delivery.delivery_count > 1:
+            self.stats.note("redelivered", delivery.message.subject, journal=False)
         if isinstance(request, a2a.CancelTaskRequest):
             await self._cancels.on_cancel(request.params.id, delivery)
             return

@@ -56,7 +56,9 @@ class InstanceStats:
     ``ignored_answer``, ``dropped`` (another instance owns the task), ``key_missing``
     (a stored task left to an instance holding the key its history needs),
     ``blocked``, ``reconstructed`` and ``restart_refused`` (a blocked task not
-    restarted: its request is not the one its history names). Only the
+    restarted: its request is not the one its history names), ``answer_claimed`` (an
+    answer resolved its call in the store), ``redelivered`` (a request delivered
+    again; noted with its subject, as ``dead_lettered`` is). Only the
     latest ``KEEP`` events and samples are kept; ``counts`` are totals, and also
     count ``checkpoints`` (writes that committed, even if the instance was killed
     while waiting for the commit).

@@ -173,13 +173,14 @@ class TurnLoop:
     async def resume(self, task_id: str, owner: str) -> None:
         """Continue a stored task under ``owner``'s lease: its join completed, or it was
         checkpointed mid-turn and its instance died."""
+        started = time.perf_counter()
         try:
             restored = await self.scope.store.restore_task(task_id, lease_owner=owner)
         except (LeaseNotHeldError, UnknownTaskError):
             return  # taken over or canceled meanwhile
         except TaskBlockedError as error:
             logger.error("%s: %s", self.scope.instance_id, error)
-            self.stats.note("blocked", task_id, reason=error.reason)
+            self.stats.note("blocked", task_id, reason=error.reason, cause="history")
             untold = await self._restart(error) if self.agent.recovery.reconstruct else error
             if untold is not None:
                 await self.ends.tell_blocked(untold)
@@ -190,6 +191,7 @@ class TurnLoop:
         except StoreError as error:
             logger.error("%s: cannot restore task %s: %s", self.scope.instance_id, task_id, error)
             return
+        restore_s = time.perf_counter() - started
         pending = restored.context.flags.get(HANDOFF_PENDING)
         handed_to_us = isinstance(pending, dict) and pending.get("next_agent") == self.agent.name
         if restored.agent_name != self.agent.name and not handed_to_us:
@@ -208,7 +210,7 @@ class TurnLoop:
             return
         run = TaskRun(restored.context, lease_owner=owner)
         self.in_hand.add(run)
-        self._note_resumed(run.ctx)
+        self._note_resumed(run.ctx, restore_s=restore_s)
         await self.drive(run, in_round=True)
 
     async def leave(self, task_id: str, owner: str, error: KeyMissingError) -> None:
@@ -493,14 +495,21 @@ class TurnLoop:
         inject_results(ctx)
         return True
 
-    def _note_resumed(self, ctx: TaskExecutionContext) -> None:
-        """Count a resume, how long the task was paused, and whether elsewhere."""
+    def _note_resumed(self, ctx: TaskExecutionContext, *,
+                      restore_s: float | None = None) -> None:
+        """Count a resume, how long the task was paused, whether elsewhere, and how
+        long its restore took (a stored task's)."""
         paused_at = ctx.flags.pop("paused_at", None)
+        detail: dict[str, Any] = {}
         if isinstance(paused_at, float | int):
-            self.stats.pause_resume_ms.append(max(0.0, (self.scope.clock() - paused_at) * 1000))
+            detail["paused_s"] = max(0.0, self.scope.clock() - float(paused_at))
+            self.stats.pause_resume_ms.append(detail["paused_s"] * 1000)
         if ctx.flags.get("paused_by") != self.scope.instance_id:
             self.stats.resumed_elsewhere += 1
-        self.stats.note("resumed", ctx.task_id)
+            detail["elsewhere"] = True
+        if restore_s is not None:
+            detail["restore_s"] = restore_s
+        self.stats.note("resumed", ctx.task_id, **detail)
 
 
 def unusable(response: ModelResponse) -> list[str]:

@@ -1,0 +1,1 @@
+"""Operating a mesh: Prometheus metrics (:mod:`meshpoint.ops.metrics`)."""
