@@ -340,6 +340,29 @@ async def test_a_repeated_msg_id_is_stored_once(broker: Broker, ns: str) -> None
         await broker.publish(f"{ns}.answers", b"x", msg_id="")
 
 
+@pytest.mark.nats
+async def test_an_operator_s_stream_with_a_shorter_dedupe_window_is_the_one_relied_on(
+        nats_url: str, ns: str) -> None:
+    """A request is published again (an announcement check) only while the broker
+    still drops a repeat of it: an existing stream that remembers msg_ids for less than
+    ``dedupe_window_s`` gives the broker its own window, for that check to read."""
+    from nats.js.api import StreamConfig
+
+    from meshpoint.broker.nats import NatsBroker
+
+    broker = await NatsBroker.connect(nats_url, dedupe_window_s=120.0)
+    try:
+        await broker.js.add_stream(StreamConfig(  # made by an operator, with other limits
+            name=broker.stream_name(ns), subjects=[f"{ns}.>"], duplicate_window=20.0,
+            max_age=3600.0))
+        assert broker.dedupe_window_s == 120.0
+        await broker.publish(f"{ns}.requests", b"r", msg_id="request.s1")
+        assert broker.dedupe_window_s == 20.0
+    finally:
+        await broker.delete_namespace(ns)
+        await broker.close()
+
+
 async def test_drain_lets_the_handlers_in_hand_finish_and_takes_nothing_new(
         broker: Broker, ns: str) -> None:
     started, finished = Recorder(settle="none"), []

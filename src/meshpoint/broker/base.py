@@ -115,6 +115,10 @@ class ConsumerOptions:
 class Broker(ABC):
     """Publish and subscribe with competing consumers; see the module docstring."""
 
+    #: Seconds a published ``msg_id`` is remembered to drop a repeat of it by; None:
+    #: repeats are never dropped (a request must then not be published twice).
+    dedupe_window_s: float | None = None
+
     @abstractmethod
     async def publish(self, subject: str, data: bytes,
                       headers: Mapping[str, str] | None = None, *,

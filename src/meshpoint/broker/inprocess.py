@@ -213,7 +213,7 @@ class InProcessBroker(Broker):
         self.unrouted: deque[Message] = deque()
         self.max_unrouted = max_unrouted
         self.sequence = itertools.count()
-        self.dedupe_window_s = dedupe_window_s
+        self.dedupe_window_s: float = dedupe_window_s
         #: msg_id -> when it was published, oldest first.
         self.recent_ids: OrderedDict[str, float] = OrderedDict()
         self.closed = False

@@ -63,6 +63,7 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    StreamInfo,
 )
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
@@ -132,7 +133,7 @@ class NatsBroker(Broker):
         self.url = redact_url(url)
         self.stream_prefix = stream_prefix
         self.max_age_s = max_age_s
-        self.dedupe_window_s = dedupe_window_s
+        self.dedupe_window_s: float = dedupe_window_s
         self.publish_timeout_s = publish_timeout_s
         self.pull_expires_s = pull_expires_s
         self.ephemeral_inactive_s = ephemeral_inactive_s
@@ -263,7 +264,7 @@ class NatsBroker(Broker):
         async with self._stream_lock:
             if name not in self._streams and not self.create_streams:
                 try:
-                    await self.js.stream_info(name)
+                    self._use_window(name, await self.js.stream_info(name))
                 except nats.js.errors.NotFoundError:
                     raise NamespaceNotServedError(namespace, name, self.url) from None
                 self._streams.add(name)
@@ -282,8 +283,20 @@ class NatsBroker(Broker):
                         raise BrokerError(
                             f"NATS stream {name} exists but does not capture "
                             f"{namespace}.>; delete it or use another stream_prefix") from None
+                    self._use_window(name, info)
                 self._streams.add(name)
         return name
+
+    def _use_window(self, name: str, info: StreamInfo) -> None:
+        """An existing stream drops repeats for its own ``duplicate_window``: a shorter
+        one than ``dedupe_window_s`` becomes this broker's (what a request published
+        again relies on)."""
+        window = info.config.duplicate_window
+        if window and window < self.dedupe_window_s:
+            logger.warning("NATS stream %s drops a repeated msg_id for %gs only, less than "
+                           "dedupe_window_s (%gs): %gs is used", name, window,
+                           self.dedupe_window_s, window)
+            self.dedupe_window_s = float(window)
 
     async def ensure_consumer(self, stream: str, consumer: str, subject: str,
                                options: ConsumerOptions, *, lost: bool = False) -> None:

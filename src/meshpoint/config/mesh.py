@@ -34,7 +34,7 @@ from meshpoint.llm.base import Model
 from meshpoint.runtime.agent import Agent, LocalTool
 from meshpoint.runtime.approvers import ANY, ApproverConfig, ApproverKey, Approvers
 from meshpoint.runtime.options import AlertOptions, RuntimeOptions
-from meshpoint.runtime.stages import SubAgent
+from meshpoint.runtime.stages import SubAgent, default_output_key
 from meshpoint.runtime.workflows import WORKFLOW_AGENTS
 
 if TYPE_CHECKING:
@@ -157,8 +157,8 @@ class MeshConfig(_Strict):
                     raise ValueError(
                         f"agents.{name}.sub_agents.{index}: {item.agent!r} is not an agent "
                         f"of this file (expected one of {sorted(agents)})")
-                key = (item.output_key or agents[item.agent].output_key
-                       or item.agent.replace("-", "_"))
+                key = default_output_key(item.agent, item.output_key,
+                                         agents[item.agent].output_key)
                 if key in keys:
                     raise ValueError(
                         f"agents.{name}.sub_agents.{index}: output_key {key!r} is also "

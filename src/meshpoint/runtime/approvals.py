@@ -104,6 +104,7 @@ class ApprovalCalls:
     pause_status = "input_required"
     immediate = False
     runs_tools = True  # an approved call's tool runs when it is settled
+    announce_check_s = None  # its announcement (a status update) is not kept to be asked again
 
     agent: Agent
     broker: Broker
@@ -150,6 +151,9 @@ class ApprovalCalls:
             ctx.a2a_context.get("request_id") or ctx.task_id, ctx.task_id,
             ctx.a2a_context.get("context_id") or ctx.task_id,
             f"waiting for approval of {names}", {"pending_approvals": pending}))
+
+    async def announce_again(self, sub: SubTask) -> bool:
+        return False  # never checked (announce_check_s is None)
 
     async def withdraw(self, sub_task_id: str, correlation: dict[str, Any]) -> None:
         """Nobody is to be told: a late answer is refused as not pending."""

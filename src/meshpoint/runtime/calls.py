@@ -69,6 +69,12 @@ class CallKind(Protocol):
     #: ``after_tools``, the task is checkpointed after each of its calls is settled.
     runs_tools: bool
 
+    @property
+    def announce_check_s(self) -> float | None:
+        """Seconds after the pause when an item is checked for having been announced
+        (:meth:`announce_again` is asked if it is still pending), or None: never."""
+        ...
+
     def handles(self, call: ToolCall) -> bool:
         """Whether this kind makes ``call``."""
         ...
@@ -89,6 +95,13 @@ class CallKind(Protocol):
         answerable, once nothing can be lost: after the checkpoint that holds them
         committed, or (``inbox``) when the task waits in this instance's memory and
         the answers must come to that subject prefix."""
+        ...
+
+    async def announce_again(self, sub: SubTask) -> bool:
+        """Announce a stored item again: its announcement check is due and nothing
+        came for it since its pause (its announcer may have died before announcing).
+        ``sub`` is as :meth:`~meshpoint.store.base.Store.check_announcements` returns
+        it, its deadline now its timeout's. True if it was announced again."""
         ...
 
     async def withdraw(self, sub_task_id: str, correlation: dict[str, Any]) -> None:
@@ -119,6 +132,7 @@ class LocalTools:
     pause_status = "working"
     immediate = True
     runs_tools = False  # its tools ran when the calls were made (checkpointed then)
+    announce_check_s = None
 
     agent: Agent
 
@@ -137,6 +151,9 @@ class LocalTools:
 
     async def announce(self, ctx: TaskExecutionContext, items: Sequence[Item], *,
                        inbox: str | None) -> None:
+        raise AssertionError("a local call is never outstanding")
+
+    async def announce_again(self, sub: SubTask) -> bool:
         raise AssertionError("a local call is never outstanding")
 
     async def withdraw(self, sub_task_id: str, correlation: dict[str, Any]) -> None:
@@ -199,17 +216,13 @@ class CallKinds:
     def checks_announcements(self) -> bool:
         """Whether a kind gives its calls an announcement check (else the sweeper
         need not look for due checks)."""
-        return any(getattr(kind, "announce_check_s", None) is not None for kind in self._kinds)
+        return any(kind.announce_check_s is not None for kind in self._kinds)
 
     async def announce_again(self, sub: SubTask) -> bool:
-        """Publish a stored item's request again, if its kind can (``announce_again``:
-        the peer calls); True if it did."""
-        again = getattr(self.of(sub.correlation_data), "announce_again", None)
-        if again is None:
-            return False
-        timeout_s = float(sub.correlation_data.get("timeout_s") or 0)
-        return bool(await again(sub.task_id, sub.sub_task_id, sub.correlation_data,
-                                sub.timeout_deadline - timeout_s))
+        """Announce a stored item again, by its kind (:meth:`CallKind.announce_again`);
+        True if it was."""
+        kind = self.of(sub.correlation_data)
+        return kind is not None and await kind.announce_again(sub)
 
     def review(self, ctx: TaskExecutionContext) -> list[tuple[ToolCall, str]]:
         """Drop each result of the current turn that its call's kind refuses

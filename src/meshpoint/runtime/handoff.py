@@ -80,6 +80,7 @@ from meshpoint.runtime.scope import Scope
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.tasks import DeadLetters, InHand, LeaseOwners, TaskRun
 from meshpoint.runtime.turns import End, HandOff, conversation, count_tokens, model_calls
+from meshpoint.store.results import SubTask
 
 logger = logging.getLogger("meshpoint.runtime")
 
@@ -186,6 +187,7 @@ class HandoffCalls:
     pause_status = "working"
     immediate = True
     runs_tools = False
+    announce_check_s = None
 
     policy: HandoffPolicy
 
@@ -215,6 +217,9 @@ class HandoffCalls:
 
     async def announce(self, ctx: TaskExecutionContext, items: Sequence[Item], *,
                        inbox: str | None) -> None:
+        raise AssertionError("a handoff call is never outstanding")
+
+    async def announce_again(self, sub: SubTask) -> bool:
         raise AssertionError("a handoff call is never outstanding")
 
     async def withdraw(self, sub_task_id: str, correlation: dict[str, Any]) -> None:

@@ -25,6 +25,7 @@ from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent
 from meshpoint.runtime.calls import Item, Opened
 from meshpoint.runtime.subjects import Subjects
+from meshpoint.store.results import SubTask
 
 logger = logging.getLogger("meshpoint.runtime")
 #: The share of the broker's dedupe window within which a request is published again
@@ -35,7 +36,7 @@ DEDUPE_MARGIN = 0.8
 def announce_check(broker: Broker, check_s: float) -> float | None:
     """The announcement check of requests published on ``broker`` (None: never, when
     the broker drops no copies or the check would leave no time inside its window)."""
-    window = getattr(broker, "dedupe_window_s", None)
+    window = broker.dedupe_window_s
     return check_s if window is not None and check_s < DEDUPE_MARGIN * window / 2 else None
 
 
@@ -89,13 +90,15 @@ class PeerCalls:
                 correlation["status_to"] = f"{inbox}.status.{sub_task_id}"
             await self._publish(ctx.task_id, sub_task_id, correlation, inbox=inbox)
 
-    async def announce_again(self, task_id: str, sub_task_id: str,
-                             correlation: dict[str, Any], created_at: float) -> bool:
+    async def announce_again(self, sub: SubTask) -> bool:
         """Publish a stored request again (its announcement check is due: the peer has
         said nothing since the pause), if the broker still holds the first copy's id
         to drop this one by: a copy it would deliver could run the peer twice. True
         if published."""
-        window = getattr(self.broker, "dedupe_window_s", None)
+        task_id, sub_task_id = sub.task_id, sub.sub_task_id
+        # The check moved its deadline to its timeout's: created_at + timeout_s.
+        created_at = sub.timeout_deadline - float(sub.correlation_data.get("timeout_s") or 0)
+        window = self.broker.dedupe_window_s
         if window is None or time.time() - created_at > DEDUPE_MARGIN * window:
             logger.warning("%s: task %s: the request of %s is not published again: the "
                            "broker %s; it waits for its answer or its timeout",
@@ -103,7 +106,7 @@ class PeerCalls:
                            "drops no copies" if window is None else
                            "may no longer drop a copy (past its dedupe window)")
             return False
-        await self._publish(task_id, sub_task_id, correlation, inbox=None)
+        await self._publish(task_id, sub_task_id, sub.correlation_data, inbox=None)
         return True
 
     async def _publish(self, task_id: str, sub_task_id: str, correlation: dict[str, Any], *,

@@ -307,12 +307,18 @@ def fill_placeholders(prompt: str, state: Mapping[str, Any] | None) -> str:
     return _PLACEHOLDER.sub(fill, prompt)
 
 
+def default_output_key(agent: str, *given: str | None) -> str:
+    """A stage's output key: the first of ``given`` that is set (the stage's own, then
+    its agent's), else the agent's name with ``-`` written ``_``."""
+    return next((key for key in given if key), agent.replace("-", "_"))
+
+
 def _stage(name: str, index: int, item: Any) -> Stage:
     where = f"agent {name!r}: sub_agents[{index}]"
     if isinstance(item, str):
         item = SubAgent(agent=item)
     if isinstance(item, SubAgent):
-        key = item.output_key or item.agent.replace("-", "_")
+        key = default_output_key(item.agent, item.output_key)
         return Stage(index, item.agent, check_output_key(f"{where}: output_key", key),
                      item.timeout_s)
     raise InvalidArgumentError(f"{where} must be an Agent, an agent's name or a SubAgent, "
