@@ -354,14 +354,14 @@ def test_demo_llm_completes_its_tasks_with_real_fan_outs(llm_server: Any,
     env = {**os.environ, "MESHPOINT_LLM_BASE_URL": llm_server.base_url,
            "MESHPOINT_LLM_MODEL": provisioning().MODEL_NAME}
     done = subprocess.run(
-        [sys.executable, "-m", "meshpoint.demo.llm", "--tasks", "3", "--concurrency", "3",
+        [sys.executable, "-m", "meshpoint.demo.llm", "--tasks", "2", "--concurrency", "2",
          "--kill-every", "8", "--db", str(tmp_path / "demo.db"), "--json"],
         env=env, capture_output=True, text=True, timeout=1200, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     figures = json.loads(done.stdout)
     assert figures["problems"] == []
-    assert figures["completed"] == figures["submitted"] == 3
-    assert figures["fan_outs"] >= 1 and figures["resumed"] >= 3
+    assert figures["completed"] == figures["submitted"] == 2
+    assert figures["fan_outs"] >= 1 and figures["resumed"] >= 2
     assert figures["kills"] >= 1 and figures["rows_left"] == 0
     assert figures["completion_tokens"] > 0 and figures["tokens_per_s"] > 0
     assert set(figures["tokens_by_source"]) == {"coordinator", *PEERS}
