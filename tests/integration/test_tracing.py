@@ -5,7 +5,15 @@ request is ignored (the task starts a trace of its own)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -13,10 +21,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from meshpoint.broker.nats import NatsBroker
 from meshpoint.context import TaskExecutionContext
 from meshpoint.ops import tracing
-from meshpoint.runtime import wire
-from meshpoint.store import SqlStore
+from meshpoint.runtime import Client, wire
+from meshpoint.store import SqlStore, open_store
+from tests.conftest import fresh_pg_schema, pg_execute_async
 from tests.integration.mesh import Mesh, eventually
 from tests.integration.test_runtime import TRIP2, coordinator, simple
 from tests.integration.test_store import fan_out
@@ -160,3 +170,108 @@ async def test_without_an_sdk_nothing_is_stored_or_sent(mesh: Mesh) -> None:
     assert mesh.broker.published  # type: ignore[attr-defined]
     for _, data in mesh.broker.published(""):  # type: ignore[attr-defined]
         assert b"traceparent" not in data
+
+
+class Worker:
+    """A trace_worker.py process: one instance, its spans in a file of its own."""
+
+    def __init__(self, role: str, name: str, tmp_path: Path, *args: str) -> None:
+        self.name = name
+        self.spans_path = tmp_path / f"{name}.jsonl"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.trace_worker", role, name, *args,
+             str(self.spans_path)], stdout=subprocess.PIPE, text=True,
+            cwd=Path(__file__).parents[2])
+
+    async def ready(self) -> Worker:
+        assert self.process.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(self.process.stdout.readline), 30)
+        assert line.strip() == "ready", f"{self.name} did not start: {line!r}"
+        return self
+
+    def spans(self) -> list[dict[str, Any]]:
+        if not self.spans_path.exists():
+            return []
+        return [json.loads(line) for line in self.spans_path.read_text().splitlines()]
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.nats
+async def test_one_trace_across_three_processes_one_of_them_killed(
+        postgres_url: str, nats_url: str, tmp_path: Path) -> None:
+    """A task pauses for a peer on instance A (a real process), which is then killed
+    with SIGKILL; the peer's instance B answers and instance C claims the answer and
+    resumes the task. Every span the three wrote is of one trace, each names its
+    instance (attribute and resource), and the tree is sound: C's resumed turn is a
+    child of A's first turn and links to A's pause; B's turn is a child of A's
+    request to it; C's claim, of B's turn."""
+    schema = await fresh_pg_schema()
+    namespace = f"t{uuid.uuid4().hex[:12]}"
+    workers: list[Worker] = []
+    try:
+        async with open_store(postgres_url, schema=schema):
+            pass  # migrated
+        where = (postgres_url, schema, nats_url, namespace)
+        a = await Worker("coordinator", "coordinator-a", tmp_path, *where).ready()
+        workers.append(a)
+        broker = await NatsBroker.connect(nats_url, pull_expires_s=0.3)
+        async with Client(broker, namespace=namespace) as client:
+            rid = await client.submit("coordinator", "Plan a trip: flights")
+            await eventually(lambda: any(s["name"] == "meshpoint.turn" for s in a.spans()),
+                             timeout_s=30, what="A's turn to pause")
+            a.kill()
+            assert a.process.returncode == -signal.SIGKILL
+            b = await Worker("flights", "flights-b", tmp_path, *where).ready()
+            c = await Worker("coordinator", "coordinator-c", tmp_path, *where).ready()
+            workers += [b, c]
+            task = await client.wait(rid, 60)
+            assert task.status.state.value == "completed"
+            await eventually(lambda: any(s["name"] == "meshpoint.turn" for s in c.spans()),
+                             timeout_s=10, what="C's turn span")
+        await broker.close()
+    finally:
+        for worker in workers:
+            if worker.process.stdout is not None and not worker.process.stdout.closed:
+                worker.kill()
+        cleanup = await NatsBroker.connect(nats_url)
+        await cleanup.delete_namespace(namespace)
+        await cleanup.close()
+        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
+    spans = {w.name: w.spans() for w in (a, b, c)}
+    every = [s for found in spans.values() for s in found]
+    assert {s["trace_id"] for s in every} == {every[0]["trace_id"]}
+    for name, found in spans.items():
+        assert found, f"{name} wrote no span"
+        for span in found:
+            assert span["attributes"]["meshpoint.instance_id"] == name
+            assert span["resource"]["service.instance.id"] == name
+    by_id = {s["span_id"]: s for s in every}
+    assert len(by_id) == len(every)
+    assert [s["name"] for s in every if s["parent_id"] is None] == ["meshpoint.turn"]
+    assert all(s["parent_id"] is None or s["parent_id"] in by_id for s in every)
+
+    def one(name: str, where: str, **attributes: Any) -> dict[str, Any]:
+        (found,) = [s for s in spans[where] if s["name"] == name and all(
+            s["attributes"].get(k) == v for k, v in attributes.items())]
+        return found
+
+    first = one("meshpoint.turn", "coordinator-a")
+    pause = one("meshpoint.checkpoint", "coordinator-a", **{"meshpoint.checkpoint.phase": "pause"})
+    request = one("invoke_agent flights", "coordinator-a")
+    assert pause["parent_id"] == request["parent_id"] == first["span_id"]
+    peer_turn = one("meshpoint.turn", "flights-b")
+    assert peer_turn["parent_id"] == request["span_id"]
+    claim = one("meshpoint.claim", "coordinator-c")
+    assert claim["parent_id"] == peer_turn["span_id"]
+    resumed = one("meshpoint.turn", "coordinator-c")
+    assert resumed["attributes"]["meshpoint.turn.resumed"] is True
+    assert resumed["parent_id"] == first["span_id"] and resumed["links"] == [pause["span_id"]]
+    assert one("chat scripted", "coordinator-c")["parent_id"] == resumed["span_id"]
+    task_ids = {s["attributes"].get("meshpoint.task_id") for s in spans["coordinator-a"]}
+    assert task_ids == {one("meshpoint.turn", "coordinator-a")["attributes"]["meshpoint.task_id"]}
