@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import (
@@ -85,6 +86,31 @@ def with_traceparent(metadata: dict[str, Any], span: Span | None = None) -> dict
     return metadata
 
 
+@contextmanager
+def _span(name: str, context: Context | None = None, kind: SpanKind = SpanKind.INTERNAL,
+          attributes: dict[str, Any] | None = None,
+          links: list[Link] | None = None) -> Iterator[Span]:
+    """``start_as_current_span``, less what a span that is neither recorded nor
+    carrying a context costs (the API's no-op span with no parent: no SDK configured):
+    that one is not made current, so the hot path pays a call and no context switch."""
+    span = _tracer.start_span(name, context=context, kind=kind, attributes=attributes,
+                              links=links)
+    if not span.is_recording() and not span.get_span_context().is_valid:
+        yield span
+        return
+    token = otel_context.attach(trace.set_span_in_context(span))
+    try:
+        yield span
+    except BaseException as error:
+        if span.is_recording():
+            span.record_exception(error)
+            failed(span, error)
+        raise
+    finally:
+        otel_context.detach(token)
+        span.end()
+
+
 class Tracing:
     """The spans of one instance: each carries the agent and the instance id."""
 
@@ -106,7 +132,7 @@ class Tracing:
         becomes the task's trace parent (in ``a2a_context``)."""
         parent = parent_from(a2a_context)
         paused = span_context(flags.pop(PAUSED_SPAN, None))
-        with _tracer.start_as_current_span(
+        with _span(
                 "meshpoint.turn", context=parent, kind=SpanKind.INTERNAL,
                 links=[Link(paused)] if paused is not None else None,
                 attributes=self._attributes(task_id, **{
@@ -116,67 +142,56 @@ class Tracing:
                 a2a_context[TRACEPARENT] = own
             yield span
 
-    @contextmanager
-    def model_call(self, task_id: str, model: str) -> Iterator[Span]:
+    def model_call(self, task_id: str, model: str) -> AbstractContextManager[Span]:
         """A model call (GenAI semantic conventions: ``chat {model}``); see
         :func:`model_usage` for what it answered."""
-        with _tracer.start_as_current_span(
+        return _span(
                 f"chat {model}", kind=SpanKind.CLIENT, attributes=self._attributes(
                     task_id, **{"gen_ai.operation.name": "chat",
-                                "gen_ai.request.model": model})) as span:
-            yield span
+                                "gen_ai.request.model": model}))
 
-    @contextmanager
-    def tool_call(self, task_id: str, tool: str, call_id: str) -> Iterator[Span]:
+    def tool_call(self, task_id: str, tool: str, call_id: str) -> AbstractContextManager[Span]:
         """A local tool's run (``execute_tool {tool}``)."""
-        with _tracer.start_as_current_span(
+        return _span(
                 f"execute_tool {tool}", kind=SpanKind.INTERNAL, attributes=self._attributes(
                     task_id, **{"gen_ai.operation.name": "execute_tool",
                                 "gen_ai.tool.name": tool, "gen_ai.tool.call.id": call_id,
-                                "gen_ai.tool.type": "function"})) as span:
-            yield span
+                                "gen_ai.tool.type": "function"}))
 
-    @contextmanager
-    def checkpoint(self, task_id: str, phase: str, status: str) -> Iterator[Span]:
+    def checkpoint(self, task_id: str, phase: str, status: str) -> AbstractContextManager[Span]:
         """A checkpoint write (``phase``: ``pause`` or ``mid_turn``), to its commit."""
-        with _tracer.start_as_current_span(
+        return _span(
                 "meshpoint.checkpoint", kind=SpanKind.CLIENT, attributes=self._attributes(
                     task_id, **{"db.system.name": self.backend or None,
                                 "meshpoint.checkpoint.phase": phase,
-                                "meshpoint.task.status": status})) as span:
-            yield span
+                                "meshpoint.task.status": status}))
 
-    @contextmanager
     def peer_call(self, task_id: str, peer: str, sub_task_id: str,
-                  correlation: Mapping[str, Any]) -> Iterator[Span]:
+                  correlation: Mapping[str, Any]) -> AbstractContextManager[Span]:
         """A request sent to a peer agent or a workflow's stage (``invoke_agent
         {peer}``): a child of the turn that opened the call (its correlation data
         keeps that turn's ``traceparent``, so a request published again by another
         instance stays in the trace). Its ``traceparent`` goes in the request."""
-        with _tracer.start_as_current_span(
+        return _span(
                 f"invoke_agent {peer}", context=parent_from(correlation),
                 kind=SpanKind.PRODUCER, attributes=self._attributes(
                     task_id, **{"gen_ai.operation.name": "invoke_agent",
                                 "gen_ai.agent.name": peer,
-                                "meshpoint.sub_task_id": sub_task_id})) as span:
-            yield span
+                                "meshpoint.sub_task_id": sub_task_id}))
 
-    @contextmanager
-    def claim(self, sub_task_id: str, metadata: Mapping[str, Any] | None) -> Iterator[Span]:
+    def claim(self, sub_task_id: str,
+              metadata: Mapping[str, Any] | None) -> AbstractContextManager[Span]:
         """The claim of an answer for its call: a child of the span that sent the
         answer (its ``traceparent``), so it is in the calling task's trace."""
-        with _tracer.start_as_current_span(
+        return _span(
                 "meshpoint.claim", context=parent_from(metadata), kind=SpanKind.CONSUMER,
-                attributes={**self._own, "meshpoint.sub_task_id": sub_task_id}) as span:
-            yield span
+                attributes={**self._own, "meshpoint.sub_task_id": sub_task_id})
 
-    @contextmanager
-    def handoff(self, task_id: str, trigger: str) -> Iterator[Span]:
+    def handoff(self, task_id: str, trigger: str) -> AbstractContextManager[Span]:
         """A handoff: the iteration ends and a fresh-context one carries the task on."""
-        with _tracer.start_as_current_span(
+        return _span(
                 "meshpoint.handoff", attributes=self._attributes(
-                    task_id, **{"meshpoint.handoff.trigger": trigger})) as span:
-            yield span
+                    task_id, **{"meshpoint.handoff.trigger": trigger}))
 
 
 def model_usage(span: Span, model: str | None, input_tokens: int | None,
