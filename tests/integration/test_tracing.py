@@ -151,6 +151,23 @@ async def test_a_bad_or_forged_traceparent_is_ignored_and_a_trace_started(
     assert not mesh.dead_letters
 
 
+async def test_a_span_open_at_submit_is_the_tasks_parent(
+        mesh: Mesh, spans: InMemorySpanExporter) -> None:
+    """An application's span open when it submits a task is the task's parent; the
+    answer names the task's last turn."""
+    await mesh.run(simple("solo"))
+    with tracing._tracer.start_as_current_span("app") as app:
+        rid = await mesh.client.submit("solo", "hello")
+    answer = await mesh.client.wait(rid, 10)
+    await eventually(lambda: any(s.name == "meshpoint.turn"
+                                 for s in spans.get_finished_spans()), what="the turn")
+    (turn,) = [s for s in spans.get_finished_spans() if s.name == "meshpoint.turn"]
+    assert turn.parent is not None and turn.parent.span_id == app.get_span_context().span_id
+    assert turn.context.trace_id == app.get_span_context().trace_id
+    assert (answer.metadata or {})[tracing.TRACEPARENT] == \
+        f"00-{turn.context.trace_id:032x}-{turn.context.span_id:016x}-01"
+
+
 def test_only_w3c_traceparents_are_read() -> None:
     for value in FORGED:
         assert tracing.span_context(value) is None, value
