@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.grpc import trace_exporter as grpc
+from opentelemetry.exporter.otlp.proto.http import trace_exporter as http
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
 from meshpoint.errors import ConfigurationError
 from meshpoint.ops.otel import configure_tracing, exporter_names
@@ -49,6 +51,18 @@ def test_otlp_installs_a_provider_naming_the_instance(installed: list[Any]) -> N
         assert attributes["meshpoint.agent"] == "coordinator"
         processors = provider._active_span_processor._span_processors
         assert [type(p) for p in processors] == [BatchSpanProcessor, BatchSpanProcessor]
+        assert [type(p.span_exporter) for p in processors] == [
+            grpc.OTLPSpanExporter, ConsoleSpanExporter]
+    finally:
+        provider.shutdown()
+
+
+def test_otlp_over_http_as_the_standard_variable_says(installed: list[Any]) -> None:
+    provider = configure_tracing("a", "a-1", {"OTEL_TRACES_EXPORTER": "otlp",
+                                              "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
+    try:
+        (processor,) = provider._active_span_processor._span_processors
+        assert type(processor.span_exporter) is http.OTLPSpanExporter
     finally:
         provider.shutdown()
 
@@ -62,6 +76,13 @@ def test_the_standard_service_name_wins(installed: list[Any],
         assert provider.resource.attributes["service.name"] == "trips"
     finally:
         provider.shutdown()
+
+
+def test_an_otlp_protocol_not_supported_is_named(installed: list[Any]) -> None:
+    with pytest.raises(ConfigurationError, match=r"OTLP protocol 'http/json' is not supported; "
+                       r"expected one of: grpc, http/protobuf"):
+        configure_tracing("a", "a-1", {"OTEL_TRACES_EXPORTER": "otlp",
+                                       "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"})
 
 
 def test_an_exporter_not_installed_is_named(installed: list[Any]) -> None:

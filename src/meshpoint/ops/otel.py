@@ -6,6 +6,8 @@ exporter's entry point, comma-separated; unset or ``none``: no export, no SDK
 loaded). The SDK reads the rest itself: ``OTEL_EXPORTER_OTLP_ENDPOINT`` and the
 exporter's other settings, ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``,
 ``OTEL_TRACES_SAMPLER``, ``OTEL_BSP_*``; ``OTEL_SDK_DISABLED=true`` turns it all off.
+``otlp`` is OTLP over ``OTEL_EXPORTER_OTLP_PROTOCOL``: ``grpc`` (the default) or
+``http/protobuf``.
 The SDK and the OTLP exporter are the ``otel`` extra (``pip install
 'meshpoint[otel]'``): asked for without them, ``serve`` stops at start saying so.
 
@@ -58,7 +60,7 @@ def configure_tracing(agent: str, instance_id: str,
             "OTEL_TRACES_EXPORTER") from None
     found = {ep.name: ep for ep in entry_points(group=EXPORTERS)}
     exporters = []
-    for name in names:
+    for name in (_otlp(env) if n == "otlp" else n for n in names):
         if name not in found:
             hint = f" ({INSTALL} installs otlp)" if name.startswith("otlp") else ""
             raise ConfigurationError(
@@ -74,3 +76,16 @@ def configure_tracing(agent: str, instance_id: str,
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     return provider
+
+
+def _otlp(env: Mapping[str, str]) -> str:
+    """The exporter ``otlp`` means: by ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` (or
+    ``OTEL_EXPORTER_OTLP_PROTOCOL``), ``grpc`` (the default) or ``http/protobuf``."""
+    protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc").strip()
+    exporter = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}.get(protocol)
+    if exporter is None:
+        raise ConfigurationError(
+            f"tracing: OTLP protocol {protocol!r} is not supported; expected one of: "
+            "grpc, http/protobuf")
+    return exporter
