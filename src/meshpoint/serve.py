@@ -31,7 +31,7 @@ from meshpoint._retry import retried
 from meshpoint.config import MeshConfig, MetricsConfig
 from meshpoint.errors import BrokerError, MeshpointError, StoreUnavailableError
 from meshpoint.ops.metrics import Metrics, MetricsServer
-from meshpoint.ops.otel import configure_tracing
+from meshpoint.ops.otel import install_tracing, trace_exporters
 from meshpoint.runtime import AgentInstance
 from meshpoint.store import SqlStore
 
@@ -57,6 +57,7 @@ async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None 
     its spans (:mod:`meshpoint.ops.otel`)."""
     metrics = metrics or config.metrics
     agent = config.build_agent(agent_name)
+    exporters = trace_exporters()  # a wrong OTEL_TRACES_EXPORTER stops serve at once
     approvers = config.build_approvers()
     startup_timeout_s = config.runtime.startup_timeout_s
     stop = asyncio.Event()
@@ -73,7 +74,7 @@ async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None 
         try:
             instance = config.instance(agent, store, broker, approvers=approvers,
                                        instance_id=instance_id)
-            tracing = configure_tracing(agent_name, instance.instance_id)
+            tracing = install_tracing(exporters, agent_name, instance.instance_id)
             exporter = None if metrics is None else MetricsServer.start(
                 Metrics(instance), metrics.host, metrics.port)
             try:

@@ -38,21 +38,16 @@ def exporter_names(environ: Mapping[str, str] | None = None) -> list[str]:
     return [] if names in ([], ["none"]) else [n for n in names if n != "none"]
 
 
-def configure_tracing(agent: str, instance_id: str,
-                      environ: Mapping[str, str] | None = None) -> Any | None:
-    """Install a global ``TracerProvider`` exporting to what ``OTEL_TRACES_EXPORTER``
-    names, its resource naming this instance (``service.instance.id``); None if the
-    variable asks for nothing. Returns the provider: shut it down to flush the spans
-    still batched. ConfigurationError if the SDK or an exporter is missing."""
+def trace_exporters(environ: Mapping[str, str] | None = None) -> list[Any]:
+    """The span exporters ``OTEL_TRACES_EXPORTER`` asks for, made (none if it asks for
+    nothing); ConfigurationError if the SDK or an exporter is missing. Called before
+    ``serve`` opens anything, so that a wrong setting stops it at once."""
     env = os.environ if environ is None else environ
     names = exporter_names(env)
     if not names:
-        return None
+        return []
     try:
-        from opentelemetry import trace
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        import opentelemetry.sdk.trace  # noqa: F401 (the SDK: the exporters need it)
     except ImportError as error:
         raise ConfigurationError(
             f"tracing: OTEL_TRACES_EXPORTER={env.get('OTEL_TRACES_EXPORTER')} needs the "
@@ -67,6 +62,23 @@ def configure_tracing(agent: str, instance_id: str,
                 f"tracing: OTEL_TRACES_EXPORTER names exporter {name!r}, which is not "
                 f"installed{hint}; installed: {', '.join(sorted(found)) or 'none'}")
         exporters.append(found[name].load()())
+    return exporters
+
+
+def install_tracing(exporters: list[Any], agent: str, instance_id: str,
+                    environ: Mapping[str, str] | None = None) -> Any | None:
+    """Install a global ``TracerProvider`` handing its spans to ``exporters`` (in
+    batches), its resource naming this instance (``service.instance.id``); None if
+    there are none. Returns the provider: shut it down to export the spans still
+    batched."""
+    if not exporters:
+        return None
+    from opentelemetry import trace
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    env = os.environ if environ is None else environ
     attributes: dict[str, Any] = {"service.instance.id": instance_id, "meshpoint.agent": agent}
     if "OTEL_SERVICE_NAME" not in env and \
             "service.name=" not in env.get("OTEL_RESOURCE_ATTRIBUTES", ""):
@@ -76,6 +88,12 @@ def configure_tracing(agent: str, instance_id: str,
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     return provider
+
+
+def configure_tracing(agent: str, instance_id: str,
+                      environ: Mapping[str, str] | None = None) -> Any | None:
+    """:func:`trace_exporters` then :func:`install_tracing`, in one call."""
+    return install_tracing(trace_exporters(environ), agent, instance_id, environ)
 
 
 def _otlp(env: Mapping[str, str]) -> str:
