@@ -21,13 +21,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from meshpoint import a2a
 from meshpoint.broker.nats import NatsBroker
 from meshpoint.context import TaskExecutionContext
+from meshpoint.llm import ScriptedModel
 from meshpoint.ops import tracing
-from meshpoint.runtime import Client, wire
+from meshpoint.runtime import Agent, Client, wire
+from meshpoint.runtime.options import CheckpointPolicy, HandoffPolicy
 from meshpoint.store import SqlStore, open_store
 from tests.conftest import fresh_pg_schema, pg_execute_async
 from tests.integration.mesh import Mesh, eventually
+from tests.integration.test_handoff import tools
 from tests.integration.test_runtime import TRIP2, coordinator, simple
 from tests.integration.test_store import fan_out
 
@@ -105,6 +109,36 @@ async def test_a_task_paused_for_a_peer_and_resumed_is_one_trace(
         assert (span.attributes or {})["meshpoint.instance_id"] in ids
     # Every span's parent is a span of the trace, ended: the tree is whole.
     assert all(s.parent is None or s.parent.span_id in by_id for s in found)
+
+
+async def test_tool_calls_checkpoints_and_handoffs_are_spans_of_the_tasks_trace(
+        mesh: Mesh, spans: InMemorySpanExporter) -> None:
+    """A task that runs local tools and hands off twice (the model asks) is one trace
+    across its iterations: each tool run, mid-turn checkpoint and handoff is a span of
+    it, named as the conventions say."""
+    model = ScriptedModel("worker", rounds=3, handoff_after=1)
+    await mesh.run(Agent("worker", model, tools=tools(), handoff=HandoffPolicy(
+        context_utilization=None), checkpoint=CheckpointPolicy(after_tools=True)), 2)
+    answer = await mesh.client.ask("worker", "Survey: alpha", timeout_s=30)
+    assert answer.status.state is a2a.TaskState.COMPLETED, answer
+    await eventually(lambda: len([s for s in spans.get_finished_spans()
+                                  if s.name == "meshpoint.turn"]) == 3, what="three turns")
+    found = spans.get_finished_spans()
+    assert len({s.context.trace_id for s in found}) == 1
+    assert [s.name for s in found if s.parent is None] == ["meshpoint.turn"]
+    handoffs = [s for s in found if s.name == "meshpoint.handoff"]
+    assert [(s.attributes or {})["meshpoint.handoff.trigger"] for s in handoffs] == \
+        ["explicit", "explicit"]
+    tool_runs = [s for s in found if s.name.startswith("execute_tool ")]
+    for run in tool_runs:
+        attributes = run.attributes or {}
+        assert attributes["gen_ai.operation.name"] == "execute_tool"
+        assert run.name == f"execute_tool {attributes['gen_ai.tool.name']}"
+        assert attributes["gen_ai.tool.call.id"]
+    assert tool_runs
+    assert any((s.attributes or {}).get("meshpoint.checkpoint.phase") == "mid_turn"
+               for s in found if s.name == "meshpoint.checkpoint")
+    assert {(s.attributes or {})["meshpoint.task_id"] for s in found} == {answer.id}
 
 
 async def test_a_traceparent_survives_a_checkpoint_round_trip(store: SqlStore) -> None:
