@@ -34,9 +34,7 @@ from tests.integration.mesh import Mesh, eventually
 from tests.integration.test_handoff import tools
 from tests.integration.test_runtime import TRIP2, coordinator, simple
 from tests.integration.test_store import fan_out
-
-TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
-PARENT = f"00-{TRACE}-00f067aa0ba902b7-01"
+from tests.unit.test_tracing import FORGED, PARENT, TRACE
 
 
 @pytest.fixture
@@ -157,12 +155,6 @@ async def test_a_traceparent_survives_a_checkpoint_round_trip(store: SqlStore) -
     assert isinstance(restored, TaskExecutionContext)
 
 
-FORGED = ["garbage", 42, {"trace_id": TRACE}, f"00-{'0' * 32}-00f067aa0ba902b7-01",
-          f"00-{TRACE}-{'0' * 16}-01", f"ff-{TRACE}-00f067aa0ba902b7-01",
-          f"00-{TRACE.upper()}-00f067aa0ba902b7-01", f"00-{TRACE}-00f067aa0ba902b7-01-x",
-          PARENT + "9" * 10_000]
-
-
 async def test_a_bad_or_forged_traceparent_is_ignored_and_a_trace_started(
         mesh: Mesh, spans: InMemorySpanExporter) -> None:
     """A request whose metadata holds a traceparent that is not W3C's runs as any
@@ -200,15 +192,6 @@ async def test_a_span_open_at_submit_is_the_tasks_parent(
     assert turn.context.trace_id == app.get_span_context().trace_id
     assert (answer.metadata or {})[tracing.TRACEPARENT] == \
         f"00-{turn.context.trace_id:032x}-{turn.context.span_id:016x}-01"
-
-
-def test_only_w3c_traceparents_are_read() -> None:
-    for value in FORGED:
-        assert tracing.span_context(value) is None, value
-        assert tracing.parent_from({tracing.TRACEPARENT: value}) is None
-    remote = tracing.span_context(PARENT)
-    assert remote is not None and remote.is_remote and remote.trace_flags.sampled
-    assert tracing.parent_from(None) is None and tracing.parent_from({}) is None
 
 
 async def test_without_an_sdk_nothing_is_stored_or_sent(mesh: Mesh) -> None:
