@@ -94,6 +94,7 @@ async def test_a_task_paused_for_a_peer_and_resumed_is_one_trace(
     (claim,) = [s for s in found if s.name == "meshpoint.claim"]
     assert claim.parent is not None and claim.parent.span_id == peer_turn.context.span_id
     assert (claim.attributes or {})["meshpoint.claim.outcome"] == "won"
+    assert (claim.attributes or {})["meshpoint.task_id"] == task_id
     models = [s for s in own if s.name.startswith("chat ")]
     assert len(models) == 2
     for model in models:

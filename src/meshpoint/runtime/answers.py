@@ -73,6 +73,8 @@ class Answers:
             outcome, resolution = await self._claim(sub_task_id, response, result, owner,
                                                     delivery)
             span.set_attribute("meshpoint.claim.outcome", outcome)
+            if resolution is not None:
+                span.set_attribute("meshpoint.task_id", resolution.sub_task.task_id)
         if resolution is not None and resolution.join_complete and \
                 resolution.lease_owner == owner:
             await self.resume(resolution.sub_task.task_id, owner)
