@@ -31,6 +31,7 @@ from meshpoint._retry import retried
 from meshpoint.config import MeshConfig, MetricsConfig
 from meshpoint.errors import BrokerError, MeshpointError, StoreUnavailableError
 from meshpoint.ops.metrics import Metrics, MetricsServer
+from meshpoint.ops.otel import install_tracing, trace_exporters
 from meshpoint.runtime import AgentInstance
 from meshpoint.store import SqlStore
 
@@ -52,9 +53,11 @@ async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None 
     ``runtime.startup_timeout_s`` (hosts restart in any order); a signal meanwhile ends the
     process cleanly. ``metrics`` (else the config's ``metrics:``) serves Prometheus's
     ``/metrics`` there from before the instance takes work (a port in use is a
-    ConfigurationError naming it) until it has drained."""
+    ConfigurationError naming it) until it has drained. ``OTEL_TRACES_EXPORTER`` exports
+    its spans (:mod:`meshpoint.ops.otel`)."""
     metrics = metrics or config.metrics
     agent = config.build_agent(agent_name)
+    exporters = trace_exporters()  # a wrong OTEL_TRACES_EXPORTER stops serve at once
     approvers = config.build_approvers()
     startup_timeout_s = config.runtime.startup_timeout_s
     stop = asyncio.Event()
@@ -71,6 +74,7 @@ async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None 
         try:
             instance = config.instance(agent, store, broker, approvers=approvers,
                                        instance_id=instance_id)
+            tracing = install_tracing(exporters, agent_name, instance.instance_id)
             exporter = None if metrics is None else MetricsServer.start(
                 Metrics(instance), metrics.host, metrics.port)
             try:
@@ -79,6 +83,8 @@ async def serve(config: MeshConfig, agent_name: str, *, instance_id: str | None 
             finally:
                 if exporter is not None:
                     exporter.close()
+                if tracing is not None:
+                    tracing.shutdown()  # the spans still batched are exported
         finally:
             await broker.close()
     finally:

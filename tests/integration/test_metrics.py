@@ -10,8 +10,10 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from meshpoint.ops.metrics import Metrics
+from meshpoint.errors import ConfigurationError
+from meshpoint.ops.metrics import Metrics, MetricsServer
 from meshpoint.runtime import wire
+from meshpoint.store.schema import TASK_STATUSES
 from tests.integration.mesh import Mesh, eventually
 from tests.integration.test_approvals import SideEffects, approving, paused
 from tests.integration.test_runtime import TRIP2, GatedModel, coordinator, kill_mid_turn, simple
@@ -50,6 +52,12 @@ async def test_a_pause_and_a_resume_elsewhere_are_counted_once_each(mesh: Mesh) 
     assert value(paused, "meshpoint_checkpoint_write_seconds_count", **own) == 3
     assert value(paused, "meshpoint_tasks_started_total", **own) == 3
     assert value(paused, "meshpoint_tasks", status="waiting_peers", **own) == 3
+    # Every known status has a sample, 0 included (a series that vanished at 0 would
+    # break a rate or an alert on it).
+    statuses = {dict(labels)["status"]: v for (name, labels), v in paused.items()
+                if name == "meshpoint_tasks" and dict(labels)["agent"] == "coordinator"}
+    assert statuses == {status: 3 if status == "waiting_peers" else 0
+                        for status in TASK_STATUSES}
     assert value(paused, "meshpoint_approvals_pending", **own) == 0
     assert value(paused, "meshpoint_scrape_errors_total") == 0
 
@@ -210,3 +218,32 @@ async def test_a_store_read_that_does_not_answer_in_time_is_a_scrape_error(
     assert value(scraped, "meshpoint_tasks_started_total") == 0  # the rest is served
     assert not [name for name, _ in scraped if name == "meshpoint_tasks"]
     assert value(await scrape(metrics), "meshpoint_scrape_errors_total") == 1
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+@pytest.mark.parametrize(("host", "in_use", "hint"), [
+    ("127.0.0.1", True, "is another process using that port? Give another with "
+                        "--metrics-port"),
+    ("192.0.2.1", False, "'192.0.2.1' is not an address of this host. Give one with "
+                         "--metrics-host"),  # TEST-NET-1: never this host's
+    ("no-such-host.invalid", False, "'no-such-host.invalid' is not an address of this "
+                                    "host. Give one with --metrics-host")],
+    ids=["port-in-use", "not-this-host", "no-such-name"])
+async def test_an_address_that_cannot_be_listened_on_says_why(
+        mesh: Mesh, host: str, in_use: bool, hint: str) -> None:
+    """The error names the address and gives the hint its cause calls for: a port in
+    use is not a host that is not this one's."""
+    (instance,) = await mesh.run(simple("flights"))
+    metrics = Metrics(instance)
+    taken = MetricsServer.start(metrics, "127.0.0.1", 0) if in_use else None
+    try:
+        port = int(taken.url.split(":")[2].split("/")[0]) if taken is not None else 9464
+        with pytest.raises(ConfigurationError) as raised:
+            MetricsServer.start(metrics, host, port)
+        assert f"metrics: cannot listen on {host}:{port} (" in str(raised.value)
+        assert hint in str(raised.value)
+        other = "another process" if not in_use else "not an address of this host"
+        assert other not in str(raised.value)
+    finally:
+        if taken is not None:
+            taken.close()

@@ -14,9 +14,13 @@ events and what most endpoints speak:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from meshpoint._json import dump_bytes, json_copy
+from meshpoint.errors import ContextSerializationError
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,3 +99,29 @@ def ask_again(problems: Sequence[str]) -> str:
     that follows it when it is handed back for repair)."""
     return ("Your reply above could not be used:\n" + "\n".join(f"- {p}" for p in problems)
             + "\nReply again, correcting this.")
+
+
+def unusable(response: ModelResponse) -> list[str]:
+    """What keeps a model's reply out of the task, or nothing: its text and each tool
+    call's arguments must be JSON a checkpoint can store (no NaN or infinity, no
+    integer past 64 bits, no lone surrogate, only JSON types)."""
+    problems = []
+    for what, value in ((f"the arguments of {call.name!r}", call.arguments)
+                        for call in response.tool_calls):
+        try:
+            dump_bytes(json_copy(value, "arguments"))
+        except ContextSerializationError as error:
+            problems.append(f"{what} cannot be used: {error}")
+    try:
+        dump_bytes(json_copy(response.text, "the reply's text"))
+    except ContextSerializationError as error:
+        problems.append(str(error))
+    return problems
+
+
+def shown(response: ModelResponse) -> str:
+    """An unusable reply as text to show the model, its calls' arguments as written."""
+    parts = [response.text] if response.text else []
+    parts += [f"(call {call.name} with arguments {json.dumps(call.arguments, default=repr)})"
+              for call in response.tool_calls]
+    return "\n".join(parts) or "(nothing)"

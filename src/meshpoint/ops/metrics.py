@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import logging
+import socket
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -32,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from meshpoint.errors import ConfigurationError
+from meshpoint.store.schema import TASK_STATUSES
 
 if TYPE_CHECKING:
     from meshpoint.runtime import AgentInstance
@@ -249,11 +252,17 @@ class _ScrapeTime(Collector):
                                     "for a human (status input_required), by agent.",
                                     labels=["agent", "backend"])
         humans: dict[str, int] = {}
-        for (agent, status), n in sorted(stats.paused_tasks.items()):
-            tasks.add_metric([agent, m.backend, status], n)
-            if status == "input_required":
-                humans[agent] = humans.get(agent, 0) + n
-        humans.setdefault(m.agent, 0)
+        counted = dict(stats.paused_tasks)
+        # Every known status of every agent seen, 0 included: a status with no task
+        # is a sample of 0, not a series that vanishes (and a rate that breaks).
+        agents = sorted({m.agent} | {agent for agent, _ in counted})
+        statuses = [*TASK_STATUSES, *sorted({s for _, s in counted} - set(TASK_STATUSES))]
+        for agent in agents:
+            for status in statuses:
+                n = counted.get((agent, status), 0)
+                tasks.add_metric([agent, m.backend, status], n)
+                if status == "input_required":
+                    humans[agent] = humans.get(agent, 0) + n
         for agent, n in sorted(humans.items()):
             waiting.add_metric([agent, m.backend], n)
         yield tasks
@@ -299,8 +308,7 @@ class MetricsServer:
         except OSError as error:
             raise ConfigurationError(
                 f"metrics: cannot listen on {host}:{port} ({error.strerror or error}); "
-                "is another process using that port? Give another with --metrics-port "
-                "or the config's metrics: port") from None
+                f"{listen_hint(error, host)}") from None
         shown = f"[{host}]" if ":" in host else host
         url = f"http://{shown}:{server.server_port}/metrics"
         logger.info("%s: metrics at %s", metrics.instance.instance_id, url)
@@ -310,3 +318,17 @@ class MetricsServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5.0)
+
+
+def listen_hint(error: OSError, host: str) -> str:
+    """What to do about an address the metrics server could not listen on, by why."""
+    port_hint = "Give another with --metrics-port or the config's metrics: port"
+    if error.errno == errno.EADDRINUSE:
+        return f"is another process using that port? {port_hint}"
+    if error.errno == errno.EACCES:
+        return f"a port below 1024 needs privileges this process lacks. {port_hint}"
+    if isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL:
+        return (f"{host!r} is not an address of this host. Give one with --metrics-host "
+                "or the config's metrics: host (127.0.0.1, the default, or 0.0.0.0 for "
+                "every interface)")
+    return "check --metrics-host and --metrics-port (or the config's metrics:)"

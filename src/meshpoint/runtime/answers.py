@@ -35,11 +35,14 @@ from meshpoint.runtime.outages import Outages
 from meshpoint.runtime.scope import Scope
 from meshpoint.runtime.stats import InstanceStats
 from meshpoint.runtime.tasks import DeadLetters, InHand, LeaseOwners
+from meshpoint.store.results import Resolution
 
 logger = logging.getLogger("meshpoint.runtime")
 #: How long an answer no task of this instance's tenant and agent waits for is held
 #: back before its next delivery.
 UNPLACED_RETRY_S = 1.0
+#: An answer this instance did not take (left for redelivery, or dead-lettered).
+NOT_TAKEN: tuple[str, None] = ("not_taken", None)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,22 @@ class Answers:
             await self._refresh_deadline(sub_task_id, response, delivery)
             return
         owner = self.owners.next()
+        with self.scope.tracing.claim(sub_task_id, _metadata_of(response)) as span:
+            outcome, resolution = await self._claim(sub_task_id, response, result, owner,
+                                                    delivery)
+            span.set_attribute("meshpoint.claim.outcome", outcome)
+            if resolution is not None:
+                span.set_attribute("meshpoint.task_id", resolution.sub_task.task_id)
+        if resolution is not None and resolution.join_complete and \
+                resolution.lease_owner == owner:
+            await self.resume(resolution.sub_task.task_id, owner)
+
+    async def _claim(self, sub_task_id: str, response: a2a.SuccessResponse | a2a.ErrorResponse,
+                     result: dict[str, Any], owner: str,
+                     delivery: Delivery) -> tuple[str, Resolution | None]:
+        """Resolve the sub-task with ``result`` in the store: ``won`` and its resolution,
+        ``late`` (its task moved on), or ``not_taken`` (left for redelivery or
+        dead-lettered)."""
         try:
             resolution = await self.outages.outlast(delivery, lambda: (
                 self.scope.store.resolve_peer_sub_task(sub_task_id, result, lease_owner=owner,
@@ -75,7 +94,7 @@ class Answers:
             # Sent to this agent's subject, for another agent's task: nobody else ever
             # takes it from here, and nothing of it was written.
             await self.dead_letters.reject(delivery, BadMessageError(str(error)))
-            return
+            return NOT_TAKEN
         except UnknownSubTaskError:
             try:
                 late = await self._names_a_known_task(response, delivery)
@@ -83,29 +102,28 @@ class Answers:
                 logger.warning("%s: could not look for the task of answer %s (%s); "
                                "retrying later", self.scope.instance_id, sub_task_id, error)
                 await delivery.nak(1.0)
-                return
+                return NOT_TAKEN
             if not late:
                 await self._leave_for_its_owner(sub_task_id, response, delivery)
-                return
+                return NOT_TAKEN
             resolution = None  # its task ended, or moved on: a late answer
         except StoreError as error:
             logger.warning("%s: could not record the answer to %s (%s); retrying later",
                            self.scope.instance_id, sub_task_id, error)
             await delivery.nak(1.0)
-            return
+            return NOT_TAKEN
         # The resolution is committed: only now may the message go.
         await delivery.ack()
         if resolution is None:
             self.stats.note("ignored_answer", sub_task_id)
-            return
+            return "late", None
         self.stats.note("answer_claimed", sub_task_id, journal=False)
         self.stats.log("protocol_receive", resolution.sub_task.task_id, step="answer",
                        input={"sub_task_id": sub_task_id,
                               "peer": resolution.sub_task.peer_agent_name,
                               "completed": resolution.completed, "total": resolution.total},
                        message=response)
-        if resolution.join_complete and resolution.lease_owner == owner:
-            await self.resume(resolution.sub_task.task_id, owner)
+        return "won", resolution
 
     async def _names_a_known_task(self, response: a2a.SuccessResponse | a2a.ErrorResponse,
                                   delivery: Delivery) -> bool:
@@ -193,6 +211,13 @@ class Answers:
             await self.dead_letters.reject(delivery, error)
             return None
         return sub_task_id, response
+
+
+def _metadata_of(response: a2a.SuccessResponse | a2a.ErrorResponse) -> dict[str, Any] | None:
+    """An answer's metadata (its ``traceparent``: the span that sent it)."""
+    metadata = getattr(response.result, "metadata", None) \
+        if isinstance(response, a2a.SuccessResponse) else None
+    return metadata if isinstance(metadata, dict) else None
 
 
 def _context_of(response: a2a.SuccessResponse | a2a.ErrorResponse) -> str | None:

@@ -34,6 +34,7 @@ from meshpoint.errors import (
     UnknownSubTaskError,
     UnknownTaskError,
 )
+from meshpoint.ops.tracing import PAUSED_SPAN, failed, traceparent
 from meshpoint.runtime.calls import CallKinds
 from meshpoint.runtime.memory import MemoryPath
 from meshpoint.runtime.scope import Scope
@@ -86,22 +87,28 @@ class PauseBoundary:
         started = time.perf_counter()
         status = self.kinds.pause_status([ctx.active_peer_sub_tasks[s] for s in sub_task_ids])
         self.annotate(ctx)
-        # Shielded so that a write still in flight when this instance is killed is
-        # counted once it commits (it commits either way: it runs in the database).
-        write = asyncio.ensure_future(self.scope.store.checkpoint_task(
-            ctx, self.scope.agent_name, status=status, lease_owner=run.lease_owner))
-        write.add_done_callback(self._count_checkpoint)
-        try:
-            await asyncio.shield(write)
-        except (CheckpointConflictError, LeaseNotHeldError, UnknownTaskError) as error:
-            await self._refused(run, error)
-            return True
-        except StoreError as error:
-            logger.warning("%s: checkpoint of %s failed (%s); it waits in memory",
-                           self.scope.instance_id, ctx.task_id, error)
-            run.maybe_stored = run.lease_owner is None and isinstance(
-                error, StoreUnavailableError)
-            return False
+        with self.scope.tracing.checkpoint(ctx.task_id, "pause", status) as span:
+            # The resumed turn links to this span, wherever it runs.
+            if (paused_span := traceparent(span)) is not None:
+                ctx.flags[PAUSED_SPAN] = paused_span
+            # Shielded so that a write still in flight when this instance is killed is
+            # counted once it commits (it commits either way: it runs in the database).
+            write = asyncio.ensure_future(self.scope.store.checkpoint_task(
+                ctx, self.scope.agent_name, status=status, lease_owner=run.lease_owner))
+            write.add_done_callback(self._count_checkpoint)
+            try:
+                await asyncio.shield(write)
+            except (CheckpointConflictError, LeaseNotHeldError, UnknownTaskError) as error:
+                span.set_attribute("meshpoint.checkpoint.refused", type(error).__name__)
+                await self._refused(run, error)
+                return True
+            except StoreError as error:
+                logger.warning("%s: checkpoint of %s failed (%s); it waits in memory",
+                               self.scope.instance_id, ctx.task_id, error)
+                failed(span, error)
+                run.maybe_stored = run.lease_owner is None and isinstance(
+                    error, StoreUnavailableError)
+                return False
         write_s = time.perf_counter() - started
         self.stats.checkpoint_ms.append(write_s * 1000)
         self.stats.note("paused", ctx.task_id, status=status, items=sub_task_ids,

@@ -46,6 +46,7 @@ from meshpoint.errors import (
     UnknownTaskError,
     WaitTimeoutError,
 )
+from meshpoint.ops.tracing import with_traceparent
 from meshpoint.runtime import wire
 from meshpoint.runtime.approvers import ApproverKey
 from meshpoint.runtime.decisions import Answer, Approve, Deny, Proposed, Reply
@@ -132,7 +133,8 @@ class Client:
         self._waiters.setdefault(request_id, asyncio.get_running_loop().create_future())
         self._agents[request_id] = agent
         await self.broker.publish(
-            self.subjects.request(agent), wire.send_request(request_id, text),
+            self.subjects.request(agent), wire.send_request(
+                request_id, text, metadata=with_traceparent({}) or None),
             wire.reply_headers(f"{self._prefix}.response.{request_id}",
                                f"{self._prefix}.status.{request_id}"))
         return request_id

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from meshpoint import a2a
 from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import LeaseNotHeldError, StoreError, TaskBlockedError, UnknownTaskError
+from meshpoint.ops.tracing import with_traceparent
 from meshpoint.runtime import wire
 from meshpoint.runtime.calls import CallKinds
 from meshpoint.runtime.scope import Scope
@@ -152,8 +153,9 @@ class Endings:
         # One final answer per task: a turn re-run after a take-over (the first run
         # answered, then died before its cleanup) publishes the same msg_id, which the
         # broker drops within its dedupe window.
-        metadata = {"token_usage": ctx.token_usage.to_dict(), "agent": self.scope.agent_name,
-                    "instance": self.scope.instance_id}
+        metadata = with_traceparent({"token_usage": ctx.token_usage.to_dict(),
+                                     "agent": self.scope.agent_name,
+                                     "instance": self.scope.instance_id})
         if state in FAILURES:  # the reason, as a field (the status message has it too)
             metadata["meshpoint_error"] = text
         answered_state = ctx.flags.get(ANSWER_STATE_FLAG)

@@ -40,6 +40,7 @@ from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import BadMessageError, StoreError
 from meshpoint.events.log import EventJournal, EventStore
 from meshpoint.history.planning import request_digest
+from meshpoint.ops.tracing import TRACEPARENT, Tracing, span_context
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent, RuntimeOptions, check_name
 from meshpoint.runtime.alerts import Alerts
@@ -88,7 +89,8 @@ def call_kinds(agent: Agent, broker: Broker, subjects: Subjects, stats: Instance
                                     approvers=approvers, tenant=subjects.tenant),
             (StageCalls if agent.workflow is not None else PeerCalls)(
                 agent=agent, broker=broker, subjects=subjects, announce_check_s=announce_check(
-                    broker, (options or RuntimeOptions()).announce_check_s)),
+                    broker, (options or RuntimeOptions()).announce_check_s),
+                tracing=stats.tracing),
             LocalTools(agent=agent)]
 
 
@@ -123,9 +125,10 @@ class AgentInstance:
                                              f"{agent.name}-{wire.new_id()[:8]}")
         # Every part gets the one scope, and only parts built before it: no part is
         # given a reference to one built after it (docs/runtime.md draws them).
+        tracing = Tracing(agent.name, name, str(getattr(store, "dialect", "")))
         scope = Scope(agent_name=agent.name, instance_id=name, store=store, broker=broker,
-                      options=options)
-        self.stats = stats = InstanceStats(name)
+                      options=options, tracing=tracing)
+        self.stats = stats = InstanceStats(name, tracing=tracing)
         #: The agent's event log, if it keeps one (Agent(events=True)).
         self.events = EventStore(store) if agent.events else None
         if self.events is not None:
@@ -407,6 +410,9 @@ class AgentInstance:
         state = ((message.metadata or {}).get(METADATA_KEY) or {}).get("state")
         if isinstance(state, dict):
             ctx.a2a_context[STATE_KEY] = state  # for its system prompt's placeholders
+        parent = (message.metadata or {}).get(TRACEPARENT)
+        if span_context(parent) is not None:  # the caller's span; else a trace of its own
+            ctx.a2a_context[TRACEPARENT] = parent
         ctx.append_session_event({"role": "user", "content": message.text})
         ctx.history = self.agent.history_annotations()
         self.stats.log("protocol_receive", task_id, step="request", message=request)

@@ -80,9 +80,11 @@ class MidTurn:
                      mark: tuple[int, int, int]) -> bool:
         ctx = run.ctx
         try:
-            await self.scope.store.checkpoint_task(
-                ctx, self.scope.agent_name, status="working", lease_owner=None if first else owner,
-                holder=owner, hold_lease_s=self.scope.lease_ttl_s)
+            with self.scope.tracing.checkpoint(ctx.task_id, "mid_turn", "working"):
+                await self.scope.store.checkpoint_task(
+                    ctx, self.scope.agent_name, status="working",
+                    lease_owner=None if first else owner, holder=owner,
+                    hold_lease_s=self.scope.lease_ttl_s)
         except (CheckpointConflictError, LeaseNotHeldError, UnknownTaskError) as error:
             logger.info("%s: dropping task %s: %s", self.scope.instance_id, ctx.task_id, error)
             self.stats.note("dropped", ctx.task_id)

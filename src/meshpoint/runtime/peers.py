@@ -14,13 +14,14 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from meshpoint.broker.base import Broker
 from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import MeshpointError
 from meshpoint.llm.base import ToolCall
+from meshpoint.ops.tracing import Tracing, with_traceparent
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent
 from meshpoint.runtime.calls import Item, Opened
@@ -55,6 +56,8 @@ class PeerCalls:
     #: again (the sweeper's announcement check); None: never (a broker without a
     #: dedupe window, or a check that would fall outside it).
     announce_check_s: float | None = None
+    #: The instance's spans: each request sent is one (``invoke_agent <peer>``).
+    tracing: Tracing = field(default_factory=Tracing)
 
     def handles(self, call: ToolCall) -> bool:
         return self.agent.peer_for_tool(call.name) is not None
@@ -77,7 +80,8 @@ class PeerCalls:
             "reply_to": self.subjects.response(name, sub_task_id),
             "status_to": self.subjects.status(name, sub_task_id),
             **({} if self.announce_check_s is None else
-               {"announce_check_s": self.announce_check_s})})
+               {"announce_check_s": self.announce_check_s}),
+            **with_traceparent({})})  # the turn's: the request's span is its child
         return Opened(sub_task_id=sub_task_id)
 
     async def announce(self, ctx: TaskExecutionContext, items: Sequence[Item], *,
@@ -111,16 +115,18 @@ class PeerCalls:
 
     async def _publish(self, task_id: str, sub_task_id: str, correlation: dict[str, Any], *,
                        inbox: str | None) -> None:
-        await self.broker.publish(
-            self.subjects.request(correlation["peer_agent_name"]),
-            wire.send_request(sub_task_id, correlation["query"], metadata={
-                **(correlation.get("metadata") or {}),
-                "meshpoint_caller": {"agent": self.agent.name, "task_id": task_id}},
-                context_id=task_id),
-            wire.reply_headers(correlation["reply_to"], correlation["status_to"]),
-            # Announced again (a redelivered request's run, an announcement check),
-            # it is dropped by the broker; addressed to an inbox, it is another message.
-            msg_id=wire.request_msg_id(sub_task_id) if inbox is None else None)
+        peer = correlation["peer_agent_name"]
+        with self.tracing.peer_call(task_id, peer, sub_task_id, correlation) as span:
+            await self.broker.publish(
+                self.subjects.request(peer),
+                wire.send_request(sub_task_id, correlation["query"], metadata=with_traceparent({
+                    **(correlation.get("metadata") or {}),
+                    "meshpoint_caller": {"agent": self.agent.name, "task_id": task_id}},
+                    span), context_id=task_id),
+                wire.reply_headers(correlation["reply_to"], correlation["status_to"]),
+                # Announced again (a redelivered request's run, an announcement check), it
+                # is dropped by the broker; addressed to an inbox, it is another message.
+                msg_id=wire.request_msg_id(sub_task_id) if inbox is None else None)
 
     async def withdraw(self, sub_task_id: str, correlation: dict[str, Any]) -> None:
         """Send ``tasks/cancel`` to the peer, naming the peer's own task: the id it

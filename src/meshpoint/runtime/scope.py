@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from meshpoint.broker.base import Broker
+from meshpoint.ops.tracing import Tracing
 from meshpoint.runtime.agent import RuntimeOptions
 from meshpoint.store.base import Store
 
@@ -33,6 +34,9 @@ class Scope:
     options: RuntimeOptions
     #: Wall-clock time in epoch seconds (when a task paused, how long it waited).
     clock: Callable[[], float] = field(default=time.time)
+    #: The spans of this instance's tasks (OpenTelemetry's API: no-ops until the
+    #: application configures an SDK).
+    tracing: Tracing = field(default_factory=Tracing)
 
     @property
     def lease_ttl_s(self) -> float:

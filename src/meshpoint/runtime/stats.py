@@ -9,6 +9,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from meshpoint.ops.tracing import Tracing
+
 #: Recent events and latency samples kept per instance: a long-running instance
 #: must not grow with the number of tasks it has seen.
 KEEP = 10_000
@@ -82,6 +84,8 @@ class InstanceStats:
     #: and the breaker watch them: :mod:`meshpoint.runtime.alerts`). A watcher must
     #: not block: it schedules what it does.
     watchers: list[Callable[[str, str, dict[str, Any]], None]] = field(default_factory=list)
+    #: The instance's spans (a local tool's run is one).
+    tracing: Tracing = field(default_factory=Tracing)
 
     def note(self, what: str, task_id: str, *, journal: bool = True, **detail: Any) -> None:
         """Count ``what`` happened to ``task_id`` (and log it, with ``detail``, unless
@@ -112,7 +116,8 @@ class InstanceStats:
         self.log("step_start", task_id, step=step,
                  input={"call_id": call_id, "arguments": arguments})
         started = time.perf_counter()
-        result = await run()
+        with self.tracing.tool_call(task_id, tool, call_id):
+            result = await run()
         self.log("step_complete", task_id, step=step, output=output(result),
                  state={"duration_ms": ms_since(started)})
         return result

@@ -24,10 +24,9 @@ from operator import attrgetter
 from typing import Any, Protocol
 
 from meshpoint import a2a
-from meshpoint._json import dump_bytes, json_copy
+from meshpoint._json import dump_bytes
 from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import (
-    ContextSerializationError,
     InvalidArgumentError,
     KeyMissingError,
     LeaseNotHeldError,
@@ -39,7 +38,8 @@ from meshpoint.errors import (
 )
 from meshpoint.events.log import EventStore
 from meshpoint.history.planning import request_digest
-from meshpoint.llm.base import ModelResponse, ask_again
+from meshpoint.llm.base import ModelResponse, ask_again, shown, unusable
+from meshpoint.ops.tracing import model_usage
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent
 from meshpoint.runtime.calls import CallKinds, turn_calls
@@ -284,10 +284,16 @@ class TurnLoop:
         self.background.spawn(self.drive(run, in_round=True))
 
     async def drive(self, run: TaskRun, *, in_round: bool = False) -> None:
-        """Run turns until the task ends or pauses. Failures end the task as ``failed``.
-        ``in_round``: the task continues the round of calls it was in (its join
-        completed, or it was checkpointed mid-turn): the calls not yet made are made,
-        then the results are settled and given to the conversation."""
+        """Run turns until the task ends or pauses (one span: ops/tracing.py). Failures
+        end the task as ``failed``. ``in_round``: the task continues the round of calls
+        it was in (its join completed, or it was checkpointed mid-turn): the calls not
+        yet made are made, then the results are settled and given to the conversation."""
+        ctx = run.ctx
+        with self.scope.tracing.turn(ctx.a2a_context, ctx.flags, ctx.task_id,
+                                     resumed=in_round):
+            await self._drive(run, in_round=in_round)
+
+    async def _drive(self, run: TaskRun, *, in_round: bool) -> None:
         ctx = run.ctx
         policy = self.agent.checkpoint
         try:
@@ -300,8 +306,9 @@ class TurnLoop:
                 verdict = next((v for check in self.checks
                                 if (v := check.before_model_call(ctx)) is not None), None)
                 if isinstance(verdict, HandOff) and self.handoffs is not None:
-                    if await self.handoffs.hand_off(run, verdict):
-                        return
+                    with self.scope.tracing.handoff(ctx.task_id, verdict.trigger):
+                        if await self.handoffs.hand_off(run, verdict):
+                            return
                 elif isinstance(verdict, End):
                     await self.ends.finish(run, verdict.state, verdict.text)
                     return
@@ -367,7 +374,10 @@ class TurnLoop:
         problems: list[str] = []
         try:
             for _ in range(1 + REPAIR_ATTEMPTS):
-                response = await agent.model.complete(messages + feedback, agent.tool_specs)
+                with self.scope.tracing.model_call(ctx.task_id, agent.model.name) as span:
+                    response = await agent.model.complete(messages + feedback, agent.tool_specs)
+                    model_usage(span, response.model, response.usage.prompt_tokens,
+                                response.usage.completion_tokens)
                 self._count_tokens(ctx, response, sent=None if feedback else messages)
                 problems = unusable(response)
                 if not problems:
@@ -510,32 +520,6 @@ class TurnLoop:
         if restore_s is not None:
             detail["restore_s"] = restore_s
         self.stats.note("resumed", ctx.task_id, **detail)
-
-
-def unusable(response: ModelResponse) -> list[str]:
-    """What keeps a model's reply out of the task, or nothing: its text and each tool
-    call's arguments must be JSON a checkpoint can store (no NaN or infinity, no
-    integer past 64 bits, no lone surrogate, only JSON types)."""
-    problems = []
-    for what, value in ((f"the arguments of {call.name!r}", call.arguments)
-                        for call in response.tool_calls):
-        try:
-            dump_bytes(json_copy(value, "arguments"))
-        except ContextSerializationError as error:
-            problems.append(f"{what} cannot be used: {error}")
-    try:
-        dump_bytes(json_copy(response.text, "the reply's text"))
-    except ContextSerializationError as error:
-        problems.append(str(error))
-    return problems
-
-
-def shown(response: ModelResponse) -> str:
-    """An unusable reply as text to show the model, its calls' arguments as written."""
-    parts = [response.text] if response.text else []
-    parts += [f"(call {call.name} with arguments {json.dumps(call.arguments, default=repr)})"
-              for call in response.tool_calls]
-    return "\n".join(parts) or "(nothing)"
 
 
 def conversation(agent: Agent, ctx: TaskExecutionContext) -> list[dict[str, Any]]:
