@@ -78,11 +78,27 @@ def test_the_standard_service_name_wins(installed: list[Any],
         provider.shutdown()
 
 
-def test_an_otlp_protocol_not_supported_is_named(installed: list[Any]) -> None:
-    with pytest.raises(ConfigurationError, match=r"OTLP protocol 'http/json' is not supported; "
-                       r"expected one of: grpc, http/protobuf"):
-        configure_tracing("a", "a-1", {"OTEL_TRACES_EXPORTER": "otlp",
-                                       "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"})
+@pytest.mark.parametrize("variable", ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                                      "OTEL_EXPORTER_OTLP_PROTOCOL"])
+def test_an_otlp_protocol_not_supported_names_its_variable(installed: list[Any],
+                                                           variable: str) -> None:
+    with pytest.raises(ConfigurationError, match=rf"tracing: {variable}='http/json' is not an "
+                       r"OTLP protocol meshpoint supports; expected one of: grpc, http/protobuf"):
+        configure_tracing("a", "a-1", {"OTEL_TRACES_EXPORTER": "otlp", variable: "http/json"})
+    assert installed == []
+
+
+def test_the_variables_values_are_case_insensitive(installed: list[Any]) -> None:
+    """As the specification says of its enumerations: ``OTLP``, ``HTTP/Protobuf``."""
+    assert exporter_names({"OTEL_TRACES_EXPORTER": "OTLP, Console"}) == ["otlp", "console"]
+    assert exporter_names({"OTEL_TRACES_EXPORTER": "None"}) == []
+    provider = configure_tracing("a", "a-1", {"OTEL_TRACES_EXPORTER": "OTLP",
+                                              "OTEL_EXPORTER_OTLP_PROTOCOL": "HTTP/Protobuf"})
+    try:
+        (processor,) = provider._active_span_processor._span_processors
+        assert type(processor.span_exporter) is http.OTLPSpanExporter
+    finally:
+        provider.shutdown()
 
 
 def test_an_exporter_not_installed_is_named(installed: list[Any]) -> None:

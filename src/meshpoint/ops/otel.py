@@ -34,7 +34,9 @@ def exporter_names(environ: Mapping[str, str] | None = None) -> list[str]:
     env = os.environ if environ is None else environ
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return []
-    names = [n.strip() for n in env.get("OTEL_TRACES_EXPORTER", "").split(",") if n.strip()]
+    # The specification's values are case-insensitive; entry points are lower case.
+    names = [n.strip().lower() for n in env.get("OTEL_TRACES_EXPORTER", "").split(",")
+             if n.strip()]
     return [] if names in ([], ["none"]) else [n for n in names if n != "none"]
 
 
@@ -99,11 +101,13 @@ def configure_tracing(agent: str, instance_id: str,
 def _otlp(env: Mapping[str, str]) -> str:
     """The exporter ``otlp`` means: by ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` (or
     ``OTEL_EXPORTER_OTLP_PROTOCOL``), ``grpc`` (the default) or ``http/protobuf``."""
-    protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc").strip()
-    exporter = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}.get(protocol)
+    variable = next((v for v in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                                 "OTEL_EXPORTER_OTLP_PROTOCOL") if env.get(v, "").strip()), None)
+    protocol = env[variable].strip() if variable is not None else "grpc"
+    exporter = {"grpc": "otlp_proto_grpc",
+                "http/protobuf": "otlp_proto_http"}.get(protocol.lower())
     if exporter is None:
         raise ConfigurationError(
-            f"tracing: OTLP protocol {protocol!r} is not supported; expected one of: "
-            "grpc, http/protobuf")
+            f"tracing: {variable}={protocol!r} is not an OTLP protocol meshpoint supports; "
+            "expected one of: grpc, http/protobuf")
     return exporter
