@@ -13,9 +13,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from meshpoint import a2a
+from meshpoint.ops.tracing import TRACEPARENT
 from meshpoint.runtime import Agent, SequentialAgent
-from tests.integration.mesh import Mesh, eventually
+from tests.integration.mesh import ManualPeer, Mesh, eventually
 from tests.integration.test_approvals import SideEffects, approving, paused
+from tests.integration.test_runtime import coordinator
 from tests.integration.test_tracing import of_task, spans  # noqa: F401 (a fixture)
 from tests.integration.test_workflows import Said
 
@@ -91,3 +93,26 @@ async def test_a_workflows_stages_are_one_trace(mesh: Mesh,
         assert turn.parent is not None and turn.parent.span_id == request.context.span_id
     said = everything_said(found)
     assert "4711" not in said and "DE89" not in said and "9021" not in said, said
+
+
+async def test_an_answer_sent_outside_a_turn_names_the_tasks_trace_parent(
+        mesh: Mesh, spans: InMemorySpanExporter) -> None:  # noqa: F811
+    """A task paused for a peer is canceled: its answer is sent by the cancel, in no
+    turn, and names the task's trace parent (its first turn), so that whoever claims
+    it stays in the task's trace."""
+    await mesh.run(coordinator("flights"))
+    peer = await ManualPeer(mesh, "flights").start()
+    rid = await mesh.client.submit("coordinator", "Trip: flights to Lisbon")
+    await eventually(lambda: len(peer.requests) == 1, what="the peer request")
+    task_id = mesh.client.task_id("coordinator", rid)
+    await eventually(lambda: any(s.name == "meshpoint.turn"
+                                 for s in spans.get_finished_spans()), what="the first turn")
+    (turn,) = [s for s in of_task(spans.get_finished_spans(), task_id)
+               if s.name == "meshpoint.turn"]
+    await mesh.client.cancel("coordinator", task_id)
+    answer = await mesh.client.wait(rid, timeout_s=10)
+    assert answer.status.state is a2a.TaskState.CANCELED, answer
+    assert [s.name for s in of_task(spans.get_finished_spans(), task_id)
+            if s.name == "meshpoint.turn"] == ["meshpoint.turn"]  # sent outside a turn
+    assert (answer.metadata or {})[TRACEPARENT] == \
+        f"00-{turn.context.trace_id:032x}-{turn.context.span_id:016x}-{turn.context.trace_flags:02x}"

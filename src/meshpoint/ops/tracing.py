@@ -78,9 +78,15 @@ def traceparent(span: Span | None = None) -> str | None:
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
 
 
-def with_traceparent(metadata: dict[str, Any], span: Span | None = None) -> dict[str, Any]:
-    """``metadata`` with ``span``'s (the current span's) ``traceparent``, if any."""
+def with_traceparent(metadata: dict[str, Any], span: Span | None = None, *,
+                     otherwise: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``metadata`` with ``span``'s (the current span's) ``traceparent``, if any; else
+    with the valid ``traceparent`` of ``otherwise`` (a task's ``a2a_context``: what is
+    sent outside its turns, a cancel's or the sweeper's answer, stays in its trace)."""
     value = traceparent(span)
+    if value is None and otherwise is not None and \
+            span_context(kept := otherwise.get(TRACEPARENT)) is not None:
+        value = kept
     if value is not None:
         metadata[TRACEPARENT] = value
     return metadata

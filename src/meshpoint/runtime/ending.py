@@ -153,9 +153,12 @@ class Endings:
         # One final answer per task: a turn re-run after a take-over (the first run
         # answered, then died before its cleanup) publishes the same msg_id, which the
         # broker drops within its dedupe window.
+        # Sent by the task's last turn, or outside any turn (a cancel of a stored task,
+        # the sweeper's end): then the task's trace parent, so the claim stays in its trace.
         metadata = with_traceparent({"token_usage": ctx.token_usage.to_dict(),
                                      "agent": self.scope.agent_name,
-                                     "instance": self.scope.instance_id})
+                                     "instance": self.scope.instance_id},
+                                    otherwise=ctx.a2a_context)
         if state in FAILURES:  # the reason, as a field (the status message has it too)
             metadata["meshpoint_error"] = text
         answered_state = ctx.flags.get(ANSWER_STATE_FLAG)
