@@ -19,7 +19,7 @@ PARENT = f"00-{TRACE}-00f067aa0ba902b7-01"
 FORGED = ["garbage", 42, {"trace_id": TRACE}, f"00-{'0' * 32}-00f067aa0ba902b7-01",
           f"00-{TRACE}-{'0' * 16}-01", f"ff-{TRACE}-00f067aa0ba902b7-01",
           f"00-{TRACE.upper()}-00f067aa0ba902b7-01", f"00-{TRACE}-00f067aa0ba902b7-01-x",
-          PARENT + "9" * 10_000]
+          PARENT + "9" * 10_000, f"01-{TRACE}-00f067aa0ba902b7-01x"]
 
 
 @pytest.mark.parametrize("value", FORGED, ids=range(len(FORGED)))
@@ -34,6 +34,15 @@ def test_a_w3c_traceparent_names_a_remote_parent() -> None:
     assert f"{remote.trace_id:032x}" == TRACE
     assert tracing.span_context(PARENT[:-2] + "00").trace_flags.sampled is False  # type: ignore[union-attr]
     assert tracing.parent_from(None) is None and tracing.parent_from({}) is None
+
+
+def test_a_task_keeps_a_callers_traceparent_in_version_00s_form() -> None:
+    """A later version may carry more after a dash (W3C): what the task keeps and
+    stores is the 55 characters of the span it names, nothing the caller added."""
+    later = f"01-{TRACE}-00f067aa0ba902b7-01-{'x' * 400}"
+    assert tracing.kept(later) == PARENT
+    assert tracing.kept(PARENT) == PARENT
+    assert all(tracing.kept(value) is None for value in FORGED)
 
 
 def test_the_trace_context_goes_through_the_checkpoint_document() -> None:

@@ -55,11 +55,20 @@ def span_context(value: Any) -> SpanContext | None:
     if not isinstance(value, str) or len(value) > 512:
         return None
     match = _FORMAT.match(value)
-    if match is None or match.group(1) == "ff" or (match.group(1) == "00" and len(value) != 55):
+    # Version 00 is exactly 55 characters; a later one may go on, after a dash.
+    if match is None or match.group(1) == "ff" or (
+            len(value) != 55 and (match.group(1) == "00" or value[55] != "-")):
         return None
     context = SpanContext(int(match.group(2), 16), int(match.group(3), 16), is_remote=True,
                           trace_flags=TraceFlags(int(match.group(4), 16) & 0x01))
     return context if context.is_valid else None
+
+
+def kept(value: Any) -> str | None:
+    """The ``traceparent`` a task keeps of a caller's ``value``: W3C's version 00 form of
+    the span it names (55 characters, whatever the caller sent), or None."""
+    remote = span_context(value)
+    return None if remote is None else traceparent(NonRecordingSpan(remote))
 
 
 def parent_from(carrier: Mapping[str, Any] | None) -> Context | None:
@@ -85,8 +94,8 @@ def with_traceparent(metadata: dict[str, Any], span: Span | None = None, *,
     sent outside its turns, a cancel's or the sweeper's answer, stays in its trace)."""
     value = traceparent(span)
     if value is None and otherwise is not None and \
-            span_context(kept := otherwise.get(TRACEPARENT)) is not None:
-        value = kept
+            span_context(stored := otherwise.get(TRACEPARENT)) is not None:
+        value = stored
     if value is not None:
         metadata[TRACEPARENT] = value
     return metadata

@@ -40,7 +40,7 @@ from meshpoint.context import TaskExecutionContext
 from meshpoint.errors import BadMessageError, StoreError
 from meshpoint.events.log import EventJournal, EventStore
 from meshpoint.history.planning import request_digest
-from meshpoint.ops.tracing import TRACEPARENT, Tracing, span_context
+from meshpoint.ops.tracing import TRACEPARENT, Tracing, kept
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent, RuntimeOptions, check_name
 from meshpoint.runtime.alerts import Alerts
@@ -410,8 +410,8 @@ class AgentInstance:
         state = ((message.metadata or {}).get(METADATA_KEY) or {}).get("state")
         if isinstance(state, dict):
             ctx.a2a_context[STATE_KEY] = state  # for its system prompt's placeholders
-        parent = (message.metadata or {}).get(TRACEPARENT)
-        if span_context(parent) is not None:  # the caller's span; else a trace of its own
+        parent = kept((message.metadata or {}).get(TRACEPARENT))
+        if parent is not None:  # the caller's span; else a trace of its own
             ctx.a2a_context[TRACEPARENT] = parent
         ctx.append_session_event({"role": "user", "content": message.text})
         ctx.history = self.agent.history_annotations()
