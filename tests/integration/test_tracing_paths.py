@@ -1,7 +1,8 @@
 """Traces of the paths test_tracing.py leaves out (docs/operations.md, "Traces"): a task
 that waits for a human's approval and one that runs a workflow's stages are each one
-trace; and no span carries what the task says (its request, a tool's arguments, a
-model's reply), which an operator's collector must not receive."""
+trace; an answer sent outside a turn stays in it; a failed task's turn is failed; and
+no span carries what the task says (its request, a tool's arguments, a model's reply),
+which an operator's collector must not receive."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Iterable
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 
 from meshpoint import a2a
 from meshpoint.ops.tracing import TRACEPARENT
@@ -19,7 +20,7 @@ from tests.integration.mesh import ManualPeer, Mesh, eventually
 from tests.integration.test_approvals import SideEffects, approving, paused
 from tests.integration.test_runtime import coordinator
 from tests.integration.test_tracing import of_task, spans  # noqa: F401 (a fixture)
-from tests.integration.test_workflows import Said
+from tests.integration.test_workflows import Broken, Said
 
 #: What the task says, written where a careless span would copy it.
 SECRET = "Wire 4711 EUR to IBAN DE89370400440532013000, PIN 9021"
@@ -116,3 +117,19 @@ async def test_an_answer_sent_outside_a_turn_names_the_tasks_trace_parent(
             if s.name == "meshpoint.turn"] == ["meshpoint.turn"]  # sent outside a turn
     assert (answer.metadata or {})[TRACEPARENT] == \
         f"00-{turn.context.trace_id:032x}-{turn.context.span_id:016x}-{turn.context.trace_flags:02x}"
+
+
+async def test_the_turn_of_a_task_that_failed_is_failed(
+        mesh: Mesh, spans: InMemorySpanExporter) -> None:  # noqa: F811
+    """A task whose model fails ends ``failed``: its turn's status is an error (the
+    model call's too, the exception escaping it), so a trace shows the failed task."""
+    await mesh.run(Agent("solo", Broken()))
+    answer = await mesh.client.ask("solo", "hello", timeout_s=10)
+    assert answer.status.state is a2a.TaskState.FAILED, answer
+    await eventually(lambda: any(s.name == "meshpoint.turn"
+                                 for s in spans.get_finished_spans()), what="the turn")
+    (turn,) = [s for s in spans.get_finished_spans() if s.name == "meshpoint.turn"]
+    (call,) = [s for s in spans.get_finished_spans() if s.name == "chat broken"]
+    for span in (turn, call):
+        assert span.status.status_code is StatusCode.ERROR, span.name
+        assert span.status.description == "RuntimeError: the model is down"

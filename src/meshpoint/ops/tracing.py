@@ -222,6 +222,13 @@ def model_usage(span: Span, model: str | None, input_tokens: int | None,
         span.set_attribute("gen_ai.usage.output_tokens", output_tokens)
 
 
+def task_failed(error: BaseException) -> None:
+    """Mark the current span (the turn whose task ``error`` ends as failed) failed."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        failed(span, error)
+
+
 def failed(span: Span, error: BaseException) -> None:
     """Mark ``span`` failed with ``error`` (one that was handled, not raised through it)."""
     span.set_status(StatusCode.ERROR, f"{type(error).__name__}: {error}")

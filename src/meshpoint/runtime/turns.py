@@ -39,7 +39,7 @@ from meshpoint.errors import (
 from meshpoint.events.log import EventStore
 from meshpoint.history.planning import request_digest
 from meshpoint.llm.base import ModelResponse, ask_again, shown, unusable
-from meshpoint.ops.tracing import model_usage
+from meshpoint.ops.tracing import model_usage, task_failed
 from meshpoint.runtime import wire
 from meshpoint.runtime.agent import Agent
 from meshpoint.runtime.calls import CallKinds, turn_calls
@@ -354,9 +354,11 @@ class TurnLoop:
             raise
         except MeshpointError as error:
             logger.warning("%s: task %s failed: %s", self.scope.instance_id, ctx.task_id, error)
+            task_failed(error)
             await self.ends.finish(run, a2a.TaskState.FAILED, f"{type(error).__name__}: {error}")
         except Exception as error:
             logger.exception("%s: task %s failed", self.scope.instance_id, ctx.task_id)
+            task_failed(error)
             await self.ends.finish(run, a2a.TaskState.FAILED, f"{type(error).__name__}: {error}")
 
     async def _call_model(self, ctx: TaskExecutionContext) -> ModelResponse:
