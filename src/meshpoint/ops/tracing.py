@@ -21,6 +21,7 @@ Span attributes may name a task (``meshpoint.task_id``); metric labels never do.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
@@ -118,7 +119,6 @@ def _span(name: str, context: Context | None = None, kind: SpanKind = SpanKind.I
         yield span
     except BaseException as error:
         if span.is_recording():
-            span.record_exception(error)
             failed(span, error)
         raise
     finally:
@@ -230,5 +230,13 @@ def task_failed(error: BaseException) -> None:
 
 
 def failed(span: Span, error: BaseException) -> None:
-    """Mark ``span`` failed with ``error`` (one that was handled, not raised through it)."""
-    span.set_status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
+    """Mark ``span`` failed with ``error``: its type only. Traces leave the host, and an
+    error's message may hold what the task was given (a model server's error body
+    quotes its input), so neither the message nor the stack is exported. A
+    cancellation (a kill, a drain out of time) is not a failure: it is an attribute."""
+    if isinstance(error, asyncio.CancelledError):
+        span.set_attribute("meshpoint.canceled", True)
+        return
+    kind = type(error).__name__
+    span.add_event("exception", {"exception.type": kind})
+    span.set_status(StatusCode.ERROR, kind)
