@@ -17,10 +17,12 @@ from meshpoint.errors import HistoryIntegrityError, MeshpointError, UnknownTaskE
 from meshpoint.store.results import SubTask
 
 
-async def task_details(store: Any, task_id: str, *, turns: int = 6) -> dict[str, Any]:
+async def task_details(store: Any, task_id: str, *, turns: int = 6,
+                       schemas: bool = False) -> dict[str, Any]:
     """The task as a dict of plain values (see the module docstring); UnknownTaskError
     for a task the tenant has neither live rows nor history of (another tenant's
-    tasks are unknown)."""
+    tasks are unknown). ``schemas``: each pending approval carries its tool's JSON
+    schema (``parameters``), which a form of its arguments is built from."""
     from meshpoint.cli.ended import ending_of
     from meshpoint.cli.handoffs import history_of, iterations
     from meshpoint.cli.workflows import live_workflow, workflow_of
@@ -66,6 +68,8 @@ async def task_details(store: Any, task_id: str, *, turns: int = 6) -> dict[str,
         item = (describe(sub.sub_task_id, corr) if isinstance(corr.get(APPROVAL), dict)
                 else {"call_id": sub.sub_task_id, "peer": sub.peer_agent_name,
                       "query": corr.get("query")})
+        if schemas and "tool" in item:
+            item["parameters"] = corr[APPROVAL].get("parameters") or {}
         waiting.append({**item, "kind": "approval" if "tool" in item else "peer",
                         "deadline": timeout_at(sub, restored.checkpointed_at)})
     return {"task_id": task_id, "agent": restored.agent_name, "status": restored.status,
