@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import replace
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
