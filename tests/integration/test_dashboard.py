@@ -25,6 +25,7 @@ from meshpoint.store import SqlStore
 from tests.conftest import snapshot
 from tests.integration.mesh import Mesh, eventually
 from tests.integration.test_approvals import SideEffects, approving, paused, status_of
+from tests.integration.test_rls import Isolated, globex_paused, isolated  # noqa: F401 (a fixture)
 
 TOKEN = "dashboard-test-token-" + "x" * 16
 
@@ -320,3 +321,24 @@ async def test_a_page_of_100000_paused_tasks_is_read_by_the_primary_key(
     rows = await live_store.tasks_page(prefix="task-0123", limit=50)
     assert [r.task_id for r in rows][:2] == ["task-012300", "task-012301"]
     assert len(rows) == 50 and all(r.pending_sub_tasks == 1 for r in rows)
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)],
+                         indirect=True)
+async def test_as_a_tenants_role_under_row_security_another_tenants_task_is_not_there(
+        backend: str, isolated: Isolated) -> None:  # noqa: F811 (the fixture)
+    """The dashboard of tenant acme, connected as acme's role (row-level security,
+    nothing owned, no bypass) the way ``meshpoint dashboard --url … --tenant acme``
+    opens it: globex's paused task is in no page and its page is not found."""
+    from meshpoint.cli.common import store_opener
+
+    await globex_paused(isolated)
+    async with store_opener(isolated.url("acme"), None, schema=isolated.schema,
+                            tenant="acme") as acme, client_of(acme) as client:
+        overview = await client.get("/")
+        assert overview.status_code == 200 and "acme" in overview.text
+        assert "paused tasks: 0" in overview.text
+        assert "g1" not in (await client.get("/tasks")).text
+        assert (await client.get("/tasks/g1")).status_code == 404
+    async with isolated.open("globex") as globex, client_of(globex) as client:
+        assert 'href="/tasks/g1"' in (await client.get("/tasks")).text  # it is there
