@@ -169,8 +169,8 @@ def _demo_table(figures: dict[str, Any], db: Path, *, ok: bool) -> None:
             for command in ("tasks cost", "events --task", "tasks reconstruct"):
                 console.print(f"     meshpoint {command} {shown(figures['a_task'])} --url "
                               f"sqlite:///{shown(db)}", soft_wrap=True)
-        console.print(f"dashboard: meshpoint dashboard --url sqlite:///{shown(db)}, then "
-                      "open http://127.0.0.1:8080/", soft_wrap=True)
+    console.print(f"dashboard: meshpoint dashboard --url sqlite:///{shown(db)}, then open "
+                  "http://127.0.0.1:8080/", soft_wrap=True)
 
 
 def _long_rows(figures: dict[str, Any]) -> list[tuple[str, object]]:
