@@ -77,6 +77,10 @@ async def test_every_page_renders_and_an_approval_edited_in_the_form_completes_t
             assert page.status_code == 200, (path, page.text)
             assert shows in page.text, path
         assert task_id not in (await client.get("/tasks?status=waiting_peers")).text
+        overview = (await client.get("/")).text
+        assert re.search(r"\d+\.\d\d ms p99 of 1<", overview), "the pause's write time"
+        assert "1 of 1 chains verify" in overview
+        assert re.search(r"<td>coordinator</td><td class=\"ok\">closed</td>", overview)
         task_page = (await client.get(f"/tasks/{task_id}")).text
         assert 'name="arg.query"' in task_page and 'name="arg.to"' in task_page
         assert "verifies:" in task_page  # the chain, walked

@@ -19,6 +19,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -242,7 +243,7 @@ async def _decide(request: Request, task_id: str, decision: Any, by: str,
     await decide(request.app.state.store, task_id, decision, by=by,
                  approvers=request.app.state.approvers)
     done = {"approve": "approved", "deny": "denied", "reply": "replied"}[action]
-    return RedirectResponse(f"/tasks/{task_id}?done={done}", status_code=303)
+    return RedirectResponse(f"/tasks/{quote(task_id)}?done={done}", status_code=303)
 
 
 async def _refused(request: Request, task_id: str, key: str,
