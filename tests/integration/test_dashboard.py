@@ -21,7 +21,7 @@ from meshpoint.context import TaskExecutionContext
 from meshpoint.dashboard import create_app
 from meshpoint.history.encryption import EncryptionKeys
 from meshpoint.history.planning import HistoryOptions
-from meshpoint.store import SqlStore
+from meshpoint.store import SqlStore, open_store
 from tests.conftest import snapshot
 from tests.integration.mesh import Mesh, eventually
 from tests.integration.test_approvals import SideEffects, approving, paused, status_of
@@ -342,7 +342,12 @@ async def test_as_a_tenants_role_under_row_security_another_tenants_task_is_not_
         overview = await client.get("/")
         assert overview.status_code == 200 and "acme" in overview.text
         assert "paused tasks: 0" in overview.text
+        assert "role-warning" not in overview.text  # the tenant's role: held by RLS
         assert "g1" not in (await client.get("/tasks")).text
         assert (await client.get("/tasks/g1")).status_code == 404
     async with isolated.open("globex") as globex, client_of(globex) as client:
         assert 'href="/tasks/g1"' in (await client.get("/tasks")).text  # it is there
+    # As the tables' owner (a superuser here), every page warns that RLS does not hold.
+    async with open_store(isolated.owner_url, schema=isolated.schema, tenant_id="acme",
+                          migrate=False) as owner, client_of(owner) as client:
+        assert "row-level security does not hold" in (await client.get("/tasks")).text

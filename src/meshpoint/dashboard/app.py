@@ -82,14 +82,20 @@ def create_app(*, store: Any = None, opener: Any = None, token: str | None = Non
         lifespan=lifespan, exception_handlers={NotFoundError: not_found,
                                                MeshpointError: store_error})
     app.state.store, app.state.token, app.state.approvers = store, token, approvers
+    app.state.role_warning = None  # read at the first page
     return app
 
 
-def render(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
+async def render(request: Request, name: str, status_code: int = 200,
+                 **context: Any) -> Response:
     """A page, with what every page shows: the tenant, whether writable and signed in,
-    the CSRF token for its forms."""
-    store = request.app.state.store
+    the CSRF token for its forms, and a warning when row-level security does not hold
+    the store's role."""
+    store, state = request.app.state.store, request.app.state
+    if state.role_warning is None:
+        state.role_warning = await views.role_warning(store)
     return templates.TemplateResponse(request, name, {
+        "role_warning": state.role_warning,
         "tenant": store.tenant_id, "dialect": store.dialect,
         "writable": request.app.state.token is not None,
         "signed_in": security.signed_in(request), "csrf": security.csrf_token(request),
@@ -97,17 +103,17 @@ def render(request: Request, name: str, status_code: int = 200, **context: Any) 
 
 
 async def not_found(request: Request, error: Exception) -> Response:
-    return render(request, "error.html", 404, title="not found", message=str(error))
+    return await render(request, "error.html", 404, title="not found", message=str(error))
 
 
 async def store_error(request: Request, error: Exception) -> Response:
     """A store error a page met (a row sealed under a key not held, say): its
     message, never a traceback."""
-    return render(request, "error.html", 500, title="cannot be shown", message=str(error))
+    return await render(request, "error.html", 500, title="cannot be shown", message=str(error))
 
 
 async def overview(request: Request) -> Response:
-    return render(request, "overview.html", **await views.overview(request.app.state.store))
+    return await render(request, "overview.html", **await views.overview(request.app.state.store))
 
 
 async def task_list(request: Request) -> Response:
@@ -119,14 +125,14 @@ async def task_list(request: Request) -> Response:
     agent = args.get("agent") or None
     prefix, after = args.get("q", "").strip(), args.get("after", "")
     if status is not None and status not in TASK_STATUSES:
-        return render(request, "error.html", 400, title="bad filter",
+        return await render(request, "error.html", 400, title="bad filter",
                       message=f"{status!r} is not a status of a paused task; one of "
                               f"{', '.join(TASK_STATUSES)}")
     rows = await store.tasks_page(after=after, prefix=prefix, agent_name=agent,
                                   status=status, limit=views.PAGE + 1)
     more = len(rows) > views.PAGE
     rows = rows[:views.PAGE]
-    return render(request, "tasks.html", tasks=rows, status=status or "", agent=agent or "",
+    return await render(request, "tasks.html", tasks=rows, status=status or "", agent=agent or "",
                   q=prefix, after=after, next_after=rows[-1].task_id if more else None)
 
 
@@ -135,7 +141,7 @@ async def task_page(request: Request) -> Response:
     store = request.app.state.store
     task_id = request.path_params["task_id"]
     task = await views_task(store, task_id)
-    return render(request, "task.html", task=task, chain=await views.chain(store, task_id),
+    return await render(request, "task.html", task=task, chain=await views.chain(store, task_id),
                   events=await views.events(store, task=task_id, limit=200),
                   forms=approval_forms(task), errors={}, done=request.query_params.get("done"))
 
@@ -169,7 +175,7 @@ def approval_forms(task: dict[str, Any]) -> dict[str, list[forms.Field]]:
 async def approvals(request: Request) -> Response:
     calls, next_after = await views.inbox(request.app.state.store,
                                           after=request.query_params.get("after", ""))
-    return render(request, "approvals.html", calls=calls, next_after=next_after,
+    return await render(request, "approvals.html", calls=calls, next_after=next_after,
                   fields={c["call_id"]: forms.fields(c["schema"], c["arguments"]) for c in calls},
                   errors={})
 
@@ -180,7 +186,7 @@ async def _checked_form(request: Request) -> tuple[dict[str, str], Response | No
     why = security.refusal(request, form.get("csrf"), request.app.state.token)
     if why is None:
         return form, None
-    return form, render(request, "error.html", 403, title="refused", message=why)
+    return form, await render(request, "error.html", 403, title="refused", message=why)
 
 
 async def answer(request: Request) -> Response:
@@ -201,7 +207,7 @@ async def answer(request: Request) -> Response:
         elif action == "deny":
             decision = Deny(call_id=call_id, reason=form.get("reason") or "denied", by=by)
         else:
-            return render(request, "error.html", 404, title="not found",
+            return await render(request, "error.html", 404, title="not found",
                           message=f"no action {action!r}: approve or deny")
         return await _decide(request, task_id, decision, by, call_id, action)
     except (AnswerRefusedError, InvalidArgumentError) as error:
@@ -253,7 +259,7 @@ async def _refused(request: Request, task_id: str, key: str,
     store = request.app.state.store
     task = await views_task(store, task_id)
     status = 409 if isinstance(error, AlreadyAnsweredError) else 400
-    return render(request, "task.html", status, task=task,
+    return await render(request, "task.html", status, task=task,
                   chain=await views.chain(store, task_id),
                   events=await views.events(store, task=task_id, limit=200),
                   forms=approval_forms(task), errors={key: str(error)}, done=None)
@@ -263,7 +269,7 @@ async def events_page(request: Request) -> Response:
     args = request.query_params
     task, agent = args.get("task") or None, args.get("agent") or None
     found = await views.events(request.app.state.store, task=task, agent=agent, limit=100)
-    return render(request, "events.html", events=found, task=task or "", agent=agent or "")
+    return await render(request, "events.html", events=found, task=task or "", agent=agent or "")
 
 
 async def events_feed(request: Request) -> Response:
@@ -280,7 +286,7 @@ async def events_feed(request: Request) -> Response:
 
 
 async def login_page(request: Request) -> Response:
-    return render(request, "login.html", error=None)
+    return await render(request, "login.html", error=None)
 
 
 async def login(request: Request) -> Response:
@@ -289,10 +295,10 @@ async def login(request: Request) -> Response:
     form = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
     token = request.app.state.token
     if token is None:
-        return render(request, "login.html", 403, error=security.refusal(request, None, None))
+        return await render(request, "login.html", 403, error=security.refusal(request, None, None))
     if not security.csrf_matches(request, form.get("csrf")) or \
             not security.token_matches(form.get("token"), token):
-        return render(request, "login.html", 403, error="wrong token (or a stale form)")
+        return await render(request, "login.html", 403, error="wrong token (or a stale form)")
     request.session.clear()
     request.session["signed_in"] = True
     security.csrf_token(request)  # a new CSRF token for the signed-in session
@@ -302,7 +308,7 @@ async def login(request: Request) -> Response:
 async def logout(request: Request) -> Response:
     form = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
     if not security.csrf_matches(request, form.get("csrf")):
-        return render(request, "error.html", 403, title="refused",
+        return await render(request, "error.html", 403, title="refused",
                       message="the form's CSRF token is not this session's")
     request.session.clear()
     return RedirectResponse("/", status_code=303)

@@ -115,6 +115,22 @@ async def targets(store: Any, log: EventStore) -> list[dict[str, Any]]:
     ]
 
 
+async def role_warning(store: Any) -> str:
+    """What to warn of about the role the store connects as ("" for nothing): on
+    PostgreSQL, a superuser's or a BYPASSRLS role's connection is not held by
+    row-level security (the runtime role, or the tenant's, is)."""
+    if store.dialect != "postgresql":
+        return ""
+    from meshpoint.store.postgres_tenancy import bypasses_row_security
+
+    if not await bypasses_row_security(store):
+        return ""
+    return ("connected as a role that row-level security does not hold (a superuser, or "
+            "BYPASSRLS): only the dashboard's own statements keep it to this tenant. "
+            "Connect as the runtime role or the tenant's (meshpoint migrate "
+            "--runtime-role / --tenant-role)")
+
+
 def alert_of(event: Event) -> dict[str, Any]:
     """An alert as raised, from its event (as ``meshpoint alerts`` shows it)."""
     body = event.output_data if isinstance(event.output_data, dict) else {}
