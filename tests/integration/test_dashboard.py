@@ -92,6 +92,7 @@ async def test_every_page_renders_and_an_approval_edited_in_the_form_completes_t
                                     data={"csrf": csrf, "arg.query": "", "arg.to": ""})
         assert refused.status_code == 400
         assert "do not satisfy its schema" in refused.text and "form-error" in refused.text
+        assert 'name="arg.query" value=""' in refused.text  # the form as sent, to correct
         assert await snapshot(live_store) == before
         assert await status_of(live_store, task_id) == "input_required"
 

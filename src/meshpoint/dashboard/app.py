@@ -16,6 +16,7 @@ schema), and the first answer wins; a refused one is shown on its form.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -126,14 +127,14 @@ async def task_list(request: Request) -> Response:
     prefix, after = args.get("q", "").strip(), args.get("after", "")
     if status is not None and status not in TASK_STATUSES:
         return await render(request, "error.html", 400, title="bad filter",
-                      message=f"{status!r} is not a status of a paused task; one of "
-                              f"{', '.join(TASK_STATUSES)}")
+                            message=f"{status!r} is not a status of a paused task; one of "
+                                    f"{', '.join(TASK_STATUSES)}")
     rows = await store.tasks_page(after=after, prefix=prefix, agent_name=agent,
                                   status=status, limit=views.PAGE + 1)
     more = len(rows) > views.PAGE
     rows = rows[:views.PAGE]
     return await render(request, "tasks.html", tasks=rows, status=status or "", agent=agent or "",
-                  q=prefix, after=after, next_after=rows[-1].task_id if more else None)
+                        q=prefix, after=after, next_after=rows[-1].task_id if more else None)
 
 
 async def task_page(request: Request) -> Response:
@@ -141,9 +142,11 @@ async def task_page(request: Request) -> Response:
     store = request.app.state.store
     task_id = request.path_params["task_id"]
     task = await views_task(store, task_id)
-    return await render(request, "task.html", task=task, chain=await views.chain(store, task_id),
-                  events=await views.events(store, task=task_id, limit=200),
-                  forms=approval_forms(task), errors={}, done=request.query_params.get("done"))
+    return await render(request, "task.html", task=task,
+                        chain=await views.chain(store, task_id),
+                        events=await views.events(store, task=task_id, limit=200),
+                        forms=approval_forms(task), errors={},
+                        done=request.query_params.get("done"))
 
 
 async def views_task(store: Any, task_id: str) -> dict[str, Any]:
@@ -176,8 +179,9 @@ async def approvals(request: Request) -> Response:
     calls, next_after = await views.inbox(request.app.state.store,
                                           after=request.query_params.get("after", ""))
     return await render(request, "approvals.html", calls=calls, next_after=next_after,
-                  fields={c["call_id"]: forms.fields(c["schema"], c["arguments"]) for c in calls},
-                  errors={})
+                        fields={c["call_id"]: forms.fields(c["schema"], c["arguments"])
+                                for c in calls},
+                        errors={})
 
 
 async def _checked_form(request: Request) -> tuple[dict[str, str], Response | None]:
@@ -208,10 +212,10 @@ async def answer(request: Request) -> Response:
             decision = Deny(call_id=call_id, reason=form.get("reason") or "denied", by=by)
         else:
             return await render(request, "error.html", 404, title="not found",
-                          message=f"no action {action!r}: approve or deny")
+                                message=f"no action {action!r}: approve or deny")
         return await _decide(request, task_id, decision, by, call_id, action)
     except (AnswerRefusedError, InvalidArgumentError) as error:
-        return await _refused(request, task_id, call_id, error)
+        return await _refused(request, task_id, call_id, error, form)
 
 
 async def reply(request: Request) -> Response:
@@ -252,17 +256,21 @@ async def _decide(request: Request, task_id: str, decision: Any, by: str,
     return RedirectResponse(f"/tasks/{quote(task_id)}?done={done}", status_code=303)
 
 
-async def _refused(request: Request, task_id: str, key: str,
-                   error: MeshpointError) -> Response:
+async def _refused(request: Request, task_id: str, key: str, error: MeshpointError,
+                   form: dict[str, str] | None = None) -> Response:
     """The task page again, the refusal shown on the form it came from: 409 for a
     call answered first, 400 for the rest (nothing was written)."""
     store = request.app.state.store
     task = await views_task(store, task_id)
     status = 409 if isinstance(error, AlreadyAnsweredError) else 400
+    fields = approval_forms(task)
+    if form is not None and key in fields:  # the form as it was sent, to correct it
+        fields[key] = [dataclasses.replace(f, value=form.get(forms.PREFIX + f.name, f.value))
+                       for f in fields[key]]
     return await render(request, "task.html", status, task=task,
-                  chain=await views.chain(store, task_id),
-                  events=await views.events(store, task=task_id, limit=200),
-                  forms=approval_forms(task), errors={key: str(error)}, done=None)
+                        chain=await views.chain(store, task_id),
+                        events=await views.events(store, task=task_id, limit=200),
+                        forms=fields, errors={key: str(error)}, done=None)
 
 
 async def events_page(request: Request) -> Response:
@@ -309,6 +317,6 @@ async def logout(request: Request) -> Response:
     form = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
     if not security.csrf_matches(request, form.get("csrf")):
         return await render(request, "error.html", 403, title="refused",
-                      message="the form's CSRF token is not this session's")
+                            message="the form's CSRF token is not this session's")
     request.session.clear()
     return RedirectResponse("/", status_code=303)
