@@ -38,3 +38,22 @@ if ! nats_up; then
     echo "services: nats-server is not installed; NATS tests will need it" >&2
   fi
 fi
+
+# Chromium for the dashboard's browser tests (Debian's: Playwright drives it, no
+# `playwright install`). Installed in CI (CI=true) or when missing and we are root;
+# on a laptop without root the browser tests skip saying so.
+if ! [ -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "services: installing chromium"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium \
+      || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+           --no-install-recommends chromium; } \
+      || echo "services: chromium could not be installed; browser tests will need it" >&2
+  elif [ "${CI:-}" = true ]; then
+    echo "services: chromium is missing and this CI job is not root" >&2
+    exit 1
+  else
+    echo "services: chromium is not installed (apt-get install chromium, as root); the" \
+         "dashboard's browser tests will skip" >&2
+  fi
+fi

@@ -87,6 +87,7 @@ def test_demo_prints_a_progress_bar_and_a_table(tmp_path: Path) -> None:
     assert "max context use at a handoff (< 0.7)" in done.stdout
     assert "breaker trips · resumes it held · alerts" in done.stdout
     assert "nothing left behind" in done.stdout
+    assert "meshpoint dashboard --url sqlite:///meshpoint-demo.db" in done.stdout
 
 
 def test_demo_rejects_bad_options(tmp_path: Path) -> None:

@@ -4,15 +4,18 @@
   ``serve``, ``submit``, ``migrate``, ``stats``, ...);
 * :mod:`~meshpoint.cli.tasks`: ``tasks list|show|approve|deny|reply|cancel|cost`` and
   ``recover``;
+* :mod:`~meshpoint.cli.details`: one task as ``tasks show`` and the dashboard show it;
 * :mod:`~meshpoint.cli.history`: ``verify``, ``purge`` and ``keys`` (the history's
   chains, retention and key ring);
 * :mod:`~meshpoint.cli.events`: ``events`` (query and follow) and ``tasks reconstruct``;
 * :mod:`~meshpoint.cli.broker`: ``nats-config`` (a NATS user per agent, client and
   approver) and ``keys approver new``;
+* :mod:`~meshpoint.cli.dashboard`: ``dashboard`` (serves :mod:`meshpoint.dashboard`);
 * :mod:`~meshpoint.cli.common`: what every group shares (options, output, errors).
 
 The CLI may import every other part of meshpoint; nothing imports the CLI but the
-demos (for their output). ``meshpoint = "meshpoint.cli:app"`` is the console script.
+demos (for their output) and the dashboard (its store opener and readers).
+``meshpoint = "meshpoint.cli:app"`` is the console script.
 """
 
 from meshpoint.cli.main import app

@@ -32,6 +32,7 @@ from meshpoint.cli.common import (
     shown,
 )
 from meshpoint.cli.costs import cost_commands
+from meshpoint.cli.dashboard import dashboard_commands
 from meshpoint.cli.events import event_commands
 from meshpoint.cli.handoffs import handoff_commands
 from meshpoint.cli.history import history_commands, keys_app
@@ -49,6 +50,7 @@ alert_commands(app)
 handoff_commands(tasks_app)
 cost_commands(tasks_app)
 broker_commands(app, keys_app)
+dashboard_commands(app)
 app.add_typer(llm_app, name="llm")
 
 #: ``serve`` and ``submit`` need the whole mesh, not only its store.
@@ -167,6 +169,8 @@ def _demo_table(figures: dict[str, Any], db: Path, *, ok: bool) -> None:
             for command in ("tasks cost", "events --task", "tasks reconstruct"):
                 console.print(f"     meshpoint {command} {shown(figures['a_task'])} --url "
                               f"sqlite:///{shown(db)}", soft_wrap=True)
+    console.print(f"dashboard: meshpoint dashboard --url sqlite:///{shown(db)}, then open "
+                  "http://127.0.0.1:8080/", soft_wrap=True)
 
 
 def _long_rows(figures: dict[str, Any]) -> list[tuple[str, object]]:

@@ -23,7 +23,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -41,15 +41,11 @@ from meshpoint.cli.common import (
     shown,
 )
 from meshpoint.errors import (
-    HistoryIntegrityError,
     InvalidArgumentError,
     MeshpointError,
     NotFoundError,
     UnknownTaskError,
 )
-
-if TYPE_CHECKING:
-    from meshpoint.store.results import SubTask
 
 tasks_app = typer.Typer(help="Tasks: list and show them (paused, and with --all ended ones "
                         "from their history), and answer those waiting for a human.",
@@ -271,61 +267,12 @@ def show(task_id: Annotated[str, typer.Argument(help="The task.")],
     (each stage's state, a loop's round). A task that has ended (no live rows) is
     shown from its history: how it ended, its answer or failure reason, its
     iterations and its workflow's last progress."""
-    from meshpoint.cli.ended import ending_of
-    from meshpoint.cli.handoffs import history_of, iterations, print_iterations
-    from meshpoint.cli.workflows import live_workflow, print_workflow, workflow_of
-    from meshpoint.runtime.approvals import APPROVAL, as_decision, describe
+    from meshpoint.cli.details import task_details
+    from meshpoint.cli.handoffs import print_iterations
+    from meshpoint.cli.workflows import print_workflow
 
     async def body(store: Any) -> dict[str, Any]:
-        integrity = None
-        try:
-            restored = await store.restore_task(task_id)
-        except HistoryIntegrityError as error:
-            # A task whose history fails verification (a blocked one, say) is still
-            # shown, so an operator can judge it, marked unverified; its live row's
-            # own checksum is still checked.
-            integrity = str(error)
-            restored = await store.restore_task(task_id, verify=False)
-        except UnknownTaskError:
-            # Ended, or never known: its history (verified) says which.
-            records = await history_of(store, task_id)
-            if not records:
-                raise
-            return {"task_id": task_id, "agent": records[-1].metadata.agent_id,
-                    **ending_of(records[-1]), "live": False,
-                    "checkpointed_at": None,
-                    "lease_owner": None, "waiting_on": [], "answered": [],
-                    "conversation": [], "verified": True, "integrity_error": None,
-                    "iterations": iterations(records),
-                    "workflow": workflow_of(records[-1].execution_state)}
-        rows: list[dict[str, Any]] | None = None
-        if integrity is None:
-            try:
-                rows = iterations(await history_of(store, task_id))
-            except MeshpointError:  # the live row still shows; `verify` tells why
-                rows = None
-        subs = await store.get_peer_sub_tasks_for_task(task_id)
-        ctx = restored.context
-        waiting, answered = [], list(ctx.flags.get("approvals") or [])
-        for sub in subs:
-            corr = sub.correlation_data
-            if sub.status != "pending":
-                if isinstance(corr.get(APPROVAL), dict):
-                    answered.append({"tool": corr[APPROVAL]["tool"],
-                                     **as_decision(sub.result)})
-                continue
-            item = (describe(sub.sub_task_id, corr) if isinstance(corr.get(APPROVAL), dict)
-                    else {"call_id": sub.sub_task_id, "peer": sub.peer_agent_name,
-                          "query": corr.get("query")})
-            waiting.append({**item, "kind": "approval" if "tool" in item else "peer",
-                            "deadline": timeout_at(sub, restored.checkpointed_at)})
-        return {"task_id": task_id, "agent": restored.agent_name, "status": restored.status,
-                "live": True, "checkpointed_at": restored.checkpointed_at,
-                "lease_owner": restored.owner,
-                "waiting_on": waiting, "answered": answered,
-                "conversation": ctx.session_events[-turns:] if turns else [],
-                "verified": integrity is None, "integrity_error": integrity,
-                "iterations": rows, "workflow": live_workflow(ctx, subs)}
+        return await task_details(store, task_id, turns=turns)
 
     task = run_on_store(url, config, schema, tenant, as_json, body)
     if as_json:
@@ -446,7 +393,6 @@ async def _known(mesh: Any, task_id: str) -> str:
     its history's last record (an end, or the pause its rows were removed after),
     ``unknown`` (neither), or ``unreadable`` (the store could not be read: the
     cancel is sent, the instances may still know the task)."""
-    from meshpoint.errors import MeshpointError, UnknownTaskError
 
     try:
         store = await mesh.open_store()
@@ -556,13 +502,3 @@ def resume(task_id: Annotated[str, typer.Argument(help="The task.")],
     console.print(f"task {shown(task_id)}: {shown(done['was'])} -> resuming; the next "
                   f"recovery pass of an instance of agent {shown(done['agent'])} resumes it")
 
-
-def timeout_at(sub: SubTask, checkpointed_at: float) -> float:
-    """When a pending call times out. Its stored deadline may still be its
-    announcement check (``announce_check_s``, earlier than its timeout: the sweeper
-    publishes it again then), which is not when it times out."""
-    timeout_s = sub.correlation_data.get("timeout_s")
-    if isinstance(timeout_s, int | float) and "announce_check_s" in sub.correlation_data \
-            and sub.timeout_deadline < checkpointed_at + timeout_s - 0.001:
-        return checkpointed_at + float(timeout_s)
-    return sub.timeout_deadline

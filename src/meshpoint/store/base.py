@@ -347,6 +347,16 @@ class Store(Transactional, Protocol):
         deadline."""
         ...
 
+    async def tasks_page(self, *, after: str = "", prefix: str = "",
+                         agent_name: str | None = None, status: str | None = None,
+                         limit: int = 50) -> list[PausedTaskSummary]:
+        """One page of paused tasks in id order: those after ``after`` (the last id of
+        the page before; ``""`` for the first page) whose id starts with ``prefix``,
+        optionally of one agent and one status, at most ``limit``, each with its open
+        sub-tasks (``next_deadline`` is not read: None). Keyset paging on the primary
+        key, so a page costs the same however many tasks there are."""
+        ...
+
     async def next_deadlines(self, *, agent_name: str | None = None,
                              limit: int = 10) -> list[SubTask]:
         """The open sub-tasks that expire soonest."""

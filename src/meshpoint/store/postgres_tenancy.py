@@ -229,6 +229,17 @@ def _grant(conn: Connection, role: str, verifier: str | None) -> None:
         str(conn.exec_driver_sql("SELECT current_database()").scalar()), role)
 
 
+#: Whether the session's role is one row-level security does not hold.
+_BYPASSES = "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user"
+
+
+async def bypasses_row_security(store: Any) -> bool:
+    """Whether ``store`` (PostgreSQL) connects as a superuser or a role with
+    BYPASSRLS: row-level security does not hold it, and only the store's own
+    statements keep it to its tenant (what ``meshpoint dashboard`` warns of)."""
+    return bool(await store.run(lambda conn: conn.exec_driver_sql(_BYPASSES).scalar()))
+
+
 def check_tenant_role(conn: Connection, tenant_id: str) -> None:
     """Refuse (TenantRoleError) to run a store of ``tenant_id`` as a role the
     policies would not let act as that tenant: in a database that isolates tenants

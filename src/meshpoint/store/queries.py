@@ -483,6 +483,24 @@ LIST_PAUSED_TASKS = Statement(
     .where(T.c.tenant_id == tenant, or_(any_agent, T.c.agent_name == agent),
            or_(_ANY_STATUS, T.c.status == bindparam("p_status", type_=String)))
     .order_by(T.c.checkpointed_at, T.c.logical_task_id).limit(limit))
+#: A page of the dashboard's task list: keyset paging on the primary key (the
+#: tasks after ``p_after`` in id order, ids from ``p_from`` below ``p_to``: a prefix
+#: as a range the index reads), so a page costs the same over any number of tasks; the
+#: open sub-tasks are counted per row of the page only (their task index).
+_PAGE_OPEN = (select(func.count()).where(_PENDING, S.c.logical_task_id == T.c.logical_task_id)
+              .scalar_subquery())
+TASKS_PAGE = Statement(
+    "tasks_page", "Lists one page of paused tasks in id order after a given id, of an id "
+    "range, optionally of one agent and one status, with each one's open sub-tasks.",
+    select(T.c.logical_task_id, T.c.agent_name, T.c.status, T.c.owner,
+           T.c.lease_expires_at, T.c.version, T.c.checkpointed_at, _PAGE_OPEN)
+    .where(T.c.tenant_id == tenant,
+           T.c.logical_task_id > bindparam("p_after", type_=String),
+           T.c.logical_task_id >= bindparam("p_from", type_=String),
+           T.c.logical_task_id < bindparam("p_to", type_=String),
+           or_(any_agent, T.c.agent_name == agent),
+           or_(_ANY_STATUS, T.c.status == bindparam("p_status", type_=String)))
+    .order_by(T.c.logical_task_id).limit(limit))
 RESUMABLE_TASKS = Statement(
     "resumable_tasks", "Lists an agent's tasks whose join completed, or that were "
     "checkpointed mid-turn, and that nobody is resuming (no lease, or an expired one).",

@@ -24,7 +24,7 @@ from meshpoint.errors import (
     UnknownTaskError,
 )
 from meshpoint.store import queries as q
-from meshpoint.store.checks import check_agent, check_id, check_limit, check_timeout
+from meshpoint.store.checks import MAX_ID, check_agent, check_id, check_limit, check_timeout
 from meshpoint.store.results import (
     PausedTaskSummary,
     StoreStats,
@@ -53,6 +53,11 @@ def raise_if_unknown_task(conn: Connection, keys: dict[str, Any], task_id: str,
     if row is None:
         raise UnknownTaskError(task_id)
     check_agent(f"task {task_id!r}", row.agent_name, agent_name)
+
+
+#: Sorts after every character an id may hold: ``prefix + PAST_ANY`` bounds the ids
+#: that start with ``prefix``.
+PAST_ANY = "\U0010ffff"
 
 
 class Reads:
@@ -128,6 +133,29 @@ class Reads:
                 next_deadline=r[8]) for r in q.LIST_PAUSED_TASKS.rows(conn, params)]
 
         return await self._tx.read("listing paused tasks", body, short=False)
+
+    async def tasks_page(self, *, after: str = "", prefix: str = "",
+                         agent_name: str | None = None, status: str | None = None,
+                         limit: int = 50) -> list[PausedTaskSummary]:
+        check_limit(limit)
+        for name, value in (("after", after), ("prefix", prefix)):
+            if not isinstance(value, str) or len(value) > MAX_ID:
+                raise InvalidArgumentError(f"{name} must be a string of at most {MAX_ID} "
+                                           f"characters, got {value!r:.80}")
+        # The ids that start with the prefix, as a range of the primary key: under
+        # the byte order of SQLite and of PostgreSQL's C collation, which the
+        # migrations create the tables in, nothing sorts after it but its own.
+        params = self._tx.keys(p_after=after, p_from=prefix, p_to=prefix + PAST_ANY,
+                               p_agent=agent_name, p_any_agent=agent_name is None,
+                               p_status=status, p_any_status=status is None, p_limit=limit)
+
+        def body(conn: Connection) -> list[PausedTaskSummary]:
+            return [PausedTaskSummary(
+                task_id=r[0], agent_name=r[1], status=r[2], owner=r[3], lease_expires_at=r[4],
+                version=r[5], checkpointed_at=r[6], pending_sub_tasks=r[7] or 0,
+                next_deadline=None) for r in q.TASKS_PAGE.rows(conn, params)]
+
+        return await self._tx.read("listing a page of paused tasks", body, short=False)
 
     async def resumable_tasks(self, agent_name: str, *, limit: int = 100) -> list[str]:
         check_id("agent_name", agent_name)

@@ -501,6 +501,12 @@ class SqlStore(Store):
         return await self._reads.list_paused_tasks(agent_name=agent_name, status=status,
                                                    limit=limit)
 
+    async def tasks_page(self, *, after: str = "", prefix: str = "",
+                         agent_name: str | None = None, status: str | None = None,
+                         limit: int = 50) -> list[PausedTaskSummary]:
+        return await self._reads.tasks_page(after=after, prefix=prefix, agent_name=agent_name,
+                                            status=status, limit=limit)
+
     async def resumable_tasks(self, agent_name: str, *, limit: int = 100) -> list[str]:
         return await self._reads.resumable_tasks(agent_name, limit=limit)
 

@@ -1,0 +1,65 @@
+"""``meshpoint dashboard``: serve the web dashboard (:mod:`meshpoint.dashboard`) on a
+store, bound to 127.0.0.1 by default.
+
+The store is named as for every store command (``--url``, ``--config``,
+``--tenant``; :mod:`meshpoint.cli.common`); one tenant is shown, the flag's or the
+config's. With ``--config``, the history's keys read encrypted fields and check
+signatures, and the config's approvers check each answer before it is written.
+Read-only unless a token is given: ``--token-file`` or ``MESHPOINT_DASHBOARD_TOKEN``,
+never the token itself on the command line (every user of the host sees it in
+``ps``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from meshpoint.cli.common import Config, Schema, Tenant, Url, console, err, fail, store_opener
+from meshpoint.errors import MeshpointError
+
+
+def dashboard(url: Url = None, config: Config = None, schema: Schema = None,
+              tenant: Tenant = None,
+              port: Annotated[int, typer.Option("--port", min=0, max=65535,
+                                                help="TCP port to listen on.")] = 8080,
+              host: Annotated[str, typer.Option(
+                  "--host", help="Address to bind (127.0.0.1: this host only; behind a "
+                  "TLS proxy for anything else).")] = "127.0.0.1",
+              token_file: Annotated[Path | None, typer.Option(
+                  "--token-file", help="A file whose first line is the token that signs in "
+                  "to answer approvals (else MESHPOINT_DASHBOARD_TOKEN; without either the "
+                  "dashboard is read-only).")] = None) -> None:
+    """Serve the web dashboard: tasks, a task's history and events, the approvals
+    inbox, the overview and the live event log of one tenant's store."""
+    try:
+        import uvicorn
+
+        from meshpoint.dashboard import create_app
+        from meshpoint.dashboard.security import load_token
+    except ImportError as error:
+        err.print(f"[red]error:[/red] the dashboard needs meshpoint[dashboard] "
+                  f"(pip install 'meshpoint[dashboard]'): {error}")
+        raise typer.Exit(code=1) from None
+    try:
+        token = load_token(token_file)
+        approvers = None
+        if config is not None:
+            from meshpoint.config import load_config
+
+            approvers = load_config(config).build_approvers()
+        opener = store_opener(url, config, schema=schema, tenant=tenant)
+    except MeshpointError as error:
+        fail(error)
+    app = create_app(opener=opener, token=token, approvers=approvers)
+    console.print(f"meshpoint dashboard on http://{host}:{port}/ "
+                  f"({'read-only' if token is None else 'answers need the token'})",
+                  highlight=False)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def dashboard_commands(app: typer.Typer) -> None:
+    """Register this module's command on the ``meshpoint`` app."""
+    app.command()(dashboard)

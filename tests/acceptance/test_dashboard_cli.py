@@ -1,0 +1,88 @@
+"""``meshpoint dashboard`` as a process: it serves the pages of the store it is given
+on 127.0.0.1 by default, read-only without a token, and takes its token from a file
+or the environment, never from the command line."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from meshpoint.dashboard.security import TOKEN_ENV, load_token
+from meshpoint.errors import ConfigurationError
+from tests.acceptance.test_serve import meshpoint
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_command_serves_the_pages_on_localhost_read_only_without_a_token(
+        tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    assert meshpoint("migrate", "--url", url).returncode == 0
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    proc = subprocess.Popen([sys.executable, "-m", "meshpoint.cli", "dashboard", "--url", url,
+                             "--port", str(port)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 30
+        while True:
+            try:
+                page = httpx.get(f"http://127.0.0.1:{port}/", timeout=2)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < end, "the dashboard never answered"
+                time.sleep(0.1)
+        assert page.status_code == 200 and "read-only" in page.text
+        for path in ("/tasks", "/approvals", "/events", "/static/dashboard.css",
+                     "/static/events.js"):
+            assert httpx.get(f"http://127.0.0.1:{port}{path}").status_code == 200, path
+        refused = httpx.post(f"http://127.0.0.1:{port}/login", data={"token": "x" * 20})
+        assert refused.status_code == 403
+        # Bound to the loopback only.
+        listening = [c for c in _listening(proc.pid) if c.laddr.port == port]
+        assert listening and all(c.laddr.ip == "127.0.0.1" for c in listening)
+    finally:
+        proc.terminate()
+        out, _err = proc.communicate(timeout=20)
+    assert f"http://127.0.0.1:{port}/ (read-only)" in out
+
+
+def _listening(pid: int) -> list[object]:
+    import psutil
+
+    return [c for c in psutil.Process(pid).net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN]
+
+
+def test_a_token_is_never_taken_from_the_command_line(tmp_path: Path) -> None:
+    given = meshpoint("dashboard", "--url", f"sqlite:///{tmp_path / 'd.db'}",
+                      "--token", "s3cret-s3cret-s3cret")
+    assert given.returncode == 2 and "No such option" in given.stderr
+
+
+def test_the_token_comes_from_its_file_or_the_environment_and_is_long_enough(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    assert load_token(None) is None  # read-only
+    monkeypatch.setenv(TOKEN_ENV, "from-the-environment-0123")
+    assert load_token(None) == "from-the-environment-0123"
+    file = tmp_path / "token"
+    file.write_text("from-the-file-0123456789\n")
+    assert load_token(file) == "from-the-file-0123456789"  # the file wins
+    file.write_text("short\n")
+    with pytest.raises(ConfigurationError, match="at least 16"):
+        load_token(file)
+    with pytest.raises(ConfigurationError, match="cannot read"):
+        load_token(tmp_path / "missing")
