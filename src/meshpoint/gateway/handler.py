@@ -208,8 +208,7 @@ class MeshRequestHandler(RequestHandler):
         message = params.message
         if not message.task_id:
             task_id = await self.mesh.submit(self.agent, message)
-            return task_id, lambda t: t.status.state in FINAL_STATES or \
-                t.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+            return task_id, _settled
         task_id = message.task_id
         before = await self._read(task_id)
         if before.status.state in FINAL_STATES:
@@ -249,8 +248,8 @@ class MeshRequestHandler(RequestHandler):
     async def on_message_send_stream(self, params: SendMessageRequest,
                                      context: ServerCallContext
                                      ) -> AsyncGenerator[Any]:
-        task_id, _ = await self._start(params, context)
-        async for event in self._follow(task_id):
+        task_id, done = await self._start(params, context)
+        async for event in self._follow(task_id, done):
             yield event
 
     async def on_subscribe_to_task(self, params: SubscribeToTaskRequest,
@@ -260,17 +259,19 @@ class MeshRequestHandler(RequestHandler):
             raise UnsupportedOperationError(
                 message=f"task {params.id} has ended ({TaskState.Name(task.status.state)}): "
                         "read it with GetTask")
-        async for event in self._follow(params.id):
+        async for event in self._follow(params.id, _settled):
             yield event
 
-    async def _follow(self, task_id: str) -> AsyncGenerator[Any]:
+    async def _follow(self, task_id: str, done: Callable[[Task], bool]
+                      ) -> AsyncGenerator[Any]:
         """The task as it stands, then each change of its status read from the store,
-        until it ends (its artifacts, then its final status)."""
+        until ``done`` says so (it ended: its artifacts, then its final status; or it
+        waits for input, A2A's interrupted state, which ends a stream too)."""
         task = await self._read(task_id)
         yield task
         last = MessageToDict(task.status)
         last.pop("timestamp", None)
-        while task.status.state not in FINAL_STATES:
+        while not done(task):
             await asyncio.sleep(self.mesh.poll_s)
             task = await self._read(task_id)
             now = MessageToDict(task.status)
@@ -332,6 +333,12 @@ class MeshRequestHandler(RequestHandler):
     async def on_get_extended_agent_card(self, params: GetExtendedAgentCardRequest,
                                          context: ServerCallContext) -> AgentCard:
         raise ExtendedAgentCardNotConfiguredError
+
+
+def _settled(task: Task) -> bool:
+    """Whether a stream of ``task`` ends: it ended, or it waits for input."""
+    return task.status.state in FINAL_STATES or \
+        task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
 
 
 def _pending(status: dict[str, Any]) -> list[str]:
