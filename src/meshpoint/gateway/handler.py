@@ -231,8 +231,9 @@ class MeshRequestHandler(RequestHandler):
         await self.mesh.log.note(self.agent, task_id, "message", sent)
         shown = MessageToDict(before.status)
 
-        def moved_on(task: Task) -> bool:
-            return task.status.state != TaskState.TASK_STATE_INPUT_REQUIRED or (
+        def moved_on(task: Task) -> bool:  # settled again, past the pause answered
+            return _settled(task) and (
+                task.status.state != TaskState.TASK_STATE_INPUT_REQUIRED or
                 _pending(MessageToDict(task.status)) != _pending(shown))
         return task_id, moved_on
 

@@ -183,10 +183,11 @@ async def _live(store: Any, task_id: str, context_id: str) -> dict[str, Any] | N
         restored = await store.restore_task(task_id, verify=False)
     except UnknownTaskError:
         return None
-    if restored.status != "input_required":
-        return status_json(TaskState.TASK_STATE_WORKING)
     pending = [describe(s.sub_task_id, s.correlation_data) for s in subs
                if s.status == "pending" and isinstance(s.correlation_data.get(APPROVAL), dict)]
+    if restored.status != "input_required" or not pending:
+        # Answered, it may still wait on its peers: working, to its caller.
+        return status_json(TaskState.TASK_STATE_WORKING)
     return status_json(TaskState.TASK_STATE_INPUT_REQUIRED, agent_message(
         task_id, context_id, "waits for a human to answer its pending calls",
         {"pending_approvals": pending}))
