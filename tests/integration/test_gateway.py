@@ -45,6 +45,7 @@ agents:
     tools: [{{name: send, function: 'os:getcwd', needs_approval: true}}]
   flights:
     description: Finds flights.
+    model: {{kind: scripted, persona: flights, delay_s: 0.3}}  # a stream sees it work
 """
 V1 = {"A2A-Version": "1.0"}
 
