@@ -186,7 +186,8 @@ def build_app(config: MeshConfig, mesh: Mesh, *, base_url: str,
         routes.append(Mount(f"/agents/{name}", routes=[
             *create_agent_card_routes(card, card_url=AGENT_CARD_WELL_KNOWN_PATH),
             *create_jsonrpc_routes(handler, rpc_url="/", enable_v0_3_compat=True)]))
-    return Guard(Starlette(routes=routes), tokens=tokens or [],
+    starlette: Any = Starlette(routes=routes)
+    return Guard(starlette, tokens=tokens or [],
                  max_body_bytes=max_body_bytes)
 
 

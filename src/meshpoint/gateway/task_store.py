@@ -83,4 +83,5 @@ def _task(event: Event) -> Task | None:
     body: Any = event.output_data
     if event.step_name == "delete" or not isinstance(body, dict):
         return None
-    return ParseDict(body, Task(), ignore_unknown_fields=True)
+    task: Task = ParseDict(body, Task(), ignore_unknown_fields=True)
+    return task

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from a2a.types.a2a_pb2 import Task, TaskState
-from google.protobuf.json_format import MessageToDict, ParseDict
+from google.protobuf.json_format import ParseDict
 
 from meshpoint import a2a
 from meshpoint.errors import MeshpointError, UnknownTaskError
@@ -49,7 +49,7 @@ FINAL_STATES = frozenset({TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_F
                           TaskState.TASK_STATE_CANCELED, TaskState.TASK_STATE_REJECTED})
 
 
-def state_of(state: a2a.TaskState) -> TaskState.ValueType:
+def state_of(state: a2a.TaskState) -> int:
     """meshpoint's wire state as the SDK's enum."""
     return _STATES[state]
 
@@ -112,9 +112,10 @@ async def read_task(store: Any, log: GatewayLog, agent: str, task_id: str, *,
     entries = await log.entries(agent, task_id)
     messages = [body for kind, body in entries if kind == "message"]
     statuses = [body for kind, body in entries if kind == "status"]
-    context_id = next((m.get("contextId") for m in messages if m.get("contextId")), task_id)
+    context_id = str(next((m["contextId"] for m in messages if m.get("contextId")), task_id))
     task: dict[str, Any] = {"id": task_id, "contextId": context_id}
-    status, artifacts = None, []
+    status: dict[str, Any] | None = None
+    artifacts: list[Any] = []
     if statuses and statuses[-1].get("state") in _FINAL_NAMES:
         status, artifacts = statuses[-1], statuses[-1].get("artifacts") or []
     if status is None:
@@ -135,13 +136,14 @@ async def read_task(store: Any, log: GatewayLog, agent: str, task_id: str, *,
         history = history[len(history) - history_length:] if history_length > 0 else []
     if history:
         task["history"] = history
-    return ParseDict(task, Task(), ignore_unknown_fields=True)
+    parsed: Task = ParseDict(task, Task(), ignore_unknown_fields=True)
+    return parsed
 
 
 _FINAL_NAMES = frozenset(TaskState.Name(s) for s in FINAL_STATES)
 
 
-def status_json(state: TaskState.ValueType, message: dict[str, Any] | None = None,
+def status_json(state: int, message: dict[str, Any] | None = None,
                 artifacts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A status entry: the state's name, the message, the time (ISO 8601, UTC)."""
     out: dict[str, Any] = {"state": TaskState.Name(state),
@@ -193,5 +195,3 @@ async def _live(store: Any, task_id: str, context_id: str) -> dict[str, Any] | N
         {"pending_approvals": pending}))
 
 
-def task_json(task: Task) -> dict[str, Any]:
-    return MessageToDict(task)
