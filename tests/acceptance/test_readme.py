@@ -65,8 +65,8 @@ def test_the_examples_run(page: str, index: int, expected: str, live: str | None
 def test_every_example_of_the_docs_is_run() -> None:
     """A whole program added to a page is added to the test above, not left unrun."""
     counted = {page.name: len(examples(page)) for page in PAGES if examples(page)}
-    assert counted == {"README.md": 3, "runtime.md": 1, "a2a.md": 1, "history.md": 1, "handoff.md": 1,
-                       "workflows.md": 1}
+    assert counted == {"README.md": 3, "runtime.md": 1, "a2a.md": 1, "history.md": 1,
+                       "handoff.md": 1, "workflows.md": 1}
 
 
 def cited(page: Path) -> set[str]:

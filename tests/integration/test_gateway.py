@@ -32,7 +32,7 @@ from google.protobuf.json_format import ParseDict
 from sqlalchemy import func, select
 
 from meshpoint.config import load_config
-from meshpoint.gateway.app import Credential, build_app, open_mesh
+from meshpoint.gateway.app import Credential, build_app, load_tokens, open_meshes
 from meshpoint.store.schema import paused_tasks
 
 CONFIG = """\
@@ -64,9 +64,10 @@ async def gateway(path: Path, tokens: list[Credential] | None = None
     config = load_config(path)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    async with open_mesh(config, wait_s=20.0) as mesh:
+    tenants = {c.tenant for c in tokens or [] if c.tenant is not None}
+    async with open_meshes(config, tenants, wait_s=20.0) as meshes:
         server = uvicorn.Server(uvicorn.Config(
-            build_app(config, mesh, base_url=base, tokens=tokens), host="127.0.0.1",
+            build_app(config, meshes, base_url=base, tokens=tokens), host="127.0.0.1",
             port=port, log_level="warning", lifespan="off"))
         serving = asyncio.create_task(server.serve())
         while not server.started:
@@ -321,3 +322,46 @@ async def test_a_bearer_token_is_required_when_the_gateway_has_tokens(
         assert before[1] == 0  # nothing was sent, nothing logged
         ok = await http.post(url, json=body, headers={"authorization": f"Bearer {token}"})
         assert ok.json()["result"]["status"]["state"] == "completed"
+
+
+@pytest.mark.postgres
+async def test_each_credential_reaches_its_own_tenants_tasks_only(
+        tmp_path: Path, postgres_url: str, pg_schema: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On PostgreSQL, a credential per tenant: each client's tasks are stored under its
+    tenant, and another tenant's client cannot read, answer or cancel them (the task
+    is unknown to it), nor a client without a token reach anything."""
+    path = tmp_path / "mesh.yaml"
+    path.write_text(CONFIG.format(db="x").replace(
+        "store: sqlite:///x", f"store: {{url: '{postgres_url}', schema: {pg_schema}}}"))
+    monkeypatch.setenv("GATEWAY_TOKENS", "alice@acme:token-of-alice-0001\n"
+                                         "bob@globex:token-of-bob-00002\n")
+    tokens = load_tokens("env:GATEWAY_TOKENS")
+    assert [(c.name, c.tenant) for c in tokens] == [("alice", "acme"), ("bob", "globex")]
+    alice = {"authorization": "Bearer token-of-alice-0001"}
+    bob = {"authorization": "Bearer token-of-bob-00002"}
+    async with gateway(path, tokens) as base, httpx.AsyncClient(timeout=30) as http:
+        url = f"{base}/agents/coordinator/"
+        task = (await rpc(http, url, "message/send",
+                          {"message": text_message("Trip: flights")}, alice))["result"]
+        assert task["status"]["state"] == "input-required"
+        [call] = pending_of(task)
+        for method, params in (
+                ("tasks/get", {"id": task["id"]}),
+                ("tasks/cancel", {"id": task["id"]}),
+                ("message/send", {"message": {
+                    "kind": "message", "role": "user", "messageId": "x",
+                    "taskId": task["id"], "parts": [{"kind": "data", "data": {
+                        "decision": "approve", "call_id": call["call_id"]}}]}})):
+            refused = await rpc(http, url, method, params, bob)
+            assert refused["error"]["code"] == -32001, (method, refused)
+        mine = (await rpc(http, url, "tasks/get", {"id": task["id"]}, alice))["result"]
+        assert mine["status"]["state"] == "input-required" and pending_of(mine) == [call]
+        # bob's own tasks run in his tenant, beside alice's.
+        his = (await rpc(http, f"{base}/agents/flights/", "message/send",
+                         {"message": text_message("flights")}, bob))["result"]
+        assert his["status"]["state"] == "completed"
+        assert (await rpc(http, f"{base}/agents/flights/", "tasks/get", {"id": his["id"]},
+                          alice))["error"]["code"] == -32001
+        canceled = (await rpc(http, url, "tasks/cancel", {"id": task["id"]}, alice))["result"]
+        assert canceled["status"]["state"] == "canceled"

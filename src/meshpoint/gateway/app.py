@@ -50,16 +50,19 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 @dataclass(frozen=True)
 class Credential:
-    """Who a bearer token stands for."""
+    """Who a bearer token stands for, and whose tasks it reaches: ``tenant`` (None:
+    the config's store tenant)."""
 
     name: str
     token: str
+    tenant: str | None = None
 
 
 def load_tokens(source: str) -> list[Credential]:
     """The credentials of ``source``: ``file:PATH`` or ``env:VAR`` (never the tokens
     themselves: a command line is seen by every user of the host), one per line,
-    ``NAME:TOKEN``; blank lines and ``#`` comments are skipped."""
+    ``NAME:TOKEN``, or ``NAME@TENANT:TOKEN`` for a client of that tenant's tasks only;
+    blank lines and ``#`` comments are skipped."""
     kind, _, where = source.partition(":")
     if kind == "file":
         try:
@@ -84,7 +87,8 @@ def load_tokens(source: str) -> list[Credential]:
         if not sep or not name.strip() or len(token.strip()) < 16:
             raise ConfigurationError(f"{source} line {number}: expected NAME:TOKEN, the "
                                      "token at least 16 characters")
-        found.append(Credential(name.strip(), token.strip()))
+        name, _, tenant = name.strip().partition("@")
+        found.append(Credential(name, token.strip(), tenant or None))
     if not found:
         raise ConfigurationError(f"{source} holds no NAME:TOKEN line")
     return found
@@ -126,7 +130,7 @@ class Guard:
                              "Bearer TOKEN (the agent card's securitySchemes)",
                              [(b"www-authenticate", b'Bearer realm="meshpoint"')])
                 return
-            scope["user"] = user
+            scope["user"], scope["auth"] = user
         kind = headers.get("content-type", "").split(";")[0].strip().lower()
         if kind not in ("application/json", "application/a2a+json"):
             await _error(send, 415, -32600, f"content type {kind or 'none'!r:.80} is not "
@@ -167,22 +171,24 @@ class Guard:
             return None
         for credential in self.tokens:
             if hmac.compare_digest(credential.token.encode(), token.strip().encode()):
-                return SimpleUser(credential.name)
+                return SimpleUser(credential.name), credential
         return None
 
 
-def build_app(config: MeshConfig, mesh: Mesh, *, base_url: str,
+def build_app(config: MeshConfig, mesh: Mesh | dict[str, Mesh], *, base_url: str,
               tokens: list[Credential] | None = None,
               max_body_bytes: int = MAX_BODY_BYTES) -> ASGIApp:
-    """The gateway's ASGI application over ``mesh`` for every agent of ``config``;
-    ``base_url`` is where clients reach it (the cards name it)."""
+    """The gateway's ASGI application over ``mesh`` (or the mesh of each tenant,
+    :func:`open_meshes`) for every agent of ``config``; ``base_url`` is where clients
+    reach it (the cards name it)."""
     from importlib.metadata import version
 
     routes = []
     for name, spec in config.agents.items():
         card = agent_card(name, spec, f"{base_url.rstrip('/')}/agents/{name}/",
                           version=version("meshpoint"), bearer=bool(tokens))
-        handler = MeshRequestHandler(name, mesh)
+        meshes = mesh if isinstance(mesh, dict) else {config.store.tenant: mesh}
+        handler = MeshRequestHandler(name, meshes, config.store.tenant)
         routes.append(Mount(f"/agents/{name}", routes=[
             *create_agent_card_routes(card, card_url=AGENT_CARD_WELL_KNOWN_PATH),
             *create_jsonrpc_routes(handler, rpc_url="/", enable_v0_3_compat=True)]))
@@ -214,14 +220,31 @@ async def open_mesh(config: MeshConfig, *, wait_s: float = 60.0) -> AsyncIterato
         await store.close()
 
 
+@contextlib.asynccontextmanager
+async def open_meshes(config: MeshConfig, tenants: set[str], *,
+                      wait_s: float = 60.0) -> AsyncIterator[dict[str, Mesh]]:
+    """:func:`open_mesh` for the config's tenant and each of ``tenants``: on
+    PostgreSQL each store is confined to its tenant by row-level security, and each
+    client calls its tenant's agents."""
+    async with contextlib.AsyncExitStack() as stack:
+        meshes: dict[str, Mesh] = {}
+        for tenant in sorted({config.store.tenant, *tenants}):
+            tenant_config = config.model_copy(update={
+                "store": config.store.model_copy(update={"tenant": tenant})})
+            meshes[tenant] = await stack.enter_async_context(
+                open_mesh(tenant_config, wait_s=wait_s))
+        yield meshes
+
+
 async def serve_gateway(config: MeshConfig, *, host: str, port: int,
                         tokens: list[Credential] | None = None,
                         wait_s: float = 60.0) -> None:
     """Serve every agent of ``config`` over A2A until SIGTERM or SIGINT."""
     import uvicorn
 
-    async with open_mesh(config, wait_s=wait_s) as mesh:
-        app = build_app(config, mesh, base_url=f"http://{host}:{port}", tokens=tokens)
+    tenants = {c.tenant for c in tokens or [] if c.tenant is not None}
+    async with open_meshes(config, tenants, wait_s=wait_s) as meshes:
+        app = build_app(config, meshes, base_url=f"http://{host}:{port}", tokens=tokens)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                lifespan="off"))
         serving = asyncio.create_task(server.serve())

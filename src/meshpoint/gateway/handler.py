@@ -173,11 +173,26 @@ def answer_of(message: Message, by: str) -> Answer:
 
 
 class MeshRequestHandler(RequestHandler):
-    """The handler of one agent's A2A endpoint (see the module docstring)."""
+    """The handler of one agent's A2A endpoint (see the module docstring). ``meshes``:
+    the mesh of each tenant the gateway serves; a call is served by its credential's
+    tenant's (``context.state["auth"].tenant``), or by the only one, without
+    credentials. One handler object serves one call (:meth:`for_call`)."""
 
-    def __init__(self, agent: str, mesh: Mesh) -> None:
+    def __init__(self, agent: str, meshes: dict[str, Mesh], default: str) -> None:
         self.agent = agent
-        self.mesh = mesh
+        self.meshes = meshes
+        self.default = default
+        self.mesh = meshes[default]
+
+    def for_call(self, context: ServerCallContext) -> MeshRequestHandler:
+        """This handler on the mesh of the call's tenant."""
+        tenant = getattr(context.state.get("auth"), "tenant", None) or self.default
+        mesh = self.meshes.get(tenant)
+        if mesh is None:  # a credential of a tenant this gateway does not serve
+            raise InternalError(message=f"tenant {tenant!r} is not served here")
+        handler = MeshRequestHandler(self.agent, self.meshes, self.default)
+        handler.mesh = mesh
+        return handler
 
     async def _read(self, task_id: str, history_length: int | None = None) -> Task:
         try:
@@ -239,6 +254,10 @@ class MeshRequestHandler(RequestHandler):
 
     async def on_message_send(self, params: SendMessageRequest,
                               context: ServerCallContext) -> Task | Message:
+        return await self.for_call(context)._send(params, context)
+
+    async def _send(self, params: SendMessageRequest,
+                    context: ServerCallContext) -> Task | Message:
         task_id, done = await self._start(params, context)
         config = params.configuration
         history = config.history_length if config.HasField("history_length") else None
@@ -249,18 +268,20 @@ class MeshRequestHandler(RequestHandler):
     async def on_message_send_stream(self, params: SendMessageRequest,
                                      context: ServerCallContext
                                      ) -> AsyncGenerator[Any]:
-        task_id, done = await self._start(params, context)
-        async for event in self._follow(task_id, done):
+        handler = self.for_call(context)
+        task_id, done = await handler._start(params, context)
+        async for event in handler._follow(task_id, done):
             yield event
 
     async def on_subscribe_to_task(self, params: SubscribeToTaskRequest,
                                    context: ServerCallContext) -> AsyncGenerator[Any]:
-        task = await self._read(params.id)
+        handler = self.for_call(context)
+        task = await handler._read(params.id)
         if task.status.state in FINAL_STATES:
             raise UnsupportedOperationError(
                 message=f"task {params.id} has ended ({TaskState.Name(task.status.state)}): "
                         "read it with GetTask")
-        async for event in self._follow(params.id, _settled):
+        async for event in handler._follow(params.id, _settled):
             yield event
 
     async def _follow(self, task_id: str, done: Callable[[Task], bool]
@@ -293,11 +314,14 @@ class MeshRequestHandler(RequestHandler):
                           context: ServerCallContext) -> Task | None:
         if params.HasField("history_length") and params.history_length < 0:
             raise InvalidParamsError(message="historyLength must be >= 0")
-        return await self._read(params.id, params.history_length
-                                if params.HasField("history_length") else None)
+        return await self.for_call(context)._read(
+            params.id, params.history_length if params.HasField("history_length") else None)
 
     async def on_cancel_task(self, params: CancelTaskRequest,
                              context: ServerCallContext) -> Task | None:
+        return await self.for_call(context)._cancel(params)
+
+    async def _cancel(self, params: CancelTaskRequest) -> Task:
         task = await self._read(params.id)
         if task.status.state in FINAL_STATES:
             raise TaskNotCancelableError(
