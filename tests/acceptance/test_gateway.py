@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,11 +24,17 @@ from tests.integration.test_gateway import free_port, pending_of, text_message
 pytestmark = [pytest.mark.nats, pytest.mark.postgres, pytest.mark.timeout(180)]
 
 
+TOKEN = "token-of-the-test-client"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
 def spawn_gateway(cluster: Cluster, port: int) -> subprocess.Popen[bytes]:
+    tokens = cluster.workdir / "tokens"
+    tokens.write_text(f"# the test's client\ntester:{TOKEN}\n")
     with (cluster.workdir / f"gateway-{port}.log").open("wb") as log:  # the child keeps it
         process = subprocess.Popen(
             cluster.command("gateway", "--config", str(cluster.config_path),
-                            "--port", str(port)),
+                            "--port", str(port), "--tokens", f"file:{tokens}"),
             stdout=subprocess.PIPE, stderr=log, env=cluster.env)
     assert process.stdout is not None
     deadline = time.monotonic() + 60
@@ -72,7 +79,8 @@ def gateways(tmp_path: Path, namespace: str, nats_url: str, postgres_url: str,
 
 def call(url: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
     body: dict[str, Any] = httpx.post(url, json={"jsonrpc": "2.0", "id": 1, "method": method,
-                                                 "params": params}, timeout=60).json()
+                                                 "params": params}, headers=AUTH,
+                                      timeout=60).json()
     return body
 
 
@@ -109,7 +117,7 @@ def test_one_gateway_answers_for_the_others_tasks(
 def test_a_stream_cut_by_a_killed_gateway_goes_on_through_the_other(
         gateways: tuple[Cluster, list[str], list[subprocess.Popen[bytes]]]) -> None:
     _, (a, b), processes = gateways
-    with httpx.Client(timeout=60) as http:
+    with httpx.Client(timeout=60, headers=AUTH) as http:
         # The coordinator asks two slow peers and waits for a human to approve a call.
         request = {"jsonrpc": "2.0", "id": 9, "method": "message/stream",
                    "params": {"message": text_message("Plan: weather, hotels")}}
@@ -133,7 +141,8 @@ def test_a_stream_cut_by_a_killed_gateway_goes_on_through_the_other(
         "kind": "message", "role": "user", "messageId": "ok", "taskId": task_id,
         "parts": [{"kind": "data", "data": {"decision": "deny",
                                             "call_id": pending["call_id"]}}]}}}
-    with httpx.Client(timeout=60) as http, http.stream("POST", b, json=answer) as response:
+    with httpx.Client(timeout=60, headers=AUTH) as http, \
+            http.stream("POST", b, json=answer) as response:
         rest = list(sse(response))
     ends = [e for e in rest if e["kind"] == "status-update" and e["final"]]
     assert [e["status"]["state"] for e in ends] == ["completed"]  # its end, once
@@ -143,3 +152,20 @@ def test_a_stream_cut_by_a_killed_gateway_goes_on_through_the_other(
     got = call(b, "tasks/get", {"id": task_id})["result"]
     assert got["status"]["state"] == "completed" and got["status"]["message"]["parts"][0][
         "text"] == text
+
+
+def test_the_command_line_keeps_tokens_off_it(tmp_path: Path) -> None:
+    """A token written in the command line is refused (ps shows it to every user), as
+    is a tokens file that says nothing usable."""
+    config = tmp_path / "mesh.yaml"
+    config.write_text(f"store: sqlite:///{tmp_path / 'mesh.db'}\nbroker: memory://\n"
+                      "agents: {flights: {}}\n")
+    command = [sys.executable, "-m", "meshpoint.cli", "gateway", "--config", str(config)]
+    bare = subprocess.run([*command, "--tokens", TOKEN], capture_output=True, text=True,
+                          timeout=60)
+    assert bare.returncode == 2 and "command line" in " ".join(bare.stderr.split())
+    assert TOKEN not in bare.stderr
+    (tmp_path / "tokens").write_text("alice:short\n")
+    short = subprocess.run([*command, "--tokens", f"file:{tmp_path / 'tokens'}"],
+                           capture_output=True, text=True, timeout=60)
+    assert short.returncode == 1 and "at least 16 characters" in short.stderr
