@@ -58,8 +58,8 @@ def free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def gateway(path: Path, tokens: list[Credential] | None = None
-                  ) -> AsyncIterator[str]:
+async def gateway(path: Path, tokens: list[Credential] | None = None,
+                  root_agent: str | None = None) -> AsyncIterator[str]:
     """A gateway on ``path``'s config, served by uvicorn; yields its base URL."""
     config = load_config(path)
     port = free_port()
@@ -67,7 +67,8 @@ async def gateway(path: Path, tokens: list[Credential] | None = None
     tenants = {c.tenant for c in tokens or [] if c.tenant is not None}
     async with open_meshes(config, tenants, wait_s=20.0) as meshes:
         server = uvicorn.Server(uvicorn.Config(
-            build_app(config, meshes, base_url=base, tokens=tokens), host="127.0.0.1",
+            build_app(config, meshes, base_url=base, tokens=tokens, root_agent=root_agent),
+            host="127.0.0.1",
             port=port, log_level="warning", lifespan="off"))
         serving = asyncio.create_task(server.serve())
         while not server.started:
@@ -151,6 +152,21 @@ async def test_send_and_get_on_the_wire_with_either_protocol_version(
         again = (await rpc(http, f"{base}/agents/flights/", "tasks/get",
                            {"id": sent["id"]}))["result"]
     assert again["status"] == sent["status"] and again["artifacts"] == sent["artifacts"]
+
+
+async def test_a_root_agent_is_served_at_the_hosts_root_too(mesh_file: Path) -> None:
+    """``--root-agent``: a client that knows only the host finds the agent's card at
+    ``/.well-known/agent-card.json``; a 1.0 method without ``A2A-Version`` is 1.0."""
+    async with gateway(mesh_file, root_agent="flights") as base, \
+            httpx.AsyncClient(timeout=30) as http:
+        card = (await http.get(f"{base}/.well-known/agent-card.json")).json()
+        assert card["name"] == "flights"
+        assert card["supportedInterfaces"][0]["url"] == f"{base}/"
+        sent = (await rpc(http, f"{base}/", "SendMessage", {"message": {
+            "role": "ROLE_USER", "messageId": "m1", "parts": [{"text": "flights"}]}}))
+        assert sent["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+        other = (await http.get(f"{base}/agents/coordinator/.well-known/agent-card.json"))
+        assert other.json()["name"] == "coordinator"
 
 
 async def test_input_required_is_answered_by_a_message_on_the_task(mesh_file: Path) -> None:

@@ -32,6 +32,10 @@ def gateway(
         help="Require a bearer token: file:PATH or env:VAR holding NAME:TOKEN lines, one "
              "per client (never the tokens themselves). Default: no authentication.")
     ] = None,
+    root_agent: Annotated[str | None, typer.Option(
+        "--root-agent", help="Serve this agent at / too (its card at "
+                             "/.well-known/agent-card.json), for clients that know only a "
+                             "host.")] = None,
     wait: Annotated[float, typer.Option(
         min=0.1, help="Seconds a SendMessage waits for the task to end or pause for "
                       "input before it returns the task as it stands.")] = 60.0,
@@ -48,7 +52,7 @@ def gateway(
         mesh = load_config(config)
         credentials = load_tokens(tokens) if tokens is not None else None
         asyncio.run(serve_gateway(mesh, host=host, port=port, tokens=credentials,
-                                  wait_s=wait))
+                                  root_agent=root_agent, wait_s=wait))
     except MeshpointError as error:
         fail(error)
 

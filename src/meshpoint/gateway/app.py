@@ -94,6 +94,16 @@ def load_tokens(source: str) -> list[Credential]:
     return found
 
 
+def _names_a_v1_method(body: bytes) -> bool:
+    """Whether ``body`` is a JSON-RPC request naming an A2A 1.0 method (``SendMessage``;
+    0.3's names have a slash: ``message/send``)."""
+    try:
+        method = json.loads(body).get("method")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(method, str) and method.isalpha()
+
+
 def _error(send: Send, status: int, code: int, message: str,
            headers: list[tuple[bytes, bytes]] | None = None) -> Awaitable[None]:
     body = json.dumps({"jsonrpc": "2.0", "id": None,
@@ -153,6 +163,10 @@ class Guard:
                 return
             if not event.get("more_body"):
                 break
+        if "a2a-version" not in headers and _names_a_v1_method(bytes(body)):
+            # The SDK takes a request without A2A-Version as 0.3 and refuses 1.0's
+            # method names then; a client that names one means 1.0.
+            scope = {**scope, "headers": [*scope["headers"], (b"a2a-version", b"1.0")]}
         replayed = False
 
         async def replay() -> dict[str, Any]:
@@ -176,20 +190,26 @@ class Guard:
 
 
 def build_app(config: MeshConfig, mesh: Mesh | dict[str, Mesh], *, base_url: str,
-              tokens: list[Credential] | None = None,
+              tokens: list[Credential] | None = None, root_agent: str | None = None,
               max_body_bytes: int = MAX_BODY_BYTES) -> ASGIApp:
     """The gateway's ASGI application over ``mesh`` (or the mesh of each tenant,
     :func:`open_meshes`) for every agent of ``config``; ``base_url`` is where clients
-    reach it (the cards name it)."""
+    reach it (the cards name it). ``root_agent`` is served at ``/`` too (its card at
+    ``/.well-known/agent-card.json``), for a client that knows only a host."""
+    if root_agent is not None:
+        config.agent_config(root_agent)  # a clear error for a typo
     from importlib.metadata import version
 
     routes = []
-    for name, spec in config.agents.items():
-        card = agent_card(name, spec, f"{base_url.rstrip('/')}/agents/{name}/",
+    meshes = mesh if isinstance(mesh, dict) else {config.store.tenant: mesh}
+    served = [(name, f"/agents/{name}") for name in config.agents]
+    if root_agent is not None:  # last: /agents/... is matched first
+        served.append((root_agent, ""))
+    for name, prefix in served:
+        card = agent_card(name, config.agents[name], f"{base_url.rstrip('/')}{prefix}/",
                           version=version("meshpoint"), bearer=bool(tokens))
-        meshes = mesh if isinstance(mesh, dict) else {config.store.tenant: mesh}
         handler = MeshRequestHandler(name, meshes, config.store.tenant)
-        routes.append(Mount(f"/agents/{name}", routes=[
+        routes.append(Mount(prefix, routes=[
             *create_agent_card_routes(card, card_url=AGENT_CARD_WELL_KNOWN_PATH),
             *create_jsonrpc_routes(handler, rpc_url="/", enable_v0_3_compat=True)]))
     starlette: Any = Starlette(routes=routes)
@@ -238,13 +258,14 @@ async def open_meshes(config: MeshConfig, tenants: set[str], *,
 
 async def serve_gateway(config: MeshConfig, *, host: str, port: int,
                         tokens: list[Credential] | None = None,
-                        wait_s: float = 60.0) -> None:
+                        root_agent: str | None = None, wait_s: float = 60.0) -> None:
     """Serve every agent of ``config`` over A2A until SIGTERM or SIGINT."""
     import uvicorn
 
     tenants = {c.tenant for c in tokens or [] if c.tenant is not None}
     async with open_meshes(config, tenants, wait_s=wait_s) as meshes:
-        app = build_app(config, meshes, base_url=f"http://{host}:{port}", tokens=tokens)
+        app = build_app(config, meshes, base_url=f"http://{host}:{port}", tokens=tokens,
+                        root_agent=root_agent)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                lifespan="off"))
         serving = asyncio.create_task(server.serve())
