@@ -169,6 +169,32 @@ async def test_a_root_agent_is_served_at_the_hosts_root_too(mesh_file: Path) -> 
         assert other.json()["name"] == "coordinator"
 
 
+async def test_list_reads_the_agents_tasks_from_the_store(mesh_file: Path) -> None:
+    async with gateway(mesh_file) as base, httpx.AsyncClient(timeout=30) as http:
+        url = f"{base}/agents/flights/"
+        sent = [(await rpc(http, url, "SendMessage", {"message": {
+            "role": "ROLE_USER", "messageId": f"m{n}", "contextId": f"ctx-{n % 2}",
+            "parts": [{"text": f"flights {n}"}]}}, V1))["result"]["task"] for n in range(3)]
+        listed = (await rpc(http, url, "ListTasks", {}, V1))["result"]
+        assert [t["id"] for t in listed["tasks"]] == [t["id"] for t in reversed(sent)]
+        assert listed["totalSize"] == 3 and "artifacts" not in listed["tasks"][0]
+        page = (await rpc(http, url, "ListTasks", {"contextId": "ctx-0", "pageSize": 1,
+                                                   "includeArtifacts": True}, V1))["result"]
+        assert [t["id"] for t in page["tasks"]] == [sent[2]["id"]] and page["totalSize"] == 2
+        assert page["tasks"][0]["artifacts"]
+        rest = (await rpc(http, url, "ListTasks", {"contextId": "ctx-0", "pageSize": 1,
+                                                   "pageToken": page["nextPageToken"]},
+                          V1))["result"]
+        assert [t["id"] for t in rest["tasks"]] == [sent[0]["id"]]
+        assert not rest.get("nextPageToken")
+        for bad in ({"pageSize": 0}, {"pageSize": 101}, {"pageToken": "nope"},
+                    {"historyLength": -1}):
+            assert (await rpc(http, url, "ListTasks", bad, V1))["error"]["code"] == -32602
+        # Another agent's list has none of them.
+        other = (await rpc(http, f"{base}/agents/coordinator/", "ListTasks", {}, V1))
+        assert other["result"].get("tasks", []) == []
+
+
 async def test_input_required_is_answered_by_a_message_on_the_task(mesh_file: Path) -> None:
     async with gateway(mesh_file) as base, httpx.AsyncClient(timeout=30) as http:
         url = f"{base}/agents/coordinator/"

@@ -332,8 +332,43 @@ class MeshRequestHandler(RequestHandler):
 
     async def on_list_tasks(self, params: ListTasksRequest,
                             context: ServerCallContext) -> ListTasksResponse:
-        raise UnsupportedOperationError(message="ListTasks is not served: `meshpoint tasks "
-                                                "list` lists a mesh's tasks")
+        return await self.for_call(context)._list(params)
+
+    async def _list(self, params: ListTasksRequest) -> ListTasksResponse:
+        """The agent's tasks sent through a gateway (of this tenant), each read from the
+        store, the latest updated first; ``pageToken`` is the offset of the page."""
+        size = params.page_size if params.HasField("page_size") else 50
+        if not 1 <= size <= 100:
+            raise InvalidParamsError(message="pageSize must be from 1 to 100")
+        if params.HasField("history_length") and params.history_length < 0:
+            raise InvalidParamsError(message="historyLength must be >= 0")
+        try:
+            offset = int(params.page_token or "0")
+        except ValueError:
+            offset = -1
+        if offset < 0:
+            raise InvalidParamsError(message=f"pageToken {params.page_token!r:.80} is not "
+                                             "one this server gave")
+        history = params.history_length if params.HasField("history_length") else None
+        tasks = []
+        for task_id in await self.mesh.log.task_ids(self.agent):
+            task = await self._read(task_id, history)
+            if params.context_id and task.context_id != params.context_id:
+                continue
+            if params.status and task.status.state != params.status:
+                continue
+            if params.HasField("status_timestamp_after") and (
+                    task.status.timestamp.ToNanoseconds() <
+                    params.status_timestamp_after.ToNanoseconds()):
+                continue
+            if not params.include_artifacts:
+                del task.artifacts[:]
+            tasks.append(task)
+        tasks.sort(key=lambda t: t.status.timestamp.ToNanoseconds(), reverse=True)
+        page = tasks[offset:offset + size]
+        more = offset + size < len(tasks)
+        return ListTasksResponse(tasks=page, page_size=len(page), total_size=len(tasks),
+                                 next_page_token=str(offset + size) if more else "")
 
     async def on_create_task_push_notification_config(
             self, params: TaskPushNotificationConfig,

@@ -17,7 +17,7 @@ A task none of them knows is unknown (``TaskNotFoundError`` to the client).
 
 from __future__ import annotations
 
-import time
+from datetime import UTC, datetime
 from typing import Any
 
 from a2a.types.a2a_pb2 import Task, TaskState
@@ -93,6 +93,12 @@ class GatewayLog:
         self.events.log_event(agent, task_id, EVENT_TYPE, step_name=kind, output_data=body)
         await self.events.flush()
 
+    async def task_ids(self, agent: str) -> list[str]:
+        """The tasks of ``agent`` sent through a gateway, the latest sent first."""
+        found = await self.events.get_events(agent_id=agent, event_type=EVENT_TYPE,
+                                             newest_first=True)
+        return list(dict.fromkeys(e.thread_id for e in found if e.thread_id))
+
     async def entries(self, agent: str, task_id: str) -> list[tuple[str, dict[str, Any]]]:
         found = await self.events.get_events(thread_id=task_id, agent_id=agent,
                                              event_type=EVENT_TYPE)
@@ -146,8 +152,8 @@ _FINAL_NAMES = frozenset(TaskState.Name(s) for s in FINAL_STATES)
 def status_json(state: int, message: dict[str, Any] | None = None,
                 artifacts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A status entry: the state's name, the message, the time (ISO 8601, UTC)."""
-    out: dict[str, Any] = {"state": TaskState.Name(state),
-                           "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    out: dict[str, Any] = {"state": TaskState.Name(state), "timestamp": now}
     if message is not None:
         out["message"] = message
     if artifacts:
