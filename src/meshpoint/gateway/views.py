@@ -179,7 +179,12 @@ async def _ended(store: Any, task_id: str, context_id: str) -> dict[str, Any] | 
     said = said if isinstance(said, dict) else {}
     text = said.get("answer") if said.get("answer") is not None else (
         said.get("reason") or phase)
-    return status_json(state, agent_message(task_id, context_id, str(text)))
+    status = status_json(state, agent_message(task_id, context_id, str(text)))
+    ended_at = getattr(record.metadata, "timestamp", None)  # ISO 8601: when it ended
+    if isinstance(ended_at, str) and ended_at:
+        status["timestamp"] = ended_at if ended_at.endswith("Z") or "+" in ended_at \
+            else f"{ended_at}Z"
+    return status
 
 
 async def _live(store: Any, task_id: str, context_id: str) -> dict[str, Any] | None:
