@@ -34,6 +34,7 @@ from sqlalchemy import func, select
 from meshpoint.config import load_config
 from meshpoint.gateway.app import Credential, build_app, load_tokens, open_meshes
 from meshpoint.store.schema import paused_tasks
+from tests.integration.mesh import eventually
 
 CONFIG = """\
 store: sqlite:///{db}
@@ -48,6 +49,16 @@ agents:
     model: {{kind: scripted, persona: flights, delay_s: 0.3}}  # a stream sees it work
 """
 V1 = {"A2A-Version": "1.0"}
+
+
+#: The meshes of the gateways the tests started, the latest last.
+opened: list[dict[str, Any]] = []
+
+
+async def forgot_everything(meshes: dict[str, Any]) -> bool:
+    """Whether no gateway client keeps anything of a request (its answers recorded)."""
+    return all(not (m.client.answers or m.client.input_required or m.client.updates)
+               for m in meshes.values())
 
 
 def free_port() -> int:
@@ -66,6 +77,7 @@ async def gateway(path: Path, tokens: list[Credential] | None = None,
     base = f"http://127.0.0.1:{port}"
     tenants = {c.tenant for c in tokens or [] if c.tenant is not None}
     async with open_meshes(config, tenants, wait_s=20.0) as meshes:
+        opened.append(meshes)
         server = uvicorn.Server(uvicorn.Config(
             build_app(config, meshes, base_url=base, tokens=tokens, root_agent=root_agent),
             host="127.0.0.1",
@@ -147,6 +159,8 @@ async def test_send_and_get_on_the_wire_with_either_protocol_version(
         got = (await rpc(http, url, "GetTask", {"id": v1["id"]}, V1))["result"]
         assert got["status"]["message"]["parts"][0]["text"].startswith(
             "[flights] flights to Oslo")
+        await eventually(lambda: forgot_everything(opened[-1]),
+                         what="the gateway's client forgetting the answered requests")
     # Another gateway on the same store (this one gone) reads the task alike.
     async with gateway(mesh_file) as base, httpx.AsyncClient(timeout=30) as http:
         again = (await rpc(http, f"{base}/agents/flights/", "tasks/get",

@@ -134,6 +134,8 @@ class Mesh:
             return
         except MeshpointError as error:  # the store is away: GetTask reads the history
             logger.warning("could not record the answer of %s: %s", task_id, error)
+        finally:
+            self.client.forget(request_id)
 
     async def close(self) -> None:
         for watcher in list(self._watchers):
