@@ -36,13 +36,15 @@ def examples(page: Path) -> list[str]:
     ("docs/runtime.md", 0, "refund {'query': 'Refund order 1042'}\ncompleted Answer to "
                            "'Refund order 1042':\n- refund(Refund order 1042) = refunded "
                            "half of order 1042", "approvals.db"),  # approvals
+    ("docs/a2a.md", 0, "True book\nTrue - ask_flights(flights) = [flights] flights",
+     "a2a.db"),  # a stock A2A client through the gateway
     ("docs/history.md", 0, "2 completed 0.00036 k1\n1 waiting_peers 0.00036 k1\nTrue", None),
     ("docs/handoff.md", 0, "completed 12\n1 context_utilization True\n"
                            "2 context_utilization True\n3 context_utilization True",
      "handoff.db"),
     ("docs/workflows.md", 0, "completed reviser, call 1, on 'Heat pumps'\n{'web': 1, 'papers': 1, "
                              "'writer': 1, 'critic': 2, 'reviser': 1}", "workflows.db"),
-], ids=["store", "runtime", "langgraph-saver", "approvals", "history", "handoff",
+], ids=["store", "runtime", "langgraph-saver", "approvals", "a2a", "history", "handoff",
         "workflows"])
 def test_the_examples_run(page: str, index: int, expected: str, live: str | None,
                           tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -63,8 +65,8 @@ def test_the_examples_run(page: str, index: int, expected: str, live: str | None
 def test_every_example_of_the_docs_is_run() -> None:
     """A whole program added to a page is added to the test above, not left unrun."""
     counted = {page.name: len(examples(page)) for page in PAGES if examples(page)}
-    assert counted == {"README.md": 3, "runtime.md": 1, "history.md": 1, "handoff.md": 1,
-                       "workflows.md": 1}
+    assert counted == {"README.md": 3, "runtime.md": 1, "a2a.md": 1, "history.md": 1,
+                       "handoff.md": 1, "workflows.md": 1}
 
 
 def cited(page: Path) -> set[str]:

@@ -11,6 +11,7 @@
 * :mod:`~meshpoint.cli.broker`: ``nats-config`` (a NATS user per agent, client and
   approver) and ``keys approver new``;
 * :mod:`~meshpoint.cli.dashboard`: ``dashboard`` (serves :mod:`meshpoint.dashboard`);
+* :mod:`~meshpoint.cli.gateway`: ``gateway`` (the mesh's agents as A2A servers over HTTP);
 * :mod:`~meshpoint.cli.common`: what every group shares (options, output, errors).
 
 The CLI may import every other part of meshpoint; nothing imports the CLI but the

@@ -34,6 +34,7 @@ from meshpoint.cli.common import (
 from meshpoint.cli.costs import cost_commands
 from meshpoint.cli.dashboard import dashboard_commands
 from meshpoint.cli.events import event_commands
+from meshpoint.cli.gateway import gateway_commands
 from meshpoint.cli.handoffs import handoff_commands
 from meshpoint.cli.history import history_commands, keys_app
 from meshpoint.cli.llm import llm_app
@@ -51,6 +52,7 @@ handoff_commands(tasks_app)
 cost_commands(tasks_app)
 broker_commands(app, keys_app)
 dashboard_commands(app)
+gateway_commands(app)
 app.add_typer(llm_app, name="llm")
 
 #: ``serve`` and ``submit`` need the whole mesh, not only its store.

@@ -139,6 +139,14 @@ class Client:
                                f"{self._prefix}.status.{request_id}"))
         return request_id
 
+    def forget(self, request_id: str) -> None:
+        """Drop what this client keeps of ``request_id`` (its answers, updates and
+        waits): a long-lived client (the A2A gateway) calls it once it has recorded
+        the answer elsewhere, so that its memory does not grow with every request."""
+        for kept in (self.answers, self._waiters, self._agents, self.input_required,
+                     self.updates, self._inputs):
+            kept.pop(request_id, None)
+
     def task_id(self, agent: str, request_id: str) -> str:
         """The id ``agent`` gives the task of ``request_id`` (see derive_task_id)."""
         return wire.derive_task_id(agent, f"{self._prefix}.response.{request_id}", request_id)
