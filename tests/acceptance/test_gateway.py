@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from meshpoint.gateway.app import READY
+from meshpoint.integrations.a2a.app import READY
 from tests.cluster import Cluster, mesh_config
 from tests.integration.test_gateway import free_port, pending_of, text_message
 

@@ -32,7 +32,7 @@ from google.protobuf.json_format import ParseDict
 from sqlalchemy import func, select
 
 from meshpoint.config import load_config
-from meshpoint.gateway.app import Credential, build_app, load_tokens, open_meshes
+from meshpoint.integrations.a2a.app import Credential, build_app, load_tokens, open_meshes
 from meshpoint.store.schema import paused_tasks
 from tests.integration.mesh import eventually
 

@@ -12,7 +12,7 @@ from a2a.types.a2a_pb2 import ListTasksRequest, Task, TaskState, TaskStatus
 from google.protobuf.json_format import ParseDict
 
 from meshpoint.events import EventStore
-from meshpoint.gateway.task_store import EVENT_TYPE, StoreTaskStore
+from meshpoint.integrations.a2a.task_store import EVENT_TYPE, StoreTaskStore
 from meshpoint.store import SqlStore, open_store
 
 CALL = ServerCallContext()

@@ -1,5 +1,5 @@
 """``meshpoint gateway``: every agent of a mesh config as an A2A server over HTTP
-(:mod:`meshpoint.gateway`), for any A2A client."""
+(:mod:`meshpoint.integrations.a2a`), for any A2A client."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def gateway(
     With a memory:// broker the agents run in this process; with NATS, the gateway is a
     client of the `meshpoint serve` processes, and any number of gateways can run."""
     from meshpoint.config import load_config
-    from meshpoint.gateway.app import load_tokens, serve_gateway
+    from meshpoint.integrations.a2a.app import load_tokens, serve_gateway
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     try:

@@ -5,7 +5,7 @@
 at once) until the task ends or waits for input; a message naming a task that waits
 for input answers it (see :func:`answer_of`). ``GetTask``, ``CancelTask``,
 ``SendStreamingMessage`` and ``SubscribeToTask`` read the task from the store
-(:mod:`meshpoint.gateway.views`): the handler keeps no task in memory, so any gateway
+(:mod:`meshpoint.integrations.a2a.views`): the handler keeps no task in memory, so any gateway
 process answers for any task, after any of them restarted. The only thing a gateway
 holds is the inbox of the requests it sent: the answer it hears there is written to
 the event log at once, for every other gateway to read.
@@ -57,7 +57,7 @@ from pydantic import ValidationError
 
 from meshpoint import a2a
 from meshpoint.errors import MeshpointError, UnknownTaskError
-from meshpoint.gateway.views import (
+from meshpoint.integrations.a2a.views import (
     FINAL_STATES,
     GatewayLog,
     agent_message,
@@ -69,7 +69,7 @@ from meshpoint.gateway.views import (
 from meshpoint.runtime import Client
 from meshpoint.runtime.decisions import Answer, Approve, Deny, Reply
 
-logger = logging.getLogger("meshpoint.gateway")
+logger = logging.getLogger("meshpoint.integrations.a2a")
 
 
 @dataclass

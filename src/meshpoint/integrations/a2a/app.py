@@ -33,9 +33,9 @@ from starlette.routing import Mount
 from meshpoint.config import MeshConfig
 from meshpoint.errors import ConfigurationError
 from meshpoint.events import EventStore
-from meshpoint.gateway.cards import agent_card
-from meshpoint.gateway.handler import Mesh, MeshRequestHandler
-from meshpoint.gateway.views import GatewayLog
+from meshpoint.integrations.a2a.cards import agent_card
+from meshpoint.integrations.a2a.handler import Mesh, MeshRequestHandler
+from meshpoint.integrations.a2a.views import GatewayLog
 
 #: Printed (and flushed) on stdout once the gateway takes requests; scripts wait for it.
 READY = "meshpoint: gateway ready"
