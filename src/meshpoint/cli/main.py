@@ -36,6 +36,7 @@ from meshpoint.cli.events import event_commands
 from meshpoint.cli.handoffs import handoff_commands
 from meshpoint.cli.history import history_commands, keys_app
 from meshpoint.cli.llm import llm_app
+from meshpoint.cli.sync import sync_app
 from meshpoint.cli.tasks import recover, tasks_app
 from meshpoint.errors import ConfigurationError, MeshpointError
 
@@ -50,6 +51,7 @@ handoff_commands(tasks_app)
 cost_commands(tasks_app)
 broker_commands(app, keys_app)
 app.add_typer(llm_app, name="llm")
+app.add_typer(sync_app, name="sync")
 
 #: ``serve`` and ``submit`` need the whole mesh, not only its store.
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", envvar="MESHPOINT_CONFIG",
