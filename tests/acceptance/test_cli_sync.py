@@ -1,0 +1,194 @@
+"""``meshpoint sync`` as a real process: killed with SIGKILL at random points while a
+local runtime keeps writing, then run once more, the cloud holds exactly the local
+rows and ``meshpoint verify`` passes every chain; a rerun applies nothing; ``sync
+status`` and ``sync conflicts`` report; bad input is refused before anything is
+written. The 20-kill run: ``MESHPOINT_SYNC_KILLS=20``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import insert, select
+from sqlalchemy.engine import make_url
+
+from meshpoint.store import open_store
+from meshpoint.store.postgres_tenancy import grant_runtime_role
+from meshpoint.store.schema import events
+from meshpoint.sync.tables import sync_cursors, sync_sources
+from tests.acceptance.test_cli_history import meshpoint
+from tests.conftest import fresh_pg_schema, pg_drop_roles, pg_execute_async
+from tests.integration.sync_local import TENANT, cloud_config, local_config, run_tasks, tenant_rows
+
+pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("pg_roles")]
+ROOT = Path(__file__).resolve().parents[2]
+KILLS = int(os.environ.get("MESHPOINT_SYNC_KILLS", "5"))
+
+
+class Cloud:
+    def __init__(self, owner_url: str, schema: str, role: str) -> None:
+        self.owner_url, self.schema, self.role = owner_url, schema, role
+        self.url = make_url(owner_url).set(username=role).render_as_string(
+            hide_password=False)
+
+
+@pytest.fixture
+async def cloud(postgres_url: str) -> AsyncIterator[Cloud]:
+    schema = await fresh_pg_schema()
+    role = f"mp_sync_{uuid.uuid4().hex[:10]}"
+    owner = await open_store(postgres_url, schema=schema)
+    try:
+        await grant_runtime_role(owner, role)
+        yield Cloud(postgres_url, schema, role)
+    finally:
+        await owner.close()
+        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
+        await pg_drop_roles(role)
+
+
+def sync_args(where: Path, cloud: Cloud, *more: str, command: str | None = None
+              ) -> list[str]:
+    return ["sync", *([command] if command else []), "--from", f"sqlite:///{where / 'local.db'}", "--to", cloud.url,
+            "--schema", cloud.schema, "--tenant", TENANT, *more]
+
+
+def run_json(*args: str, cwd: Path) -> tuple[int, Any]:
+    done = meshpoint(*args, "--json", cwd=cwd)
+    try:
+        return done.returncode, json.loads(done.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(f"exit {done.returncode}: {done.stdout}{done.stderr}") from None
+
+
+async def both_sides(where: Path, cloud: Cloud) -> tuple[Any, Any]:
+    async with open_store(f"sqlite:///{where / 'local.db'}", tenant_id=TENANT,
+                          migrate=False) as local, \
+            open_store(cloud.url, schema=cloud.schema, tenant_id=TENANT,
+                       migrate=False) as target:
+        return await tenant_rows(local), await tenant_rows(target)
+
+
+async def rows_applied(cloud: Cloud) -> int:
+    """Rows the cloud's cursors count as applied, all tables together."""
+    async with open_store(cloud.url, schema=cloud.schema, tenant_id=TENANT,
+                          migrate=False) as target:
+        rows = await target.transaction(lambda conn: list(conn.execute(
+            select(sync_cursors.c.rows_applied))))
+    return sum(r.rows_applied for r in rows)
+
+
+async def test_a_sync_killed_at_random_points_while_the_runtime_writes_ends_exact(
+        cloud: Cloud, tmp_path: Path) -> None:
+    config, public = local_config(tmp_path)
+    await run_tasks(config, 2)  # the database exists, with something to push
+    verifier = cloud_config(tmp_path, cloud.url, cloud.schema, public)
+    writer = subprocess.Popen(  # the local runtime keeps writing meanwhile
+        [sys.executable, "-m", "tests.integration.sync_local", str(config),
+         str(4 * KILLS), "2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    rng = random.Random(os.environ.get("MESHPOINT_SYNC_SEED", "sync"))
+    killed, applied = 0, []
+    try:
+        for _ in range(KILLS):
+            sync = subprocess.Popen(
+                [sys.executable, "-m", "meshpoint.cli", *sync_args(
+                    tmp_path, cloud, "--batch", "5", "--config", str(verifier), "--json")],
+                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # Killed once it has committed a batch (so mid-sync, not mid-start-up),
+            # a random moment later.
+            before = applied[-1] if applied else 0
+            while sync.poll() is None and await rows_applied(cloud) == before:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(rng.uniform(0.0, 0.3))
+            if sync.poll() is None:
+                sync.send_signal(signal.SIGKILL)
+                killed += 1
+            sync.wait()
+            applied.append(await rows_applied(cloud))
+        out, errors = writer.communicate(timeout=300)
+        assert writer.returncode == 0, errors
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    assert killed >= max(1, KILLS // 2), (killed, applied)
+    # The killed syncs got somewhere: rows were applied between kills.
+    assert len(set(applied)) > 1, applied
+
+    code, report = run_json(*sync_args(tmp_path, cloud, "--config", str(verifier)),
+                            cwd=tmp_path)
+    assert code == 0, report
+    local, target = await both_sides(tmp_path, cloud)
+    assert target == local  # exactly the local rows, each once (keys are unique)
+    assert len(local["agent_checkpoint_heads"]) == 2 + 4 * KILLS
+
+    code, verified = run_json("verify", "--all", "--config", str(verifier), cwd=tmp_path)
+    assert code == 0 and verified["ok"] == 2 + 4 * KILLS, verified
+    assert verified["signatures_checked"] is True
+
+    code, again = run_json(*sync_args(tmp_path, cloud), cwd=tmp_path)
+    assert code == 0 and [t["applied"] for t in again["tables"]] == [0, 0, 0], again
+    code, status = run_json(*sync_args(tmp_path, cloud, command="status"), cwd=tmp_path)
+    assert code == 0 and [t["behind"] for t in status["tables"]] == [0, 0, 0], status
+    assert status["source_id"] == again["source_id"]
+
+
+async def test_conflicts_are_reported_listed_and_exit_3(cloud: Cloud, tmp_path: Path) -> None:
+    config, _ = local_config(tmp_path)
+    await run_tasks(config, 1)
+    local, _ = await both_sides(tmp_path, cloud)
+    event = next(iter(local["agent_events"].values()))
+    async with open_store(cloud.url, schema=cloud.schema, tenant_id=TENANT,
+                          migrate=False) as target:
+        await target.transaction(lambda conn: conn.execute(insert(events).values(
+            {**event, "event_type": "theirs"})), write=True)
+    code, report = run_json(*sync_args(tmp_path, cloud), cwd=tmp_path)
+    assert code == 3 and report["tables"][1]["conflicts"] == [event["event_id"]], report
+    code, listed = run_json("sync", "conflicts", "--to", cloud.url, "--schema",
+                            cloud.schema, "--tenant", TENANT, cwd=tmp_path)
+    assert code == 0, listed
+    (row,) = listed["conflicts"]
+    assert (row["kind"], row["row_key"], row["cloud_row"]["event_type"],
+            row["local_row"]["event_type"]) == ("conflict", event["event_id"], "theirs",
+                                                event["event_type"])
+    done = meshpoint("sync", "conflicts", "--to", cloud.url, "--schema", cloud.schema,
+                     "--tenant", TENANT, cwd=tmp_path)
+    assert done.returncode == 0 and "conflict log of tenant acme: 1 row(s)" in done.stdout
+
+
+async def test_bad_input_is_a_clear_error_and_nothing_is_written(
+        cloud: Cloud, tmp_path: Path) -> None:
+    config, _ = local_config(tmp_path)
+    await run_tasks(config, 1)
+    local_url = f"sqlite:///{tmp_path / 'local.db'}"
+    cases = [
+        (["--from", cloud.url, "--to", cloud.url], 2, "SQLite"),
+        (["--from", local_url, "--to", local_url], 2, "PostgreSQL"),
+        (["--from", f"sqlite:///{tmp_path / 'nowhere.db'}", "--to", cloud.url], 2,
+         "no SQLite database"),
+        (["--from", local_url, "--to", cloud.url, "--schema", cloud.schema,
+          "--tenant", "globex"], 2, "no rows of tenant 'globex'"),
+        (["--from", local_url, "--to", "postgresql://nobody@127.0.0.1:1/db",
+          "--tenant", TENANT], 1, "127.0.0.1"),
+    ]
+    for args, code, said in cases:
+        started = time.monotonic()
+        done = meshpoint("sync", *args, cwd=tmp_path)
+        assert done.returncode == code, (args, done.stdout, done.stderr)
+        assert said in " ".join((done.stdout + done.stderr).split()), (args, done.stderr)
+        assert time.monotonic() - started < 120
+    local, target = await both_sides(tmp_path, cloud)
+    assert all(not rows for rows in target.values())
+    async with open_store(local_url, tenant_id=TENANT, migrate=False) as store:
+        named = await store.run(lambda conn: list(conn.execute(select(sync_sources))))
+    assert named == []  # not even the source id was written
