@@ -34,6 +34,8 @@ from tests.integration.sync_local import TENANT, cloud_config, local_config, run
 pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("pg_roles")]
 ROOT = Path(__file__).resolve().parents[2]
 KILLS = int(os.environ.get("MESHPOINT_SYNC_KILLS", "5"))
+#: Tasks the local runtime may run while the syncs are killed: more than it gets to.
+TASKS = 100 * KILLS
 
 
 class Cloud:
@@ -59,8 +61,9 @@ async def cloud(postgres_url: str) -> AsyncIterator[Cloud]:
 
 def sync_args(where: Path, cloud: Cloud, *more: str, command: str | None = None
               ) -> list[str]:
-    return ["sync", *([command] if command else []), "--from", f"sqlite:///{where / 'local.db'}", "--to", cloud.url,
-            "--schema", cloud.schema, "--tenant", TENANT, *more]
+    return ["sync", *([command] if command else []), "--from",
+            f"sqlite:///{where / 'local.db'}", "--to", cloud.url, "--schema", cloud.schema,
+            "--tenant", TENANT, *more]
 
 
 def run_json(*args: str, cwd: Path) -> tuple[int, Any]:
@@ -95,45 +98,44 @@ async def test_a_sync_killed_at_random_points_while_the_runtime_writes_ends_exac
     verifier = cloud_config(tmp_path, cloud.url, cloud.schema, public)
     writer = subprocess.Popen(  # the local runtime keeps writing meanwhile
         [sys.executable, "-m", "tests.integration.sync_local", str(config),
-         str(4 * KILLS), "2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+         str(TASKS), "2", "0.1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         text=True)
     rng = random.Random(os.environ.get("MESHPOINT_SYNC_SEED", "sync"))
-    killed, applied = 0, []
+    killed, applied = 0, [0]
     try:
-        for _ in range(KILLS):
+        while killed < KILLS and writer.poll() is None:
             sync = subprocess.Popen(
                 [sys.executable, "-m", "meshpoint.cli", *sync_args(
                     tmp_path, cloud, "--batch", "5", "--config", str(verifier), "--json")],
                 cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             # Killed once it has committed a batch (so mid-sync, not mid-start-up),
             # a random moment later.
-            before = applied[-1] if applied else 0
-            while sync.poll() is None and await rows_applied(cloud) == before:
+            while sync.poll() is None and await rows_applied(cloud) == applied[-1]:
                 await asyncio.sleep(0.02)
-            await asyncio.sleep(rng.uniform(0.0, 0.3))
+            await asyncio.sleep(rng.uniform(0.0, 0.1))
             if sync.poll() is None:
                 sync.send_signal(signal.SIGKILL)
                 killed += 1
             sync.wait()
             applied.append(await rows_applied(cloud))
-        out, errors = writer.communicate(timeout=300)
-        assert writer.returncode == 0, errors
+        # The runtime was still writing throughout (it stops mid-task now, as a crash
+        # would: what it committed is what the last sync must bring, exactly).
+        assert writer.poll() is None, writer.communicate()[1]
     finally:
-        if writer.poll() is None:
-            writer.kill()
-    assert killed >= max(1, KILLS // 2), (killed, applied)
-    # The killed syncs got somewhere: rows were applied between kills.
-    assert len(set(applied)) > 1, applied
+        writer.kill()
+        writer.communicate()
+    assert killed == KILLS, (killed, applied)  # each after a committed batch
 
     code, report = run_json(*sync_args(tmp_path, cloud, "--config", str(verifier)),
                             cwd=tmp_path)
     assert code == 0, report
     local, target = await both_sides(tmp_path, cloud)
     assert target == local  # exactly the local rows, each once (keys are unique)
-    assert len(local["agent_checkpoint_heads"]) == 2 + 4 * KILLS
+    chains = len(local["agent_checkpoint_heads"])
+    assert chains > 2 and local["agent_events"] and local["agent_ended_tasks"]
 
     code, verified = run_json("verify", "--all", "--config", str(verifier), cwd=tmp_path)
-    assert code == 0 and verified["ok"] == 2 + 4 * KILLS, verified
+    assert code == 0 and verified["ok"] == chains, verified
     assert verified["signatures_checked"] is True
 
     code, again = run_json(*sync_args(tmp_path, cloud), cwd=tmp_path)
@@ -187,7 +189,7 @@ async def test_bad_input_is_a_clear_error_and_nothing_is_written(
         assert done.returncode == code, (args, done.stdout, done.stderr)
         assert said in " ".join((done.stdout + done.stderr).split()), (args, done.stderr)
         assert time.monotonic() - started < 120
-    local, target = await both_sides(tmp_path, cloud)
+    _, target = await both_sides(tmp_path, cloud)
     assert all(not rows for rows in target.values())
     async with open_store(local_url, tenant_id=TENANT, migrate=False) as store:
         named = await store.run(lambda conn: list(conn.execute(select(sync_sources))))

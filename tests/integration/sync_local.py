@@ -3,8 +3,8 @@ embedded runtime (history signed and encrypted, every agent's event log on), the
 cloud's config (public signing key only), and row-by-row reads of both sides.
 
 Run as a script, it is the local runtime that keeps writing while a sync is killed:
-``python -m tests.integration.sync_local CONFIG TASKS`` runs TASKS tasks, one at a
-time, printing ``done N`` after each.
+``python -m tests.integration.sync_local CONFIG TASKS [START [PAUSE_S]]`` runs TASKS
+tasks, one at a time, PAUSE_S apart, printing ``done N`` after each.
 """
 
 from __future__ import annotations
@@ -72,9 +72,10 @@ def cloud_config(where: Path, url: str, schema: str, public: Path, *,
     return config
 
 
-async def run_tasks(config: Path, count: int, *, start: int = 0,
+async def run_tasks(config: Path, count: int, *, start: int = 0, pause_s: float = 0.0,
                     announce: bool = False) -> None:
-    """Run ``count`` tasks through the embedded runtime, one at a time."""
+    """Run ``count`` tasks through the embedded runtime, one at a time, ``pause_s``
+    apart."""
     async with embedded(config) as client:
         for n in range(start, start + count):
             task = await client.ask("coordinator", f"Trip {n}: flights, hotels",
@@ -82,6 +83,7 @@ async def run_tasks(config: Path, count: int, *, start: int = 0,
             assert task.status.state is a2a.TaskState.COMPLETED, task.status
             if announce:
                 print(f"done {n}", flush=True)
+            await asyncio.sleep(pause_s)
 
 
 async def tenant_rows(store: SqlStore, tenant: str = TENANT) -> dict[str, dict[str, Any]]:
@@ -104,4 +106,6 @@ def _plain(row: dict[str, Any]) -> dict[str, Any]:
 
 if __name__ == "__main__":
     asyncio.run(run_tasks(Path(sys.argv[1]), int(sys.argv[2]),
-                          start=int(sys.argv[3]) if len(sys.argv) > 3 else 0, announce=True))
+                          start=int(sys.argv[3]) if len(sys.argv) > 3 else 0,
+                          pause_s=float(sys.argv[4]) if len(sys.argv) > 4 else 0.0,
+                          announce=True))

@@ -228,7 +228,7 @@ async def test_a_purge_under_the_cursor_is_caught_up_not_skipped(
         # The source forgets every ended task, so SQLite hands the next ended task the
         # rowids the cursor already passed (rowid = max + 1, of an empty table: 1).
         await local.run(lambda conn: conn.execute(delete(ended_tasks)), write=True)
-        url = str(local._db.engine.url.database)  # noqa: SLF001 (the test's own file)
+        url = str(local._db.engine.url.database)  # the test's own file
         await local.close()
         config = tmp_path / "again.yaml"
         config.write_text((ran[0] / "local.yaml").read_text().replace(

@@ -32,6 +32,7 @@ from meshpoint._json import Undecodable
 from meshpoint.history.planning import HistoryOptions
 from meshpoint.history.verification import verify_chain
 from meshpoint.store.history_chain import read_chain, stored_head
+from meshpoint.store.schema import checkpoints, ended_tasks
 from meshpoint.sync import queries as sq
 
 #: The kinds of the conflict log.
@@ -135,7 +136,7 @@ def apply_rows(conn: Connection, table: str, rows: Iterable[dict[str, Any]], *,
             done.identical += 1
             continue
         key = row_key(table, row)
-        if table == sq.ended_tasks.name:
+        if table == ended_tasks.name:
             done.kept.append(key)
             log(conn, tenant=tenant, source=source, table=table, key=key, kind=KEPT,
                 reason="the cloud's end of this task is as late or later: it stays "
@@ -155,7 +156,7 @@ def apply_chains(conn: Connection, chains: Iterable[Chain], *, tenant: str, sour
     """Apply whole chains, each verified in the cloud before it stays (see the module
     docstring)."""
     done = Applied()
-    table = sq.checkpoints.name
+    table = checkpoints.name
     for chain in chains:
         savepoint = conn.begin_nested()
         inserted, identical, clashes = 0, 0, []

@@ -23,6 +23,7 @@ and decrypt nowhere.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -34,11 +35,12 @@ from sqlalchemy import Connection
 from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from meshpoint.history.planning import HistoryOptions, new_checkpoint_id
 from meshpoint.store import SqlStore
+from meshpoint.store.schema import checkpoints, ended_tasks, events
 from meshpoint.sync import queries as sq
 from meshpoint.sync.apply import Applied, Chain, apply_chains, apply_rows, as_row, row_key
 
 #: The tables that travel, in the order a pass pushes them.
-ORDER = (sq.checkpoints.name, sq.events.name, sq.ended_tasks.name)
+ORDER = (checkpoints.name, events.name, ended_tasks.name)
 #: Source rows read and applied per cloud transaction.
 DEFAULT_BATCH = 500
 
@@ -151,7 +153,7 @@ class Syncer:
             cursor = None if source is None else await self._cursor(source, table)
             position = 0 if cursor is None else int(cursor.position)
             behind, rescan = await self.local.transaction(
-                lambda conn, t=table, c=cursor: self._behind(conn, t, c))
+                functools.partial(self._behind, table=table, cursor=cursor))
             out.append(TableStatus(table, position,
                                    0 if cursor is None else int(cursor.rows_applied),
                                    None if cursor is None else float(cursor.updated_at),
@@ -199,15 +201,15 @@ class Syncer:
         while True:
             cursor = await self._cursor(source, table)
             batch = await self.local.transaction(
-                lambda conn, c=cursor: self._read(conn, table, c),
+                functools.partial(self._read, table=table, cursor=cursor),
                 doing=f"reading {table} to sync")
             if not batch.rows:
                 report.position = batch.start
                 return report
             try:
                 done = await self.cloud.transaction(
-                    lambda conn, b=batch: self._apply(conn, source, table, b), write=True,
-                    doing=f"applying a batch of {table}")
+                    functools.partial(self._apply, source=source, table=table, batch=batch),
+                    write=True, doing=f"applying a batch of {table}")
             except _CursorMoved:
                 continue
             report.take(done)
@@ -226,7 +228,7 @@ class Syncer:
         raw = sq.READ[table].rows(conn, {**keys, "p_after": after, "p_limit": self.batch})
         rows = [as_row(r) for r in raw]
         chains: list[Chain] = []
-        if table == sq.checkpoints.name:
+        if table == checkpoints.name:
             for task in sorted({r["logical_task_id"] for r in rows}):
                 task_keys = {**keys, "p_task": task}
                 head = sq.HEAD_ROW.first(conn, task_keys)
@@ -242,7 +244,7 @@ class Syncer:
         if (0 if cursor is None else int(cursor.position)) != batch.start:
             raise _CursorMoved
         now = self.clock()
-        if table == sq.checkpoints.name:
+        if table == checkpoints.name:
             done = apply_chains(conn, batch.chains, tenant=self.tenant, source=source,
                                 options=self.options, now=now,
                                 max_inflate=DEFAULT_MAX_DECOMPRESSED_BYTES)
