@@ -11,6 +11,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -194,3 +195,75 @@ async def test_bad_input_is_a_clear_error_and_nothing_is_written(
     async with open_store(local_url, tenant_id=TENANT, migrate=False) as store:
         named = await store.run(lambda conn: list(conn.execute(select(sync_sources))))
     assert named == []  # not even the source id was written
+
+
+async def test_follow_waits_out_an_unreachable_cloud_then_keeps_it_caught_up(
+        cloud: Cloud, tmp_path: Path) -> None:
+    """``--follow`` against a cloud that is not there yet (nothing listens on its port):
+    it retries with backoff; once a proxy to PostgreSQL opens the port, it catches up,
+    and pushes what the runtime writes next."""
+    config, _ = local_config(tmp_path)
+    await run_tasks(config, 1)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    real = make_url(cloud.url)
+    late = real.set(port=port).render_as_string(hide_password=False)
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "meshpoint.cli", "sync", "--from",
+         f"sqlite:///{tmp_path / 'local.db'}", "--to", late, "--schema", cloud.schema,
+         "--tenant", TENANT, "--follow", "--interval-s", "0.2", "--json"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proxy = None
+    try:
+        await asyncio.sleep(2.0)  # it tries, fails, backs off
+        assert follower.poll() is None, follower.communicate()
+        proxy = await asyncio.start_server(
+            lambda r, w: _pipe(r, w, real.host or "127.0.0.1", real.port or 5432),
+            "127.0.0.1", port)
+        await _until_equal(tmp_path, cloud)
+        await run_tasks(config, 2, start=1)  # written while it follows
+        await _until_equal(tmp_path, cloud)
+    finally:
+        follower.send_signal(signal.SIGINT)
+        # Waited for on the event loop, which runs the proxy its connections go through.
+        deadline = time.monotonic() + 60
+        while follower.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if follower.poll() is None:
+            follower.kill()
+        out, errors = follower.communicate(timeout=60)
+        if proxy is not None:
+            proxy.close()
+    assert follower.returncode == 0, errors
+    assert "unreachable" in errors, errors
+    passes = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert passes and all(t["conflicts"] == [] for p in passes for t in p["tables"])
+
+
+async def _until_equal(where: Path, cloud: Cloud, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        local, target = await both_sides(where, cloud)
+        if local == target:
+            return
+        assert time.monotonic() < deadline, "the follower did not catch up"
+        await asyncio.sleep(0.2)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str,
+                port: int) -> None:
+    """A TCP proxy's connection: both directions copied until either side closes."""
+    upstream_reader, upstream_writer = await asyncio.open_connection(host, port)
+
+    async def copy(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        try:
+            while data := await source.read(65536):
+                sink.write(data)
+                await sink.drain()
+        except ConnectionError:
+            pass
+        finally:
+            sink.close()
+
+    await asyncio.gather(copy(reader, upstream_writer), copy(upstream_reader, writer))

@@ -2,6 +2,7 @@
 (:mod:`meshpoint.sync`), and see where it stands.
 
     meshpoint sync --from sqlite:///local.db --to postgresql://... [--tenant T] [--dry-run]
+    meshpoint sync --from sqlite:///local.db --to postgresql://... --follow [--interval-s 10]
     meshpoint sync status --from sqlite:///local.db --to postgresql://...
     meshpoint sync conflicts --to postgresql://...
 
@@ -77,10 +78,11 @@ def _check_urls(source: str | None, target: str | None, *, need_source: bool = T
 
 
 @asynccontextmanager
-async def _stores(source: str | None, target: str, tenant: str, schema: str | None,
+async def _stores(source: str | None, target: str | None, tenant: str, schema: str | None,
                   config: Path | None) -> AsyncIterator[tuple[Any, Any]]:
-    """The local store (None without ``source``) and the cloud store, both of
-    ``tenant``; UsageError for a tenant the local store has no row of."""
+    """The local store (None without ``source``) and the cloud store (None without
+    ``target``), both of ``tenant``; UsageError for a tenant the local store has no
+    row of."""
     from meshpoint.store import open_store
 
     history = None
@@ -94,6 +96,9 @@ async def _stores(source: str | None, target: str, tenant: str, schema: str | No
     try:
         if local is not None:
             await _check_tenant(local, tenant)
+        if target is None:
+            yield local, None
+            return
         async with open_store(target, tenant_id=tenant, schema=schema, migrate=False,
                               history=history) as cloud:
             yield local, cloud
@@ -125,6 +130,11 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
              "--dry-run", help="Count what would travel; write nothing.")] = False,
          batch: Annotated[int, typer.Option(min=1, max=10_000,
                                             help="Rows per cloud transaction.")] = 500,
+         follow: Annotated[bool, typer.Option(
+             "--follow", help="Keep pushing, every --interval-s, retrying with backoff "
+                              "while the cloud is unreachable (Ctrl-C stops).")] = False,
+         interval_s: Annotated[float, typer.Option(
+             "--interval-s", min=0.01, help="Seconds between passes with --follow.")] = 10.0,
          as_json: AsJson = False) -> None:
     """Push the local store's history chains (records and heads), event log and
     ended-task ledger to the cloud store, exactly once: each batch is applied in one
@@ -136,6 +146,12 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
         return
     _check_urls(source, target)
     assert target is not None
+    if follow:
+        if dry_run:
+            raise typer.BadParameter("--dry-run writes nothing; it cannot --follow",
+                                     param_hint="--follow")
+        _follow(source, target, tenant, schema, config, batch, interval_s, as_json)
+        return
 
     async def run() -> tuple[str | None, list[Any]]:
         from meshpoint.sync.push import Syncer
@@ -176,6 +192,42 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
                           "conflicts lists them")
     if troubled:
         raise typer.Exit(code=EXIT_CONFLICTS)
+
+
+def _follow(source: str | None, target: str, tenant: str, schema: str | None,
+            config: Path | None, batch: int, interval_s: float, as_json: bool) -> None:
+    """``sync --follow``: a pass every ``interval_s``, one line (or JSON object) each."""
+    def on_pass(source_id: str | None, reports: list[Any]) -> None:
+        if as_json:
+            print(json.dumps({"source_id": source_id, "tenant": tenant,
+                              "tables": [r.as_json() for r in reports]}), flush=True)
+            return
+        kept = sum(len(r.conflicts) + len(r.quarantined) for r in reports)
+        console.print(f"synced: {sum(r.applied for r in reports)} row(s) applied"
+                      + (f", {kept} kept aside (meshpoint sync conflicts)" if kept else ""))
+
+    def on_retry(error: BaseException, wait_s: float) -> None:
+        err.print(f"[yellow]the cloud store is unreachable[/yellow] ({shown(error)}); "
+                  f"next try in {wait_s:.1f} s")
+
+    async def run() -> None:
+        from meshpoint.store import open_store
+        from meshpoint.sync.follow import follow
+
+        history = None
+        if config is not None:
+            from meshpoint.config import load_config
+
+            history = load_config(config).history_options()
+        async with _stores(source, None, tenant, schema, config) as (local, _):
+            await follow(local, lambda: open_store(
+                target, tenant_id=tenant, schema=schema, migrate=False, history=history),
+                interval_s=interval_s, batch=batch, on_pass=on_pass, on_retry=on_retry)
+
+    try:
+        run_sync(run, as_json)
+    except KeyboardInterrupt:
+        err.print("stopped")
 
 
 @sync_app.command()
