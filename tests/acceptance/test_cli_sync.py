@@ -267,3 +267,23 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host
             sink.close()
 
     await asyncio.gather(copy(reader, upstream_writer), copy(upstream_reader, writer))
+
+
+async def test_serve_on_a_local_store_with_a_sync_section_pushes_in_the_background(
+        cloud: Cloud, tmp_path: Path) -> None:
+    config, _ = local_config(tmp_path)
+    await run_tasks(config, 2)
+    with_sync = tmp_path / "serve.yaml"
+    with_sync.write_text(config.read_text() + "sync: " + json.dumps(
+        {"to": cloud.url, "schema": cloud.schema, "interval_s": 0.2}) + "\n")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "meshpoint.cli", "serve", "--config", str(with_sync),
+         "--agent", "coordinator"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        await _until_equal(tmp_path, cloud)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        _, errors = server.communicate(timeout=60)
+    assert server.returncode == 0, errors
+    assert "sync:" in errors and "row(s) applied" in errors, errors
