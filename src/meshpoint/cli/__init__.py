@@ -9,6 +9,8 @@
 * :mod:`~meshpoint.cli.events`: ``events`` (query and follow) and ``tasks reconstruct``;
 * :mod:`~meshpoint.cli.broker`: ``nats-config`` (a NATS user per agent, client and
   approver) and ``keys approver new``;
+* :mod:`~meshpoint.cli.sync`: ``sync`` (push a local SQLite store to a cloud PostgreSQL
+  one, once or ``--follow``), ``sync status`` and ``sync conflicts``;
 * :mod:`~meshpoint.cli.common`: what every group shares (options, output, errors).
 
 The CLI may import every other part of meshpoint; nothing imports the CLI but the

@@ -12,6 +12,8 @@ Modules:
   inserted or compared, chains applied under a savepoint and verified before they stay.
 * :mod:`~meshpoint.sync.push` — a pass: batches read in one source snapshot, each
   applied with its cursor in one cloud transaction; status (cursor and lag).
+* :mod:`~meshpoint.sync.follow` — a pass every interval, retried with backoff while
+  the cloud is unreachable (``sync --follow``; ``serve`` with a ``sync:`` section).
 
 It imports the store and the history's verification; the CLI (``meshpoint sync``,
 :mod:`meshpoint.cli.sync`) imports it. This module imports nothing: the store loads
