@@ -23,7 +23,7 @@ from meshpoint.store import SqlStore, open_store
 from meshpoint.store.postgres_tenancy import grant_runtime_role
 from meshpoint.store.schema import checkpoint_heads, checkpoints, ended_tasks, events, metadata
 from meshpoint.sync.push import Syncer
-from meshpoint.sync.tables import sync_conflicts, sync_cursors
+from meshpoint.sync.tables import sync_conflicts, sync_cursors, sync_sources
 from tests.conftest import fresh_pg_schema, pg_drop_roles, pg_execute_async
 from tests.integration.sync_local import TENANT, local_config, run_tasks, tenant_rows
 
@@ -272,3 +272,22 @@ async def test_another_tenants_rows_are_unreadable_as_the_runtime_role(
         assert set((await other.run(lambda conn: peek(conn, None))).values()) == {0}
         # The same role sees acme's cursors as acme: the rows are there.
         assert (await other.run(lambda conn: peek(conn, TENANT)))["meshpoint_sync_cursors"] == 3
+
+
+async def test_a_dry_run_counts_what_is_behind_and_writes_nothing_on_either_side(
+        local: SqlStore, cloud: Cloud, ran: tuple[Path, Path]) -> None:
+    before = await tenant_rows(local)
+    local_before = await local.run(lambda conn: sorted(map(repr, conn.execute(
+        select(sync_sources)))))
+    async with cloud.open(history=options(ran)) as target:
+        source, reports = await Syncer(local, target).run(dry_run=True)
+        assert source is None  # not even the source id was made
+        assert [r.behind for r in reports] == [
+            len(before[t]) for t in ("agent_checkpoints", "agent_events",
+                                     "agent_ended_tasks")]
+        assert all(r.applied == 0 for r in reports)
+        assert all(not rows for rows in (await tenant_rows(target)).values())
+        assert await target.transaction(lambda conn: list(conn.execute(
+            select(sync_cursors)))) == []
+    assert await local.run(lambda conn: sorted(map(repr, conn.execute(
+        select(sync_sources))))) == local_before == []
