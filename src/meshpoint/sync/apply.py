@@ -32,7 +32,7 @@ from meshpoint._json import Undecodable
 from meshpoint.history.planning import HistoryOptions
 from meshpoint.history.verification import verify_chain
 from meshpoint.store.history_chain import read_chain, stored_head
-from meshpoint.store.schema import checkpoints, ended_tasks
+from meshpoint.store.schema import checkpoints, ended_tasks, events
 from meshpoint.sync import queries as sq
 
 #: The kinds of the conflict log.
@@ -120,9 +120,49 @@ def log(conn: Connection, *, tenant: str, source: str, table: str, key: str, kin
         "p_detected_at": now})
 
 
+def apply_events(conn: Connection, rows: list[dict[str, Any]], *, tenant: str,
+                 source: str, now: float) -> Applied:
+    """Apply a batch of events in three round trips: the cloud's rows of the batch's
+    ids (compared: identical or a conflict), one insert of the others (unless their id
+    was taken meanwhile), and those read back and compared (another writer's row under
+    the same id, inserted between the two, is a conflict too, never lost)."""
+    done = Applied()
+    table = events.name
+
+    def cloud_rows(ids: list[str]) -> dict[str, Any]:
+        if not ids:
+            return {}
+        return {r.event_id: r for r in sq.GET_EVENTS.rows(conn, {"p_tenant": tenant,
+                                                                 "p_ids": ids})}
+
+    there = cloud_rows([r["event_id"] for r in rows])
+    missing = [r for r in rows if r["event_id"] not in there]
+    if missing:
+        sq.PUT[table].execute_many(conn, [_params(r, tenant) for r in missing])
+    landed = cloud_rows([r["event_id"] for r in missing])
+    for row in rows:
+        key = row["event_id"]
+        found = there.get(key)
+        new = found is None
+        if new:
+            found = landed.get(key)
+        if found is not None and _same(row, found):
+            if new:
+                done.applied += 1
+            else:
+                done.identical += 1
+            continue
+        done.conflicts.append(key)
+        log(conn, tenant=tenant, source=source, table=table, key=key, kind=CONFLICT,
+            reason="the cloud holds another row under this id: it stays, both versions "
+            "are kept here", local=row, cloud=None if found is None else found._asdict(),
+            now=now)
+    return done
+
+
 def apply_rows(conn: Connection, table: str, rows: Iterable[dict[str, Any]], *,
                tenant: str, source: str, now: float) -> Applied:
-    """Apply events or ended tasks (see the module docstring)."""
+    """Apply ended tasks (or events, row by row; see the module docstring)."""
     done = Applied()
     put, get = sq.PUT[table], sq.GET[table]
     for row in rows:

@@ -37,7 +37,15 @@ from meshpoint.history.planning import HistoryOptions, new_checkpoint_id
 from meshpoint.store import SqlStore
 from meshpoint.store.schema import checkpoints, ended_tasks, events
 from meshpoint.sync import queries as sq
-from meshpoint.sync.apply import Applied, Chain, apply_chains, apply_rows, as_row, row_key
+from meshpoint.sync.apply import (
+    Applied,
+    Chain,
+    apply_chains,
+    apply_events,
+    apply_rows,
+    as_row,
+    row_key,
+)
 
 #: The tables that travel, in the order a pass pushes them.
 ORDER = (checkpoints.name, events.name, ended_tasks.name)
@@ -248,6 +256,9 @@ class Syncer:
             done = apply_chains(conn, batch.chains, tenant=self.tenant, source=source,
                                 options=self.options, now=now,
                                 max_inflate=DEFAULT_MAX_DECOMPRESSED_BYTES)
+        elif table == events.name:
+            done = apply_events(conn, batch.rows, tenant=self.tenant, source=source,
+                                now=now)
         else:
             done = apply_rows(conn, table, batch.rows, tenant=self.tenant, source=source,
                               now=now)

@@ -27,6 +27,7 @@ from sqlalchemy import (
     literal_column,
     select,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -90,6 +91,12 @@ for name, table in TABLES.items():
     GET[name] = Statement(
         f"sync_get_{short}", f"Reads the cloud's row of {name} under a key.",
         select(*table.c).where(_key(table)), dialects=("postgresql",))
+
+#: The cloud's events among a batch's ids (PostgreSQL): one round trip per batch.
+GET_EVENTS = Statement(
+    "sync_get_events_many", "Reads the cloud's events of a batch of ids.",
+    select(*events.c).where(events.c.tenant_id == tenant, events.c.event_id == func.any(
+        bindparam("p_ids", type_=ARRAY(String)))), dialects=("postgresql",))
 
 PUT[checkpoints.name] = Statement(
     "sync_put_records", "Inserts a history record unless its id or its place in its "
