@@ -26,6 +26,7 @@ from meshpoint.sync.push import Syncer
 from meshpoint.sync.tables import sync_conflicts, sync_cursors, sync_sources
 from tests.conftest import fresh_pg_schema, pg_drop_roles, pg_execute_async
 from tests.integration.sync_local import TENANT, local_config, run_tasks, tenant_rows
+from tests.integration.test_history_security import _decide, forge
 
 pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("pg_roles")]
 
@@ -115,6 +116,9 @@ async def test_a_local_store_arrives_row_by_row_and_every_chain_verifies_in_the_
         records = before["agent_checkpoints"].values()
         assert all("Trip" not in repr(r["data"]) for r in records)
         assert any(_holds_envelope(r["data"]) for r in records)
+        logged = (await tenant_rows(target))["agent_events"].values()
+        assert all("Trip" not in repr(r) for r in logged)
+        assert any(_holds_envelope(r["input_data"]) for r in logged)
 
         # A rerun changes nothing, cursors and conflict log included.
         snapshot = await everything(target)
@@ -185,10 +189,10 @@ async def test_a_conflicting_record_and_event_are_logged_with_both_versions_neve
             conn.execute(select(sync_conflicts))))) == 2
 
 
-async def test_a_tampered_or_cut_off_local_chain_is_quarantined_and_nothing_of_it_applied(
+async def test_a_tampered_cut_off_or_forged_local_chain_is_quarantined_nothing_applied(
         local: SqlStore, cloud: Cloud, ran: tuple[Path, Path]) -> None:
     before = await tenant_rows(local)
-    tampered, cut, *_ = sorted(before["agent_checkpoint_heads"])
+    tampered, cut, forged, *_ = sorted(before["agent_checkpoint_heads"])
     row = next(r for r in before["agent_checkpoints"].values()
                if r["logical_task_id"] == tampered and r["seq"] == 1)
     data = dict(row["data"])
@@ -204,11 +208,14 @@ async def test_a_tampered_or_cut_off_local_chain_is_quarantined_and_nothing_of_i
                                                checkpoints.c.seq == last))
 
     await local.run(damage, write=True)
+    # ``forged``: changed by someone who can write the file but holds no key, its
+    # chain recomputed as the public format says and its signatures stripped.
+    await forge(local, 1, _decide, task_id=forged)
     async with cloud.open(history=options(ran)) as target:
         _, reports = await Syncer(local, target).run()
-        assert sorted(reports[0].quarantined) == sorted([tampered, cut])
+        assert sorted(reports[0].quarantined) == sorted([tampered, cut, forged])
         after = await tenant_rows(target)
-        for task in (tampered, cut):
+        for task in (tampered, cut, forged):
             assert task not in after["agent_checkpoint_heads"]
             assert not [r for r in after["agent_checkpoints"].values()
                         if r["logical_task_id"] == task]
@@ -219,6 +226,7 @@ async def test_a_tampered_or_cut_off_local_chain_is_quarantined_and_nothing_of_i
         reasons = {r.row_key: r.reason for r in log}
         assert "does not hash" in reasons[tampered]
         assert "head" in reasons[cut]
+        assert "not signed" in reasons[forged]
 
 
 async def test_a_purge_under_the_cursor_is_caught_up_not_skipped(
