@@ -164,9 +164,9 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
                           MofNCompleteColumn(), console=err, disable=as_json) as bar:
                 jobs: dict[str, Any] = {}
 
-                def advance(table: str, rows: int) -> None:
+                def advance(table: str, rows: int, behind: int) -> None:
                     if table not in jobs:
-                        jobs[table] = bar.add_task(f"syncing {table}", total=None)
+                        jobs[table] = bar.add_task(f"syncing {table}", total=behind)
                     bar.advance(jobs[table], rows)
 
                 return await syncer.run(progress=advance)

@@ -52,8 +52,9 @@ ORDER = (checkpoints.name, events.name, ended_tasks.name)
 #: Source rows read and applied per cloud transaction.
 DEFAULT_BATCH = 500
 
-#: ``progress(table, rows)``: called as rows of ``table`` are pushed.
-Progress = Callable[[str, int], None]
+#: ``progress(table, rows, behind)``: called as ``rows`` more rows of ``table`` are
+#: pushed (0 at its start), ``behind`` being what the pass found to push.
+Progress = Callable[[str, int, int], None]
 
 
 class _CursorMoved(Exception):
@@ -205,7 +206,7 @@ class Syncer:
         report.behind, report.rescanned = await self.local.transaction(
             lambda conn: self._behind(conn, table, cursor))
         if progress is not None:
-            progress(table, 0)
+            progress(table, 0, report.behind)
         while True:
             cursor = await self._cursor(source, table)
             batch = await self.local.transaction(
@@ -223,7 +224,7 @@ class Syncer:
             report.take(done)
             report.position = batch.last
             if progress is not None:
-                progress(table, len(batch.rows))
+                progress(table, len(batch.rows), report.behind)
 
     def _read(self, conn: Connection, table: str, cursor: Any) -> _Batch:
         """The next batch after ``cursor``, in one snapshot of the source (with the
