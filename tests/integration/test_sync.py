@@ -7,6 +7,7 @@ under the cursor is caught up; another tenant's rows stay unreadable."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -299,3 +300,20 @@ async def test_a_dry_run_counts_what_is_behind_and_writes_nothing_on_either_side
             select(sync_cursors)))) == []
     assert await local.run(lambda conn: sorted(map(repr, conn.execute(
         select(sync_sources))))) == local_before == []
+
+
+async def test_two_syncs_of_one_file_at_once_apply_each_row_once(
+        local: SqlStore, cloud: Cloud, ran: tuple[Path, Path]) -> None:
+    """The cursor's lock and check make two passes over one source take turns: each
+    row is applied by one of them, the other re-reads after the cursor moved."""
+    before = await tenant_rows(local)
+    async with cloud.open(history=options(ran)) as one, \
+            cloud.open(history=options(ran)) as two:
+        results = await asyncio.gather(Syncer(local, one, batch=3).run(),
+                                       Syncer(local, two, batch=3).run())
+        applied = [sum(r.applied for r in reports) for _, reports in results]
+        assert sum(applied) == sum(len(before[t]) for t in (
+            "agent_checkpoints", "agent_events", "agent_ended_tasks"))
+        assert not any(r.conflicts or r.quarantined for _, reports in results
+                       for r in reports)
+        assert await tenant_rows(one) == before
