@@ -287,3 +287,11 @@ async def test_serve_on_a_local_store_with_a_sync_section_pushes_in_the_backgrou
         _, errors = server.communicate(timeout=60)
     assert server.returncode == 0, errors
     assert "sync:" in errors and "row(s) applied" in errors, errors
+    # The same file tells ``meshpoint sync`` where from, where to and whose.
+    await run_tasks(config, 1, start=2)
+    code, status = run_json("sync", "status", "--config", str(with_sync), cwd=tmp_path)
+    assert code == 0 and status["tenant"] == TENANT, status
+    assert [t["behind"] for t in status["tables"]] != [0, 0, 0], status
+    code, report = run_json("sync", "--config", str(with_sync), cwd=tmp_path)
+    assert code == 0 and report["tables"][0]["applied"] > 0, report
+    await _until_equal(tmp_path, cloud, timeout_s=1)

@@ -6,9 +6,11 @@
     meshpoint sync status --from sqlite:///local.db --to postgresql://...
     meshpoint sync conflicts --to postgresql://...
 
-``--config`` names the cloud's mesh config, whose ``history.signing`` keys (public
-halves are enough) verify each chain's signatures on arrival, as ``meshpoint verify``
-does. Each command prints a table, or with ``--json`` one JSON object. A wrong
+``--config`` names a mesh config whose ``history.signing`` keys (public halves are
+enough) verify each chain's signatures on arrival, as ``meshpoint verify`` does; a local
+config (a SQLite store) with a ``sync:`` section also gives ``--from``, ``--to``,
+``--schema`` and ``--tenant``, and any config its store's tenant (flags win). Each
+command prints a table, or with ``--json`` one JSON object. A wrong
 ``--from``/``--to`` or an unknown tenant is a usage error (exit 2) found before
 anything is written; an unreachable database or a schema that is not migrated exits 1
 with the reason; a pass that left conflicts or quarantined chains exits 3.
@@ -35,13 +37,32 @@ From = Annotated[str | None, typer.Option(
     "--from", help="The local store: sqlite:///path.db.")]
 To = Annotated[str | None, typer.Option(
     "--to", help="The cloud store: postgresql://user@host/db (migrated: meshpoint migrate).")]
-Tenant = Annotated[str, typer.Option(
+Tenant = Annotated[str | None, typer.Option(
     "--tenant", help="The tenant whose rows travel (the same on both sides: a record's "
-                     "hash covers its tenant).")]
+                     "hash covers its tenant). Default: the config's store tenant, or "
+                     "'default'.")]
 Schema = Annotated[str | None, typer.Option(
     "--schema", help="The cloud's PostgreSQL schema (default: the search path).")]
 #: The exit code of a pass that left conflicts or quarantined chains.
 EXIT_CONFLICTS = 3
+
+
+def _defaults(config: Path | None, source: str | None, target: str | None,
+              tenant: str | None, schema: str | None
+              ) -> tuple[str | None, str | None, str, str | None]:
+    """``--from``, ``--to``, ``--tenant`` and ``--schema``, those not given taken from
+    the config: a local one (a SQLite store) with a ``sync:`` section gives all four;
+    any other gives its store's tenant. Flags win."""
+    if config is None:
+        return source, target, tenant or "default", schema
+    from meshpoint.config import load_config
+
+    mesh = load_config(config)
+    if mesh.sync is not None:
+        source = source or mesh.store.url
+        target = target or mesh.sync.to
+        schema = schema if schema is not None else mesh.sync.schema_name
+    return source, target, tenant or mesh.store.tenant, schema
 
 
 def _check_urls(source: str | None, target: str | None, *, need_source: bool = True) -> None:
@@ -125,7 +146,7 @@ async def _check_tenant(local: Any, tenant: str) -> None:
 
 @sync_app.callback()
 def sync(ctx: typer.Context, source: From = None, target: To = None,
-         tenant: Tenant = "default", schema: Schema = None, config: Config = None,
+         tenant: Tenant = None, schema: Schema = None, config: Config = None,
          dry_run: Annotated[bool, typer.Option(
              "--dry-run", help="Count what would travel; write nothing.")] = False,
          batch: Annotated[int, typer.Option(min=1, max=10_000,
@@ -144,6 +165,7 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
     conflicts``), never applied over what the cloud holds."""
     if ctx.invoked_subcommand is not None:
         return
+    source, target, tenant, schema = _defaults(config, source, target, tenant, schema)
     _check_urls(source, target)
     assert target is not None
     if follow:
@@ -231,9 +253,10 @@ def _follow(source: str | None, target: str, tenant: str, schema: str | None,
 
 
 @sync_app.command()
-def status(source: From = None, target: To = None, tenant: Tenant = "default",
-           schema: Schema = None, as_json: AsJson = False) -> None:
+def status(source: From = None, target: To = None, tenant: Tenant = None,
+           schema: Schema = None, config: Config = None, as_json: AsJson = False) -> None:
     """Per table: the cloud's cursor for this local store and the rows behind it."""
+    source, target, tenant, schema = _defaults(config, source, target, tenant, schema)
     _check_urls(source, target)
     assert target is not None
 
@@ -260,10 +283,11 @@ def status(source: From = None, target: To = None, tenant: Tenant = "default",
 
 
 @sync_app.command()
-def conflicts(target: To = None, tenant: Tenant = "default", schema: Schema = None,
-              as_json: AsJson = False) -> None:
+def conflicts(target: To = None, tenant: Tenant = None, schema: Schema = None,
+              config: Config = None, as_json: AsJson = False) -> None:
     """The rows a sync kept aside: conflicts (both versions), quarantined chains and
     last-write-wins rows whose cloud version stayed."""
+    _, target, tenant, schema = _defaults(config, None, target, tenant, schema)
     _check_urls(None, target, need_source=False)
     assert target is not None
 
