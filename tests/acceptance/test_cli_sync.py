@@ -144,6 +144,10 @@ async def test_a_sync_killed_at_random_points_while_the_runtime_writes_ends_exac
     code, status = run_json(*sync_args(tmp_path, cloud, command="status"), cwd=tmp_path)
     assert code == 0 and [t["behind"] for t in status["tables"]] == [0, 0, 0], status
     assert status["source_id"] == again["source_id"]
+    # No kill left a row half-seen: nothing was taken for a conflict or quarantined.
+    code, log = run_json("sync", "conflicts", "--to", cloud.url, "--schema", cloud.schema,
+                         "--tenant", TENANT, cwd=tmp_path)
+    assert code == 0 and log["conflicts"] == [], log
 
 
 async def test_conflicts_are_reported_listed_and_exit_3(cloud: Cloud, tmp_path: Path) -> None:
