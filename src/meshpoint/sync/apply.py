@@ -160,15 +160,17 @@ def apply_events(conn: Connection, rows: list[dict[str, Any]], *, tenant: str,
     return done
 
 
-def apply_rows(conn: Connection, table: str, rows: Iterable[dict[str, Any]], *,
-               tenant: str, source: str, now: float) -> Applied:
-    """Apply ended tasks (or events, row by row; see the module docstring)."""
+def apply_ended(conn: Connection, rows: Iterable[dict[str, Any]], *, tenant: str,
+                source: str, now: float) -> Applied:
+    """Apply ended tasks: the later end wins; a cloud row as late or later stays, and
+    is logged as ``kept`` if it says otherwise."""
     done = Applied()
+    table = ended_tasks.name
     put, get = sq.PUT[table], sq.GET[table]
     for row in rows:
         params = _params(row, tenant)
         if put.rowcount(conn, params):
-            # An ended task replaced by a later end counts as applied too.
+            # An end that replaced an earlier one in the cloud counts as applied too.
             done.applied += 1
             continue
         there = get.first(conn, params)
@@ -176,18 +178,11 @@ def apply_rows(conn: Connection, table: str, rows: Iterable[dict[str, Any]], *,
             done.identical += 1
             continue
         key = row_key(table, row)
-        if table == ended_tasks.name:
-            done.kept.append(key)
-            log(conn, tenant=tenant, source=source, table=table, key=key, kind=KEPT,
-                reason="the cloud's end of this task is as late or later: it stays "
-                "(last write wins)", local=row, cloud=None if there is None
-                else there._asdict(), now=now)
-        else:
-            done.conflicts.append(key)
-            log(conn, tenant=tenant, source=source, table=table, key=key, kind=CONFLICT,
-                reason="the cloud holds another row under this id: it stays, both "
-                "versions are kept here", local=row,
-                cloud=None if there is None else there._asdict(), now=now)
+        done.kept.append(key)
+        log(conn, tenant=tenant, source=source, table=table, key=key, kind=KEPT,
+            reason="the cloud's end of this task is as late or later: it stays (last "
+            "write wins)", local=row, cloud=None if there is None else there._asdict(),
+            now=now)
     return done
 
 

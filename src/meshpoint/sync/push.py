@@ -41,10 +41,9 @@ from meshpoint.sync.apply import (
     Applied,
     Chain,
     apply_chains,
+    apply_ended,
     apply_events,
-    apply_rows,
     as_row,
-    row_key,
 )
 
 #: The tables that travel, in the order a pass pushes them.
@@ -261,8 +260,7 @@ class Syncer:
             done = apply_events(conn, batch.rows, tenant=self.tenant, source=source,
                                 now=now)
         else:
-            done = apply_rows(conn, table, batch.rows, tenant=self.tenant, source=source,
-                              now=now)
+            done = apply_ended(conn, batch.rows, tenant=self.tenant, source=source, now=now)
         last = batch.rows[-1]
         sq.PUT_CURSOR.rowcount(conn, {
             **keys, "p_position": batch.last, "p_position_key": _key_text(
@@ -273,8 +271,3 @@ class Syncer:
 
 def _key_text(key: dict[str, Any]) -> str:
     return json.dumps(key, sort_keys=True)
-
-
-def table_key(table: str, row: dict[str, Any]) -> str:
-    """A row's key as reports name it."""
-    return row_key(table, row)

@@ -67,7 +67,7 @@ READ: dict[str, Statement] = {}
 KEY_AT: dict[str, Statement] = {}
 #: Per table: how many rows are after a position (SQLite).
 BEHIND: dict[str, Statement] = {}
-#: Per table: the cloud's row under a key (PostgreSQL).
+#: Per table but events: the cloud's row under a key (PostgreSQL).
 GET: dict[str, Statement] = {}
 #: Per table: the row inserted unless its key (or a unique position) is taken (PostgreSQL).
 PUT: dict[str, Statement] = {}
@@ -88,9 +88,10 @@ for name, table in TABLES.items():
         f"sync_behind_{short}", f"Counts the rows of {name} after a position.",
         select(func.count()).select_from(table)
         .where(table.c.tenant_id == tenant, ROWID > after), dialects=("sqlite",))
-    GET[name] = Statement(
-        f"sync_get_{short}", f"Reads the cloud's row of {name} under a key.",
-        select(*table.c).where(_key(table)), dialects=("postgresql",))
+    if table is not events:  # a batch of events is read by its ids (GET_EVENTS)
+        GET[name] = Statement(
+            f"sync_get_{short}", f"Reads the cloud's row of {name} under a key.",
+            select(*table.c).where(_key(table)), dialects=("postgresql",))
 
 #: The cloud's events among a batch's ids (PostgreSQL): one round trip per batch.
 GET_EVENTS = Statement(
