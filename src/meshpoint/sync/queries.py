@@ -176,10 +176,6 @@ GET_CURSOR = Statement(
            sync_cursors.c.rows_applied, sync_cursors.c.updated_at)
     .where(sync_cursors.c.tenant_id == tenant, sync_cursors.c.source_id == _source,
            sync_cursors.c.table_name == _table))
-LIST_CURSORS = Statement(
-    "sync_list_cursors", "Lists the tenant's cursors, by source and table.",
-    select(*sync_cursors.c).where(sync_cursors.c.tenant_id == tenant)
-    .order_by(sync_cursors.c.source_id, sync_cursors.c.table_name))
 _cursor = pg_insert(sync_cursors).values(
     tenant_id=tenant, source_id=_source, table_name=_table,
     position=bindparam("p_position", type_=BigInteger),
