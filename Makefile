@@ -69,6 +69,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_saver.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_metrics.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_tracing.py --mode $(BENCH_MODE)
+	$(BIN)/python benchmarks/bench_sync.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_runtime.py $(if $(filter full,$(BENCH_MODE)),--paused 30000,--tasks 300)
 	if [ "$(BENCH_MODE)" = full ]; then \
 	  $(BIN)/python benchmarks/bench_store.py && $(BIN)/python benchmarks/bench_scaleout.py; fi

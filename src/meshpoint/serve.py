@@ -106,10 +106,14 @@ async def _serve_instance(config: MeshConfig, instance: AgentInstance, store: Sq
         on_ready(instance)
     purging = asyncio.create_task(_purge_every(
         store, config.history.purge_interval_s, stop))
+    syncing = None if config.sync is None else asyncio.create_task(
+        _sync_every(config, store, stop))
     await stop.wait()
-    purging.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await purging
+    for task in (purging, syncing):
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     logger.info("%s: signal received, draining (up to %gs)", instance.instance_id,
                 config.runtime.drain_timeout_s)
     await instance.drain(config.runtime.drain_timeout_s)
@@ -137,6 +141,38 @@ async def _purge_every(store: SqlStore, interval_s: float, stop: asyncio.Event) 
         if removed:
             logger.info("history purge: %d record(s) of %d chain(s) removed", removed,
                         len(purged))
+
+
+async def _sync_every(config: MeshConfig, store: SqlStore, stop: asyncio.Event) -> None:
+    """Push the (SQLite) store to the ``sync:`` section's cloud store every
+    ``interval_s`` (docs/sync.md), waiting out an unreachable cloud with backoff; a
+    pass that fails otherwise is logged and tried again next interval. Every ``serve``
+    process on the file runs it: the cloud's cursor lock makes them take turns, and
+    each row is applied once."""
+    from meshpoint.store import open_store
+    from meshpoint.sync.follow import follow
+
+    sync = config.sync
+    assert sync is not None
+    history = config.history_options()
+
+    def passed(_source: str | None, reports: list[Any]) -> None:
+        applied = sum(r.applied for r in reports)
+        kept = sum(len(r.conflicts) + len(r.quarantined) for r in reports)
+        if applied or kept:
+            logger.info("sync: %d row(s) applied%s", applied,
+                        f", {kept} kept aside (meshpoint sync conflicts)" if kept else "")
+
+    while not stop.is_set():
+        try:
+            await follow(store, lambda: open_store(
+                sync.to, tenant_id=store.tenant_id, schema=sync.schema_name, migrate=False,
+                history=history), interval_s=sync.interval_s, batch=sync.batch,
+                max_backoff_s=sync.max_backoff_s, stop=stop, on_pass=passed)
+        except MeshpointError as error:
+            logger.warning("sync failed (%s); trying again in %gs", error, sync.interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), sync.interval_s)
 
 
 class _Stopped(Exception):

@@ -88,7 +88,8 @@ async def test_every_table_has_row_security_enabled_and_forced_and_the_role_owns
         SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity,
                pg_get_userbyid(c.relowner) AS owner
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = :schema AND c.relkind = 'r' AND c.relname LIKE 'agent\\_%'""",
+        WHERE n.nspname = :schema AND c.relkind = 'r' AND (c.relname LIKE 'agent\\_%'
+              OR c.relname LIKE 'meshpoint\\_sync\\_%')""",
                        params={"schema": tenancy.schema})
     assert {t.relname for t in tables} == set(metadata.tables)
     assert all(t.relrowsecurity and t.relforcerowsecurity for t in tables), tables

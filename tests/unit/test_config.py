@@ -96,6 +96,11 @@ def test_shorthands_defaults_and_local_tools(tmp_path: Path) -> None:
     (MINIMAL + "history: {encryption: {keyring: k.json, exclude: [events, logs]}}\n",
      "history.encryption.exclude: encryption exclude: 'logs' is not a family "
      "of columns (they are context, conversation, calls, snapshots, events, langgraph)"),
+    (MINIMAL + "sync: {to: 'postgresql://h/db', every_s: 5}\n",
+     "sync.every_s: unknown key; expected one of: batch, interval_s, max_backoff_s, "
+     "schema, to"),
+    (MINIMAL.replace("sqlite:///mesh.db", "postgresql://h/db") + "sync: {to: 'postgresql://c/db'}\n",
+     "sync: pushes a local SQLite store to the cloud; this store is not SQLite"),
     ("agents: [1, 2\n", "not valid YAML"),
     ("- just\n- a list\n", "expected a mapping of keys"),
     (MINIMAL + "  tooly:\n    tools: [{name: t, function: 'no_such_module:f'}]\n", None),

@@ -12,6 +12,8 @@
   approver) and ``keys approver new``;
 * :mod:`~meshpoint.cli.dashboard`: ``dashboard`` (serves :mod:`meshpoint.dashboard`);
 * :mod:`~meshpoint.cli.gateway`: ``gateway`` (the mesh's agents as A2A servers over HTTP);
+* :mod:`~meshpoint.cli.sync`: ``sync`` (push a local SQLite store to a cloud PostgreSQL
+  one, once or ``--follow``), ``sync status`` and ``sync conflicts``;
 * :mod:`~meshpoint.cli.common`: what every group shares (options, output, errors).
 
 The CLI may import every other part of meshpoint; nothing imports the CLI but the

@@ -38,6 +38,7 @@ from meshpoint.cli.gateway import gateway_commands
 from meshpoint.cli.handoffs import handoff_commands
 from meshpoint.cli.history import history_commands, keys_app
 from meshpoint.cli.llm import llm_app
+from meshpoint.cli.sync import sync_app
 from meshpoint.cli.tasks import recover, tasks_app
 from meshpoint.errors import ConfigurationError, MeshpointError
 
@@ -54,6 +55,7 @@ broker_commands(app, keys_app)
 dashboard_commands(app)
 gateway_commands(app)
 app.add_typer(llm_app, name="llm")
+app.add_typer(sync_app, name="sync")
 
 #: ``serve`` and ``submit`` need the whole mesh, not only its store.
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", envvar="MESHPOINT_CONFIG",

@@ -46,6 +46,7 @@ from meshpoint.config.sections import (
     ScriptedModelConfig,
     SigningConfig,
     StoreConfig,
+    SyncConfig,
     ToolConfig,
 )
 
@@ -67,5 +68,5 @@ __all__ = ["AgentConfig", "BrokerConfig", "CheckpointConfig", "ClientConfig",
            "EncryptionConfig", "HistoryConfig", "ImportPath", "MeshConfig", "MetricsConfig",
            "ModelConfig",
            "OpenAIModelConfig", "PythonModelConfig", "RetentionPolicy", "RuntimeConfig",
-           "ScriptedModelConfig", "SigningConfig", "StoreConfig", "ToolConfig",
+           "ScriptedModelConfig", "SigningConfig", "StoreConfig", "SyncConfig", "ToolConfig",
            "load_config", "open_client"]

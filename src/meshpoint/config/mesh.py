@@ -26,6 +26,7 @@ from meshpoint.config.sections import (
     RuntimeConfig,
     ScriptedModelConfig,
     StoreConfig,
+    SyncConfig,
     ToolConfig,
     _Strict,
 )
@@ -70,6 +71,9 @@ class MeshConfig(_Strict):
     alerts: AlertOptions = Field(default_factory=AlertOptions)
     #: Where ``meshpoint serve`` serves Prometheus metrics; unset: it serves none.
     metrics: MetricsConfig | None = None
+    #: The cloud store ``meshpoint serve`` pushes this (SQLite) store to in the
+    #: background (docs/sync.md); unset: none.
+    sync: SyncConfig | None = None
     #: Where the user's code the file names (``module:function`` tools, predicates,
     #: model factories) is imported from: directories, relative to the config file,
     #: put at the front of the import path. Not given: the config file's directory.
@@ -91,6 +95,13 @@ class MeshConfig(_Strict):
                     raise ValueError(
                         f"clients.{name}.agents: {agent!r} is not an agent of this file "
                         f"(expected one of {sorted(self.agents)})")
+        return self
+
+    @model_validator(mode="after")
+    def _sync_of_a_local_store(self) -> MeshConfig:
+        if self.sync is not None and not self.store.url.startswith("sqlite"):
+            raise ValueError("sync: pushes a local SQLite store to the cloud; this "
+                             "store is not SQLite (remove the sync: section)")
         return self
 
     @model_validator(mode="after")

@@ -393,6 +393,30 @@ class MetricsConfig(_Strict):
     host: str = "127.0.0.1"
 
 
+class SyncConfig(_Strict):
+    """The ``sync:`` section: ``meshpoint serve`` on a SQLite store pushes it to this
+    cloud PostgreSQL store in the background (docs/sync.md), as ``meshpoint sync
+    --follow`` does; the tenant is the store's, and chains are verified on arrival
+    with the keys of ``history.signing``."""
+
+    #: The cloud store's URL (``postgresql://user@host/db``, the runtime role's).
+    to: str
+    #: Its PostgreSQL schema; unset: the search path.
+    schema_name: str | None = Field(default=None, alias="schema")
+    #: Seconds between passes.
+    interval_s: float = Field(default=10.0, gt=0)
+    #: Source rows per cloud transaction.
+    batch: int = Field(default=500, ge=1, le=10_000)
+    #: The longest wait between tries while the cloud is unreachable.
+    max_backoff_s: float = Field(default=60.0, gt=0)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name == "to" else value
+
+
 class ClientConfig(_Strict):
     """A client of the mesh (a web backend, ``meshpoint submit``): it gets a NATS user
     of its own from ``meshpoint nats-config``, which may submit to ``agents`` only."""

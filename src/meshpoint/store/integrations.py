@@ -53,6 +53,9 @@ class Integration:
 INTEGRATIONS = (
     Integration("langgraph", tables="meshpoint.integrations.langgraph.tables",
                 statements="meshpoint.integrations.langgraph.queries", prefix="lg_"),
+    # Local-to-cloud sync: its cursors, conflicts and source ids (0015_sync).
+    Integration("sync", tables="meshpoint.sync.tables",
+                statements="meshpoint.sync.queries", prefix="sync_"),
 )
 
 

@@ -1,0 +1,203 @@
+"""The sync's SQL, as named statements (see :mod:`meshpoint.store.statement`).
+
+Reads of the source run on the local SQLite (``sync_read_*``, ``sync_key_at_*``,
+``sync_behind_*``, the chain reads) and select by ``rowid``: SQLite assigns it under
+its one write lock, so rowid order is commit order, and a reader that sees row n has
+seen every committed row below it. (The UUIDv7 ids are made before the write
+transaction begins, so two writers commit them out of order: a cursor on them could
+pass a row that commits later.) Writes run on the cloud PostgreSQL, in transactions
+of the tenant, under its row-level security (``sync_put_*``, the cursor and the
+conflict log). This module imports SQLAlchemy and the store only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    Integer,
+    String,
+    Table,
+    Text,
+    and_,
+    bindparam,
+    func,
+    literal_column,
+    select,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.sql.elements import ColumnElement
+
+from meshpoint.store.schema import checkpoint_heads, checkpoints, ended_tasks, events
+from meshpoint.store.statement import Statement
+from meshpoint.sync.tables import sync_conflicts, sync_cursors, sync_sources
+
+tenant = bindparam("p_tenant", type_=String)
+after = bindparam("p_after", type_=BigInteger)
+limit = bindparam("p_limit", type_=Integer)
+ROWID = literal_column("rowid", BigInteger)
+
+#: The tables that travel, by name: each row's key columns (beside tenant_id).
+KEYS: dict[str, tuple[str, ...]] = {
+    checkpoints.name: ("checkpoint_id",),
+    events.name: ("event_id",),
+    ended_tasks.name: ("logical_task_id",),
+}
+TABLES: dict[str, Table] = {t.name: t for t in (checkpoints, events, ended_tasks)}
+_SHORT = {checkpoints.name: "records", events.name: "events", ended_tasks.name: "ended"}
+
+
+def _key(table: Table) -> ColumnElement[bool]:
+    return and_(table.c.tenant_id == tenant,
+                *(table.c[name] == bindparam(f"p_{name}", type_=table.c[name].type)
+                  for name in KEYS[table.name]))
+
+
+def _values(table: Table) -> dict[str, Any]:
+    return {c.name: tenant if c.name == "tenant_id" else bindparam(f"p_{c.name}", type_=c.type)
+            for c in table.c}
+
+
+#: Per table: the next rows after a position, in commit order (SQLite).
+READ: dict[str, Statement] = {}
+#: Per table: the key of the row at a position, if it is still there (SQLite).
+KEY_AT: dict[str, Statement] = {}
+#: Per table: how many rows are after a position (SQLite).
+BEHIND: dict[str, Statement] = {}
+#: Per table but events: the cloud's row under a key (PostgreSQL).
+GET: dict[str, Statement] = {}
+#: Per table: the row inserted unless its key (or a unique position) is taken (PostgreSQL).
+PUT: dict[str, Statement] = {}
+
+for name, table in TABLES.items():
+    short = _SHORT[name]
+    READ[name] = Statement(
+        f"sync_read_{short}", f"Reads the next rows of {name} after a position, in "
+        "commit order (rowid).",
+        select(ROWID.label("sync_rowid"), *table.c)
+        .where(table.c.tenant_id == tenant, ROWID > after).order_by(ROWID).limit(limit),
+        dialects=("sqlite",))
+    KEY_AT[name] = Statement(
+        f"sync_key_at_{short}", f"Reads the key of the row of {name} at a position.",
+        select(*(table.c[k] for k in KEYS[name]))
+        .where(table.c.tenant_id == tenant, ROWID == after), dialects=("sqlite",))
+    BEHIND[name] = Statement(
+        f"sync_behind_{short}", f"Counts the rows of {name} after a position.",
+        select(func.count()).select_from(table)
+        .where(table.c.tenant_id == tenant, ROWID > after), dialects=("sqlite",))
+    if table is not events:  # a batch of events is read by its ids (GET_EVENTS)
+        GET[name] = Statement(
+            f"sync_get_{short}", f"Reads the cloud's row of {name} under a key.",
+            select(*table.c).where(_key(table)), dialects=("postgresql",))
+
+#: The cloud's events among a batch's ids (PostgreSQL): one round trip per batch.
+GET_EVENTS = Statement(
+    "sync_get_events_many", "Reads the cloud's events of a batch of ids.",
+    select(*events.c).where(events.c.tenant_id == tenant, events.c.event_id == func.any(
+        bindparam("p_ids", type_=ARRAY(String)))), dialects=("postgresql",))
+
+PUT[checkpoints.name] = Statement(
+    "sync_put_records", "Inserts a history record unless its id or its place in its "
+    "task's chain is taken (the caller compares what is there).",
+    pg_insert(checkpoints).values(_values(checkpoints)).on_conflict_do_nothing(),
+    dialects=("postgresql",))
+PUT[events.name] = Statement(
+    "sync_put_events", "Inserts an event unless its id is taken (the caller compares "
+    "what is there).",
+    pg_insert(events).values(_values(events)).on_conflict_do_nothing(),
+    dialects=("postgresql",))
+_ended = pg_insert(ended_tasks).values(_values(ended_tasks))
+PUT[ended_tasks.name] = Statement(
+    "sync_put_ended", "Inserts a task's end, or replaces the cloud's if this one is "
+    "later (last write wins).",
+    _ended.on_conflict_do_update(
+        index_elements=["tenant_id", "logical_task_id"],
+        set_={"agent_name": _ended.excluded.agent_name, "ended_at": _ended.excluded.ended_at},
+        where=ended_tasks.c.ended_at < _ended.excluded.ended_at),
+    dialects=("postgresql",))
+
+GET_RECORD_AT_SEQ = Statement(
+    "sync_get_record_at_seq", "Reads the cloud's record at one place of a task's chain.",
+    select(*checkpoints.c).where(
+        checkpoints.c.tenant_id == tenant,
+        checkpoints.c.logical_task_id == bindparam("p_logical_task_id", type_=String),
+        checkpoints.c.seq == bindparam("p_seq", type_=Integer)),
+    dialects=("postgresql",))
+
+# -- chains (the whole chain of a task travels with any of its records) ----------------
+
+_task = bindparam("p_task", type_=String)
+CHAIN_ROWS = Statement(
+    "sync_chain_rows", "Reads every record of a task's chain, oldest first.",
+    select(*checkpoints.c).where(checkpoints.c.tenant_id == tenant,
+                                 checkpoints.c.logical_task_id == _task)
+    .order_by(checkpoints.c.seq), dialects=("sqlite",))
+HEAD_ROW = Statement(
+    "sync_head_row", "Reads a task's history head.",
+    select(*checkpoint_heads.c).where(checkpoint_heads.c.tenant_id == tenant,
+                                      checkpoint_heads.c.logical_task_id == _task))
+_head = pg_insert(checkpoint_heads).values(_values(checkpoint_heads))
+PUT_HEAD = Statement(
+    "sync_put_head", "Inserts a task's history head, or moves the cloud's to this one "
+    "if it names a longer chain.",
+    _head.on_conflict_do_update(
+        index_elements=["tenant_id", "logical_task_id"],
+        set_={c.name: _head.excluded[c.name] for c in checkpoint_heads.c
+              if c.name not in ("tenant_id", "logical_task_id")},
+        where=checkpoint_heads.c.records < _head.excluded.records),
+    dialects=("postgresql",))
+
+# -- the source id (local) -------------------------------------------------------------
+
+GET_SOURCE = Statement(
+    "sync_get_source", "Reads this database's id as a sync source.",
+    select(sync_sources.c.source_id).where(sync_sources.c.tenant_id == tenant))
+ADD_SOURCE = Statement(
+    "sync_add_source", "Names this database as a sync source (at its first sync).",
+    sync_sources.insert().values(tenant_id=tenant,
+                                 source_id=bindparam("p_source", type_=String),
+                                 created_at=bindparam("p_now", type_=Float)))
+
+# -- cursors and the conflict log (cloud) ----------------------------------------------
+
+_source = bindparam("p_source", type_=String)
+_table = bindparam("p_table", type_=String)
+LOCK_CURSOR = Statement(
+    "sync_lock_cursor", "Serialises the syncs of one source table (until commit).",
+    select(func.pg_advisory_xact_lock(func.hashtext(
+        func.concat(tenant, "/", _source, "/", _table)))),
+    dialects=("postgresql",))
+GET_CURSOR = Statement(
+    "sync_get_cursor", "Reads a source table's cursor.",
+    select(sync_cursors.c.position, sync_cursors.c.position_key,
+           sync_cursors.c.rows_applied, sync_cursors.c.updated_at)
+    .where(sync_cursors.c.tenant_id == tenant, sync_cursors.c.source_id == _source,
+           sync_cursors.c.table_name == _table))
+_cursor = pg_insert(sync_cursors).values(
+    tenant_id=tenant, source_id=_source, table_name=_table,
+    position=bindparam("p_position", type_=BigInteger),
+    position_key=bindparam("p_position_key", type_=Text),
+    rows_applied=bindparam("p_rows", type_=BigInteger),
+    updated_at=bindparam("p_now", type_=Float))
+PUT_CURSOR = Statement(
+    "sync_put_cursor", "Moves a source table's cursor to the last row of the batch "
+    "applied in this transaction.",
+    _cursor.on_conflict_do_update(
+        index_elements=["tenant_id", "source_id", "table_name"],
+        set_={"position": _cursor.excluded.position,
+              "position_key": _cursor.excluded.position_key,
+              "rows_applied": sync_cursors.c.rows_applied + _cursor.excluded.rows_applied,
+              "updated_at": _cursor.excluded.updated_at}),
+    dialects=("postgresql",))
+ADD_CONFLICT = Statement(
+    "sync_add_conflict", "Logs a row the sync did not apply (once per row and kind).",
+    pg_insert(sync_conflicts).values(_values(sync_conflicts)).on_conflict_do_nothing(),
+    dialects=("postgresql",))
+LIST_CONFLICTS = Statement(
+    "sync_list_conflicts", "Lists the tenant's conflict log, oldest first.",
+    select(*sync_conflicts.c).where(sync_conflicts.c.tenant_id == tenant)
+    .order_by(sync_conflicts.c.detected_at, sync_conflicts.c.table_name,
+              sync_conflicts.c.row_key))

@@ -1,0 +1,111 @@
+"""A local meshpoint deployment for the sync's tests: a SQLite file served by the
+embedded runtime (history signed and encrypted, every agent's event log on), the
+cloud's config (public signing key only), and row-by-row reads of both sides.
+
+Run as a script, it is the local runtime that keeps writing while a sync is killed:
+``python -m tests.integration.sync_local CONFIG TASKS [START [PAUSE_S]]`` runs TASKS
+tasks, one at a time, PAUSE_S apart, printing ``done N`` after each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from sqlalchemy import select
+
+from meshpoint import a2a
+from meshpoint.embedded import embedded
+from meshpoint.history.encryption import EncryptionKeys, save_keyring
+from meshpoint.store import SqlStore
+from meshpoint.store.schema import checkpoint_heads, checkpoints, ended_tasks, events
+
+TENANT = "acme"
+#: The tables that travel, and their keys (beside tenant_id), for comparisons.
+SYNCED = {checkpoints: ("checkpoint_id",), checkpoint_heads: ("logical_task_id",),
+          events: ("event_id",), ended_tasks: ("logical_task_id",)}
+
+
+def local_config(where: Path, *, tenant: str = TENANT) -> tuple[Path, Path]:
+    """A local mesh config (SQLite file, signed and encrypted history, event logs on)
+    and the cloud's verifier config fragment's public key file; returns (config,
+    public key PEM path)."""
+    key = Ed25519PrivateKey.generate()
+    seed = base64.b64encode(key.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+        serialization.NoEncryption())).decode()
+    (where / "k1.seed").write_text(seed)
+    public = where / "k1.pub.pem"
+    public.write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    save_keyring(EncryptionKeys.generate(tenant), where / "keyring.json")
+    config = where / "local.yaml"
+    config.write_text(f"""\
+store: {{url: "sqlite:///{where / 'local.db'}", tenant: {tenant}}}
+broker: memory://
+history:
+  signing: {{active: k1, keys: {{k1: "file:{where / 'k1.seed'}"}}}}
+  encryption: {{keyring: "{where / 'keyring.json'}"}}
+agents:
+  coordinator:
+    peers: [{{agent: flights, timeout_s: 30}}, {{agent: hotels, timeout_s: 30}}]
+    events: true
+  flights: {{events: true}}
+  hotels: {{events: true}}
+""")
+    return config, public
+
+
+def cloud_config(where: Path, url: str, schema: str, public: Path, *,
+                 tenant: str = TENANT) -> Path:
+    """The cloud's config: its store (as the runtime role) and the public signing key
+    chains are verified with on arrival and by ``meshpoint verify``."""
+    config = where / "cloud.yaml"
+    config.write_text(f"store: {json.dumps({'url': url, 'schema': schema, 'tenant': tenant})}\n"
+                      f"history:\n  signing: {{keys: {{k1: 'file:{public}'}}}}\n")
+    return config
+
+
+async def run_tasks(config: Path, count: int, *, start: int = 0, pause_s: float = 0.0,
+                    announce: bool = False) -> None:
+    """Run ``count`` tasks through the embedded runtime, one at a time, ``pause_s``
+    apart."""
+    async with embedded(config) as client:
+        for n in range(start, start + count):
+            task = await client.ask("coordinator", f"Trip {n}: flights, hotels",
+                                    timeout_s=60)
+            assert task.status.state is a2a.TaskState.COMPLETED, task.status
+            if announce:
+                print(f"done {n}", flush=True)
+            await asyncio.sleep(pause_s)
+
+
+async def tenant_rows(store: SqlStore, tenant: str = TENANT) -> dict[str, dict[str, Any]]:
+    """Every synced table's rows of ``tenant``, by table and key, as dicts (raw SQL, in
+    a transaction of the tenant: row-level security shows its rows)."""
+    def read(conn: Any) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for table, key in SYNCED.items():
+            rows = conn.execute(select(table).where(table.c.tenant_id == tenant))
+            out[table.name] = {"/".join(str(getattr(r, k)) for k in key):
+                               _plain(r._asdict()) for r in rows}
+        return out
+
+    return await store.for_tenant(tenant).transaction(read)
+
+
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: bytes(v) if isinstance(v, memoryview) else v for k, v in row.items()}
+
+
+if __name__ == "__main__":
+    asyncio.run(run_tasks(Path(sys.argv[1]), int(sys.argv[2]),
+                          start=int(sys.argv[3]) if len(sys.argv) > 3 else 0,
+                          pause_s=float(sys.argv[4]) if len(sys.argv) > 4 else 0.0,
+                          announce=True))
