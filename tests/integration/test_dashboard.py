@@ -235,10 +235,21 @@ async def test_an_encrypted_field_is_never_shown_without_its_key(
         assert mark in await texts(keyed)
         assert mark not in await texts(live_store)
         async with client_of(live_store) as keyless:
-            # The task's page says why it cannot be shown, as `tasks show` does; the
-            # event log shows its events, their payloads sealed.
+            # The task's page still renders what is stored in clear (its status,
+            # agent, deadlines, history chain and events), the checkpoint marked
+            # sealed and why; the event log shows its events, their payloads sealed.
             page = await keyless.get(f"/tasks/{task_id}")
-            assert page.status_code == 500 and "no encryption key ring" in page.text
+            assert page.status_code == 200, page.text
+            assert 'id="sealed"' in page.text and "no encryption key ring" in page.text
+            assert "input_required" in page.text and _pending[0]["call_id"] in page.text
+            assert 'id="verification"' in page.text and 'id="task-events"' in page.text
+            assert "(sealed: no key to read it)" in page.text
+            # and an answer given there is refused on the page, never a 500
+            csrf = await signed_in(keyless)
+            refused = await keyless.post(
+                f"/tasks/{task_id}/calls/{_pending[0]['call_id']}/deny",
+                data={"csrf": csrf, "reason": "no"})
+            assert 400 <= refused.status_code < 500 and mark not in refused.text
             feed = (await keyless.get(pages[-1])).json()["events"]
             assert any("(sealed: no key to read it)" in (e["input"] + e["output"])
                        for e in feed)

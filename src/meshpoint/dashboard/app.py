@@ -38,6 +38,7 @@ from meshpoint.errors import (
     InvalidArgumentError,
     MeshpointError,
     NotFoundError,
+    UnreadableValueError,
 )
 from meshpoint.store.schema import TASK_STATUSES
 
@@ -81,6 +82,7 @@ def create_app(*, store: Any = None, opener: Any = None, token: str | None = Non
                                session_cookie="meshpoint_dashboard", same_site="strict",
                                https_only=False, max_age=12 * 3600)],
         lifespan=lifespan, exception_handlers={NotFoundError: not_found,
+                                               InvalidArgumentError: bad_request,
                                                MeshpointError: store_error})
     app.state.store, app.state.token, app.state.approvers = store, token, approvers
     app.state.role_warning = None  # read at the first page
@@ -105,6 +107,11 @@ async def render(request: Request, name: str, status_code: int = 200,
 
 async def not_found(request: Request, error: Exception) -> Response:
     return await render(request, "error.html", 404, title="not found", message=str(error))
+
+
+async def bad_request(request: Request, error: Exception) -> Response:
+    """An id, cursor or filter the store refuses (too long, say): 400, its message."""
+    return await render(request, "error.html", 400, title="bad request", message=str(error))
 
 
 async def store_error(request: Request, error: Exception) -> Response:
@@ -152,7 +159,7 @@ async def task_page(request: Request) -> Response:
 async def views_task(store: Any, task_id: str) -> dict[str, Any]:
     from meshpoint.cli.details import task_details
 
-    task = await task_details(store, task_id, turns=50, schemas=True)
+    task = await task_details(store, task_id, turns=50, schemas=True, sealed_ok=True)
     task["conversation"] = [{"role": e.get("role"), "text": "(sealed: no key to read it)"
                              if views.sealed(e) else said(e)}
                             for e in task["conversation"] if isinstance(e, dict)]
@@ -214,7 +221,7 @@ async def answer(request: Request) -> Response:
             return await render(request, "error.html", 404, title="not found",
                                 message=f"no action {action!r}: approve or deny")
         return await _decide(request, task_id, decision, by, call_id, action)
-    except (AnswerRefusedError, InvalidArgumentError) as error:
+    except (AnswerRefusedError, InvalidArgumentError, UnreadableValueError) as error:
         return await _refused(request, task_id, call_id, error, form)
 
 
@@ -230,7 +237,7 @@ async def reply(request: Request) -> Response:
     try:
         return await _decide(request, task_id, Reply(text=form.get("text") or "", by=by), by,
                              None, "reply")
-    except (AnswerRefusedError, InvalidArgumentError) as error:
+    except (AnswerRefusedError, InvalidArgumentError, UnreadableValueError) as error:
         return await _refused(request, task_id, "reply", error)
 
 
@@ -259,7 +266,8 @@ async def _decide(request: Request, task_id: str, decision: Any, by: str,
 async def _refused(request: Request, task_id: str, key: str, error: MeshpointError,
                    form: dict[str, str] | None = None) -> Response:
     """The task page again, the refusal shown on the form it came from: 409 for a
-    call answered first, 400 for the rest (nothing was written)."""
+    call answered first, 400 for the rest (an argument the schema refuses, a call
+    sealed under a key not held...; nothing was written)."""
     store = request.app.state.store
     task = await views_task(store, task_id)
     status = 409 if isinstance(error, AlreadyAnsweredError) else 400
