@@ -141,6 +141,13 @@ async def test_a_write_without_a_token_session_or_csrf_token_is_refused_and_chan
         live_store: SqlStore, waiting: tuple[str, str, SideEffects]) -> None:
     task_id, call_id, effects = waiting
     approve = f"/tasks/{task_id}/calls/{call_id}/approve"
+
+    async def logged() -> bool:  # the pause's events are written a flush interval later
+        async with client_of(live_store) as client:
+            feed = await client.get(f"/events/feed?since_us=0&task={task_id}")
+            return any(e["type"] == "protocol_handoff" for e in feed.json()["events"])
+
+    await eventually(logged, what="the pause's events")
     before = await snapshot(live_store)
     async with client_of(live_store, token=None) as read_only:
         page = await read_only.get(f"/tasks/{task_id}")

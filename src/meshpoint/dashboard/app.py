@@ -15,6 +15,7 @@ schema), and the first answer wins; a refused one is shown on its form.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
@@ -43,6 +44,8 @@ from meshpoint.errors import (
 from meshpoint.store.schema import TASK_STATUSES
 
 HERE = Path(__file__).parent
+#: The latest ``since_us`` the live feed takes (the year 9999: a datetime's last).
+MAX_SINCE_US = 253_402_300_799_000_000
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.filters["when"] = views.when
 templates.env.globals["statuses"] = TASK_STATUSES
@@ -78,7 +81,8 @@ def create_app(*, store: Any = None, opener: Any = None, token: str | None = Non
             Route("/logout", logout, methods=["POST"]),
             Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
         ],
-        middleware=[Middleware(SessionMiddleware, secret_key=security.session_key(token),
+        middleware=[Middleware(security.SecurityHeaders),
+                    Middleware(SessionMiddleware, secret_key=security.session_key(token),
                                session_cookie="meshpoint_dashboard", same_site="strict",
                                https_only=False, max_age=12 * 3600)],
         lifespan=lifespan, exception_handlers={NotFoundError: not_found,
@@ -86,6 +90,7 @@ def create_app(*, store: Any = None, opener: Any = None, token: str | None = Non
                                                MeshpointError: store_error})
     app.state.store, app.state.token, app.state.approvers = store, token, approvers
     app.state.role_warning = None  # read at the first page
+    app.state.login_failures = asyncio.Lock()  # wrong tokens are judged one at a time
     return app
 
 
@@ -214,9 +219,10 @@ async def answer(request: Request) -> Response:
         if action == "approve":
             waiting = await _pending(store, task_id, call_id)
             patch = forms.edit(waiting.get("parameters") or {}, waiting["arguments"], form)
-            decision: Any = Approve(call_id=call_id, arguments=patch, by=by)
+            decision: Any = checked(Approve, call_id=call_id, arguments=patch, by=by)
         elif action == "deny":
-            decision = Deny(call_id=call_id, reason=form.get("reason") or "denied", by=by)
+            decision = checked(Deny, call_id=call_id, reason=form.get("reason") or "denied",
+                               by=by)
         else:
             return await render(request, "error.html", 404, title="not found",
                                 message=f"no action {action!r}: approve or deny")
@@ -235,10 +241,23 @@ async def reply(request: Request) -> Response:
     task_id = request.path_params["task_id"]
     by = (form.get("by") or "dashboard").strip()
     try:
-        return await _decide(request, task_id, Reply(text=form.get("text") or "", by=by), by,
-                             None, "reply")
+        return await _decide(request, task_id, checked(Reply, text=form.get("text") or "",
+                                                       by=by), by, None, "reply")
     except (AnswerRefusedError, InvalidArgumentError, UnreadableValueError) as error:
         return await _refused(request, task_id, "reply", error)
+
+
+def checked(model: Any, **fields: Any) -> Any:
+    """The decision ``model`` of the form's ``fields``; InvalidArgumentError naming the
+    field for one it refuses (a reason or name too long, say), shown on the form."""
+    from pydantic import ValidationError
+
+    try:
+        return model(**fields)
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the form"
+        raise InvalidArgumentError(f"{where}: {first['msg']}") from None
 
 
 async def _pending(store: Any, task_id: str, call_id: str) -> dict[str, Any]:
@@ -295,7 +314,10 @@ async def events_feed(request: Request) -> Response:
     try:
         since_us = int(args.get("since_us", "0"))
     except ValueError:
-        return JSONResponse({"error": "since_us must be an integer"}, status_code=400)
+        since_us = -1
+    if not 0 <= since_us <= MAX_SINCE_US:
+        return JSONResponse({"error": "since_us must be an integer of microseconds since "
+                                      f"the epoch, 0 to {MAX_SINCE_US}"}, status_code=400)
     found = await views.events(request.app.state.store, task=args.get("task") or None,
                                agent=args.get("agent") or None, since_us=since_us, limit=500)
     return JSONResponse({"events": found})
@@ -314,6 +336,7 @@ async def login(request: Request) -> Response:
         return await render(request, "login.html", 403, error=security.refusal(request, None, None))
     if not security.csrf_matches(request, form.get("csrf")) or \
             not security.token_matches(form.get("token"), token):
+        await security.login_failed(request.app.state.login_failures)
         return await render(request, "login.html", 403, error="wrong token (or a stale form)")
     request.session.clear()
     request.session["signed_in"] = True
