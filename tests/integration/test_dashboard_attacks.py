@@ -72,6 +72,21 @@ async def test_bad_input_is_a_4xx_never_a_500(mesh: Mesh) -> None:
     assert restored.status == "input_required"  # nothing was written
 
 
+async def test_a_second_answer_is_refused_on_the_page_and_a_banner_is_never_free_text(
+        mesh: Mesh) -> None:
+    await mesh.run(approving(SideEffects()))
+    _request, task_id, pending = await paused(mesh, "Send the report")
+    approve = f"/tasks/{task_id}/calls/{pending[0]['call_id']}/approve"
+    async with client_of(mesh.store) as client:
+        csrf = await signed_in(client)
+        assert (await client.post(approve, data={"csrf": csrf})).status_code == 303
+        again = await client.post(approve, data={"csrf": csrf})
+        # the call has no form any more: the refusal is shown above the page
+        assert again.status_code in (400, 409) and 'id="refused"' in again.text
+        spoofed = await client.get(f"/tasks/{task_id}?done=approved+by+the+CFO")
+        assert "by the CFO" not in spoofed.text
+
+
 async def test_every_response_carries_the_security_headers_and_the_cookie_flags(
         live_store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> None:
     waits: list[float] = []

@@ -157,8 +157,13 @@ async def task_page(request: Request) -> Response:
     return await render(request, "task.html", task=task,
                         chain=await views.chain(store, task_id),
                         events=await views.events(store, task=task_id, limit=200),
-                        forms=approval_forms(task), errors={},
-                        done=request.query_params.get("done"))
+                        forms=approval_forms(task), errors={}, refused=None,
+                        done=_done(request.query_params.get("done")))
+
+
+def _done(said: str | None) -> str | None:
+    """The answer just recorded, for its banner: one of ours, never free text."""
+    return said if said in ("approved", "denied", "replied") else None
 
 
 async def views_task(store: Any, task_id: str) -> dict[str, Any]:
@@ -294,10 +299,14 @@ async def _refused(request: Request, task_id: str, key: str, error: MeshpointErr
     if form is not None and key in fields:  # the form as it was sent, to correct it
         fields[key] = [dataclasses.replace(f, value=form.get(forms.PREFIX + f.name, f.value))
                        for f in fields[key]]
+    # A refusal with no form left to show it on (the task moved on, or ended) is
+    # shown above the page.
+    shown = key in fields or (key == "reply" and bool(fields))
     return await render(request, "task.html", status, task=task,
                         chain=await views.chain(store, task_id),
                         events=await views.events(store, task=task_id, limit=200),
-                        forms=fields, errors={key: str(error)}, done=None)
+                        forms=fields, errors={key: str(error)}, done=None,
+                        refused=None if shown else str(error))
 
 
 async def events_page(request: Request) -> Response:

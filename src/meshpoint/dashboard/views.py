@@ -106,7 +106,7 @@ async def targets(store: Any, log: EventStore) -> list[dict[str, Any]]:
          f"{blocked} blocked)",
          "met": None if recovered + blocked == 0 else recovered / (recovered + blocked) > 0.999,
          "source": "recovered steps over recovered and blocked steps, latest "
-                   f"{SAMPLE_EVENTS} of each in the event log (nothing to judge by: none)"},
+                   f"{SAMPLE_EVENTS} of each in the event log"},
         {"name": "audit completeness 100 %",
          "figure": None if not chains else f"{verified} of {len(chains)} chains verify",
          "met": None if not chains else verified == len(chains),
