@@ -26,6 +26,7 @@ from urllib.parse import quote
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -52,11 +53,14 @@ templates.env.globals["statuses"] = TASK_STATUSES
 
 
 def create_app(*, store: Any = None, opener: Any = None, token: str | None = None,
-               approvers: Any = None) -> Starlette:
+               approvers: Any = None, allowed_hosts: list[str] | None = None) -> Starlette:
     """The dashboard on ``store`` (open, the caller closes it) or on the store
     ``opener`` gives (opened at startup, closed at shutdown). ``token`` makes it
     writable (None: read-only); ``approvers`` (the mesh config's) check each answer
-    before it is written, as ``meshpoint tasks approve --config`` does."""
+    before it is written, as ``meshpoint tasks approve --config`` does.
+    ``allowed_hosts``: the names a request's ``Host`` may give (None: any); a page
+    served on the loopback allows only the loopback's, so that a web page whose
+    name is rebound to 127.0.0.1 cannot read it."""
     if (store is None) == (opener is None):
         raise InvalidArgumentError("give the dashboard a store or a store opener, one")
 
@@ -82,6 +86,8 @@ def create_app(*, store: Any = None, opener: Any = None, token: str | None = Non
             Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
         ],
         middleware=[Middleware(security.SecurityHeaders),
+                    Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or ["*"],
+                               www_redirect=False),
                     Middleware(SessionMiddleware, secret_key=security.session_key(token),
                                session_cookie="meshpoint_dashboard", same_site="strict",
                                https_only=False, max_age=12 * 3600)],
