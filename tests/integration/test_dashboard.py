@@ -251,6 +251,10 @@ async def test_an_encrypted_field_is_never_shown_without_its_key(
             assert "input_required" in page.text and _pending[0]["call_id"] in page.text
             assert 'id="verification"' in page.text and 'id="task-events"' in page.text
             assert "(sealed: no key to read it)" in page.text
+            # the inbox says a sealed call waits, rather than that none does
+            inbox = await keyless.get("/approvals")
+            assert inbox.status_code == 200 and 'id="empty"' not in inbox.text
+            assert _pending[0]["call_id"] in inbox.text and "sealed" in inbox.text
             # and an answer given there is refused on the page, never a 500
             csrf = await signed_in(keyless)
             refused = await keyless.post(
