@@ -50,6 +50,11 @@ def test_the_command_serves_the_pages_on_localhost_read_only_without_a_token(
             assert httpx.get(f"http://127.0.0.1:{port}{path}").status_code == 200, path
         refused = httpx.post(f"http://127.0.0.1:{port}/login", data={"token": "x" * 20})
         assert refused.status_code == 403
+        # A page whose name is rebound to 127.0.0.1 is refused: only the loopback's
+        # names are served.
+        rebound = httpx.get(f"http://127.0.0.1:{port}/", headers={"host": "evil.example"})
+        assert rebound.status_code == 400 and "tenant" not in rebound.text
+        assert httpx.get(f"http://localhost:{port}/tasks").status_code == 200
         # Bound to the loopback only.
         listening = [c for c in _listening(proc.pid) if c.laddr.port == port]
         assert listening and all(c.laddr.ip == "127.0.0.1" for c in listening)

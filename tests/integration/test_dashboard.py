@@ -141,6 +141,13 @@ async def test_a_write_without_a_token_session_or_csrf_token_is_refused_and_chan
         live_store: SqlStore, waiting: tuple[str, str, SideEffects]) -> None:
     task_id, call_id, effects = waiting
     approve = f"/tasks/{task_id}/calls/{call_id}/approve"
+
+    async def logged() -> bool:  # the pause's events are written a flush interval later
+        async with client_of(live_store) as client:
+            feed = await client.get(f"/events/feed?since_us=0&task={task_id}")
+            return any(e["type"] == "protocol_handoff" for e in feed.json()["events"])
+
+    await eventually(logged, what="the pause's events")
     before = await snapshot(live_store)
     async with client_of(live_store, token=None) as read_only:
         page = await read_only.get(f"/tasks/{task_id}")
@@ -235,10 +242,25 @@ async def test_an_encrypted_field_is_never_shown_without_its_key(
         assert mark in await texts(keyed)
         assert mark not in await texts(live_store)
         async with client_of(live_store) as keyless:
-            # The task's page says why it cannot be shown, as `tasks show` does; the
-            # event log shows its events, their payloads sealed.
+            # The task's page still renders what is stored in clear (its status,
+            # agent, deadlines, history chain and events), the checkpoint marked
+            # sealed and why; the event log shows its events, their payloads sealed.
             page = await keyless.get(f"/tasks/{task_id}")
-            assert page.status_code == 500 and "no encryption key ring" in page.text
+            assert page.status_code == 200, page.text
+            assert 'id="sealed"' in page.text and "no encryption key ring" in page.text
+            assert "input_required" in page.text and _pending[0]["call_id"] in page.text
+            assert 'id="verification"' in page.text and 'id="task-events"' in page.text
+            assert "(sealed: no key to read it)" in page.text
+            # the inbox says a sealed call waits, rather than that none does
+            inbox = await keyless.get("/approvals")
+            assert inbox.status_code == 200 and 'id="empty"' not in inbox.text
+            assert _pending[0]["call_id"] in inbox.text and "sealed" in inbox.text
+            # and an answer given there is refused on the page, never a 500
+            csrf = await signed_in(keyless)
+            refused = await keyless.post(
+                f"/tasks/{task_id}/calls/{_pending[0]['call_id']}/deny",
+                data={"csrf": csrf, "reason": "no"})
+            assert 400 <= refused.status_code < 500 and mark not in refused.text
             feed = (await keyless.get(pages[-1])).json()["events"]
             assert any("(sealed: no key to read it)" in (e["input"] + e["output"])
                        for e in feed)

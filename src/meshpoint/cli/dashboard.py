@@ -7,7 +7,10 @@ config's. With ``--config``, the history's keys read encrypted fields and check
 signatures, and the config's approvers check each answer before it is written.
 Read-only unless a token is given: ``--token-file`` or ``MESHPOINT_DASHBOARD_TOKEN``,
 never the token itself on the command line (every user of the host sees it in
-``ps``).
+``ps``). Served on the loopback, a request must name the loopback as its ``Host``
+(``127.0.0.1`` or ``localhost``, and each ``--allowed-host``): a web page whose name is
+rebound to 127.0.0.1 cannot read the dashboard through the browser; served on another
+address, any name unless ``--allowed-host`` lists them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ import typer
 from meshpoint.cli.common import Config, Schema, Tenant, Url, console, err, fail, store_opener
 from meshpoint.errors import MeshpointError
 
+#: The addresses that serve this host only, and the names a request to them gives.
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+LOOPBACK_NAMES = ["127.0.0.1", "localhost"]
+
 
 def dashboard(url: Url = None, config: Config = None, schema: Schema = None,
               tenant: Tenant = None,
@@ -31,7 +38,12 @@ def dashboard(url: Url = None, config: Config = None, schema: Schema = None,
               token_file: Annotated[Path | None, typer.Option(
                   "--token-file", help="A file whose first line is the token that signs in "
                   "to answer approvals (else MESHPOINT_DASHBOARD_TOKEN; without either the "
-                  "dashboard is read-only).")] = None) -> None:
+                  "dashboard is read-only).")] = None,
+              allowed_host: Annotated[list[str] | None, typer.Option(
+                  "--allowed-host", help="A name requests may give as their Host (the "
+                  "proxy's public name, say); repeat for several. On the loopback, "
+                  "127.0.0.1 and localhost are allowed too; elsewhere, without one, any "
+                  "name is.")] = None) -> None:
     """Serve the web dashboard: tasks, a task's history and events, the approvals
     inbox, the overview and the live event log of one tenant's store."""
     try:
@@ -53,7 +65,11 @@ def dashboard(url: Url = None, config: Config = None, schema: Schema = None,
         opener = store_opener(url, config, schema=schema, tenant=tenant)
     except MeshpointError as error:
         fail(error)
-    app = create_app(opener=opener, token=token, approvers=approvers)
+    names = list(allowed_host or [])
+    if host in LOOPBACK:
+        names += LOOPBACK_NAMES
+    app = create_app(opener=opener, token=token, approvers=approvers,
+                     allowed_hosts=names or None)
     console.print(f"meshpoint dashboard on http://{host}:{port}/ "
                   f"({'read-only' if token is None else 'answers need the token'})",
                   highlight=False)

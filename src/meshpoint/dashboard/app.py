@@ -15,6 +15,7 @@ schema), and the first answer wins; a refused one is shown on its form.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ from urllib.parse import quote
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -38,21 +40,27 @@ from meshpoint.errors import (
     InvalidArgumentError,
     MeshpointError,
     NotFoundError,
+    UnreadableValueError,
 )
 from meshpoint.store.schema import TASK_STATUSES
 
 HERE = Path(__file__).parent
+#: The latest ``since_us`` the live feed takes (the year 9999: a datetime's last).
+MAX_SINCE_US = 253_402_300_799_000_000
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.filters["when"] = views.when
 templates.env.globals["statuses"] = TASK_STATUSES
 
 
 def create_app(*, store: Any = None, opener: Any = None, token: str | None = None,
-               approvers: Any = None) -> Starlette:
+               approvers: Any = None, allowed_hosts: list[str] | None = None) -> Starlette:
     """The dashboard on ``store`` (open, the caller closes it) or on the store
     ``opener`` gives (opened at startup, closed at shutdown). ``token`` makes it
     writable (None: read-only); ``approvers`` (the mesh config's) check each answer
-    before it is written, as ``meshpoint tasks approve --config`` does."""
+    before it is written, as ``meshpoint tasks approve --config`` does.
+    ``allowed_hosts``: the names a request's ``Host`` may give (None: any); a page
+    served on the loopback allows only the loopback's, so that a web page whose
+    name is rebound to 127.0.0.1 cannot read it."""
     if (store is None) == (opener is None):
         raise InvalidArgumentError("give the dashboard a store or a store opener, one")
 
@@ -77,13 +85,18 @@ def create_app(*, store: Any = None, opener: Any = None, token: str | None = Non
             Route("/logout", logout, methods=["POST"]),
             Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
         ],
-        middleware=[Middleware(SessionMiddleware, secret_key=security.session_key(token),
+        middleware=[Middleware(security.SecurityHeaders),
+                    Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or ["*"],
+                               www_redirect=False),
+                    Middleware(SessionMiddleware, secret_key=security.session_key(token),
                                session_cookie="meshpoint_dashboard", same_site="strict",
                                https_only=False, max_age=12 * 3600)],
         lifespan=lifespan, exception_handlers={NotFoundError: not_found,
+                                               InvalidArgumentError: bad_request,
                                                MeshpointError: store_error})
     app.state.store, app.state.token, app.state.approvers = store, token, approvers
     app.state.role_warning = None  # read at the first page
+    app.state.login_failures = asyncio.Lock()  # wrong tokens are judged one at a time
     return app
 
 
@@ -105,6 +118,11 @@ async def render(request: Request, name: str, status_code: int = 200,
 
 async def not_found(request: Request, error: Exception) -> Response:
     return await render(request, "error.html", 404, title="not found", message=str(error))
+
+
+async def bad_request(request: Request, error: Exception) -> Response:
+    """An id, cursor or filter the store refuses (too long, say): 400, its message."""
+    return await render(request, "error.html", 400, title="bad request", message=str(error))
 
 
 async def store_error(request: Request, error: Exception) -> Response:
@@ -145,14 +163,19 @@ async def task_page(request: Request) -> Response:
     return await render(request, "task.html", task=task,
                         chain=await views.chain(store, task_id),
                         events=await views.events(store, task=task_id, limit=200),
-                        forms=approval_forms(task), errors={},
-                        done=request.query_params.get("done"))
+                        forms=approval_forms(task), errors={}, refused=None,
+                        done=_done(request.query_params.get("done")))
+
+
+def _done(said: str | None) -> str | None:
+    """The answer just recorded, for its banner: one of ours, never free text."""
+    return said if said in ("approved", "denied", "replied") else None
 
 
 async def views_task(store: Any, task_id: str) -> dict[str, Any]:
     from meshpoint.cli.details import task_details
 
-    task = await task_details(store, task_id, turns=50, schemas=True)
+    task = await task_details(store, task_id, turns=50, schemas=True, sealed_ok=True)
     task["conversation"] = [{"role": e.get("role"), "text": "(sealed: no key to read it)"
                              if views.sealed(e) else said(e)}
                             for e in task["conversation"] if isinstance(e, dict)]
@@ -207,14 +230,15 @@ async def answer(request: Request) -> Response:
         if action == "approve":
             waiting = await _pending(store, task_id, call_id)
             patch = forms.edit(waiting.get("parameters") or {}, waiting["arguments"], form)
-            decision: Any = Approve(call_id=call_id, arguments=patch, by=by)
+            decision: Any = checked(Approve, call_id=call_id, arguments=patch, by=by)
         elif action == "deny":
-            decision = Deny(call_id=call_id, reason=form.get("reason") or "denied", by=by)
+            decision = checked(Deny, call_id=call_id, reason=form.get("reason") or "denied",
+                               by=by)
         else:
             return await render(request, "error.html", 404, title="not found",
                                 message=f"no action {action!r}: approve or deny")
         return await _decide(request, task_id, decision, by, call_id, action)
-    except (AnswerRefusedError, InvalidArgumentError) as error:
+    except (AnswerRefusedError, InvalidArgumentError, UnreadableValueError) as error:
         return await _refused(request, task_id, call_id, error, form)
 
 
@@ -228,10 +252,23 @@ async def reply(request: Request) -> Response:
     task_id = request.path_params["task_id"]
     by = (form.get("by") or "dashboard").strip()
     try:
-        return await _decide(request, task_id, Reply(text=form.get("text") or "", by=by), by,
-                             None, "reply")
-    except (AnswerRefusedError, InvalidArgumentError) as error:
+        return await _decide(request, task_id, checked(Reply, text=form.get("text") or "",
+                                                       by=by), by, None, "reply")
+    except (AnswerRefusedError, InvalidArgumentError, UnreadableValueError) as error:
         return await _refused(request, task_id, "reply", error)
+
+
+def checked(model: Any, **fields: Any) -> Any:
+    """The decision ``model`` of the form's ``fields``; InvalidArgumentError naming the
+    field for one it refuses (a reason or name too long, say), shown on the form."""
+    from pydantic import ValidationError
+
+    try:
+        return model(**fields)
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the form"
+        raise InvalidArgumentError(f"{where}: {first['msg']}") from None
 
 
 async def _pending(store: Any, task_id: str, call_id: str) -> dict[str, Any]:
@@ -259,7 +296,8 @@ async def _decide(request: Request, task_id: str, decision: Any, by: str,
 async def _refused(request: Request, task_id: str, key: str, error: MeshpointError,
                    form: dict[str, str] | None = None) -> Response:
     """The task page again, the refusal shown on the form it came from: 409 for a
-    call answered first, 400 for the rest (nothing was written)."""
+    call answered first, 400 for the rest (an argument the schema refuses, a call
+    sealed under a key not held...; nothing was written)."""
     store = request.app.state.store
     task = await views_task(store, task_id)
     status = 409 if isinstance(error, AlreadyAnsweredError) else 400
@@ -267,10 +305,14 @@ async def _refused(request: Request, task_id: str, key: str, error: MeshpointErr
     if form is not None and key in fields:  # the form as it was sent, to correct it
         fields[key] = [dataclasses.replace(f, value=form.get(forms.PREFIX + f.name, f.value))
                        for f in fields[key]]
+    # A refusal with no form left to show it on (the task moved on, or ended) is
+    # shown above the page.
+    shown = key in fields or (key == "reply" and bool(fields))
     return await render(request, "task.html", status, task=task,
                         chain=await views.chain(store, task_id),
                         events=await views.events(store, task=task_id, limit=200),
-                        forms=fields, errors={key: str(error)}, done=None)
+                        forms=fields, errors={key: str(error)}, done=None,
+                        refused=None if shown else str(error))
 
 
 async def events_page(request: Request) -> Response:
@@ -287,7 +329,10 @@ async def events_feed(request: Request) -> Response:
     try:
         since_us = int(args.get("since_us", "0"))
     except ValueError:
-        return JSONResponse({"error": "since_us must be an integer"}, status_code=400)
+        since_us = -1
+    if not 0 <= since_us <= MAX_SINCE_US:
+        return JSONResponse({"error": "since_us must be an integer of microseconds since "
+                                      f"the epoch, 0 to {MAX_SINCE_US}"}, status_code=400)
     found = await views.events(request.app.state.store, task=args.get("task") or None,
                                agent=args.get("agent") or None, since_us=since_us, limit=500)
     return JSONResponse({"events": found})
@@ -306,6 +351,7 @@ async def login(request: Request) -> Response:
         return await render(request, "login.html", 403, error=security.refusal(request, None, None))
     if not security.csrf_matches(request, form.get("csrf")) or \
             not security.token_matches(form.get("token"), token):
+        await security.login_failed(request.app.state.login_failures)
         return await render(request, "login.html", 403, error="wrong token (or a stale form)")
     request.session.clear()
     request.session["signed_in"] = True

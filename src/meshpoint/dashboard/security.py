@@ -7,11 +7,17 @@ session cookie signed with a key derived from the token (Starlette's
 ``SessionMiddleware``, itsdangerous underneath; ``HttpOnly``, ``SameSite=Strict``):
 restarting with another token signs every session out. Every form carries the
 session's CSRF token, and a write (POST only) is refused, 403, changing nothing, unless
-the session is signed in and the form's token is the session's.
+the session is signed in and the form's token is the session's. A wrong token at the
+login form is answered only after a pause, one failure at a time
+(:data:`LOGIN_FAILURE_DELAY_S`), so guessing is slow as well as hopeless. Every
+response carries :data:`HEADERS` (:class:`SecurityHeaders`): a Content-Security-Policy
+that allows the dashboard's own script and stylesheet and nothing inline, no framing,
+no MIME sniffing, no referrer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import os
@@ -19,6 +25,7 @@ import secrets
 from pathlib import Path
 
 from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshpoint.errors import ConfigurationError
 
@@ -26,6 +33,50 @@ from meshpoint.errors import ConfigurationError
 TOKEN_ENV = "MESHPOINT_DASHBOARD_TOKEN"
 #: A token shorter than this is refused: it would be guessed.
 MIN_TOKEN_CHARS = 16
+#: How long a wrong token at the login form waits before its answer; failures wait
+#: one after another, so at most one guess is judged per this many seconds.
+LOGIN_FAILURE_DELAY_S = 1.0
+#: The headers of every response.
+HEADERS = {
+    "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                               "img-src 'self'; connect-src 'self'; form-action 'self'; "
+                               "frame-ancestors 'none'; base-uri 'none'",
+    "x-content-type-options": "nosniff",
+    "x-frame-options": "DENY",
+    "referrer-policy": "no-referrer",
+}
+
+_pause = asyncio.sleep  # the tests' to replace
+
+
+async def login_failed(failures: asyncio.Lock) -> None:
+    """Wait :data:`LOGIN_FAILURE_DELAY_S` after a wrong token, behind every other
+    failure being waited for (``failures``: the application's lock)."""
+    async with failures:
+        await _pause(LOGIN_FAILURE_DELAY_S)
+
+
+class SecurityHeaders:
+    """ASGI middleware: :data:`HEADERS` on every response (those it already has
+    are left as they are)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                present = {name.lower() for name, _ in message.get("headers", [])}
+                message["headers"] = list(message.get("headers", [])) + [
+                    (name.encode(), value.encode()) for name, value in HEADERS.items()
+                    if name.encode() not in present]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 def load_token(token_file: Path | None) -> str | None:

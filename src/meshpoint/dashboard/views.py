@@ -106,7 +106,7 @@ async def targets(store: Any, log: EventStore) -> list[dict[str, Any]]:
          f"{blocked} blocked)",
          "met": None if recovered + blocked == 0 else recovered / (recovered + blocked) > 0.999,
          "source": "recovered steps over recovered and blocked steps, latest "
-                   f"{SAMPLE_EVENTS} of each in the event log (nothing to judge by: none)"},
+                   f"{SAMPLE_EVENTS} of each in the event log"},
         {"name": "audit completeness 100 %",
          "figure": None if not chains else f"{verified} of {len(chains)} chains verify",
          "met": None if not chains else verified == len(chains),
@@ -150,8 +150,9 @@ def when(moment: datetime | float | None) -> str:
 
 async def inbox(store: Any, *, after: str = "") -> tuple[list[dict[str, Any]], str | None]:
     """The pending approvals of the tasks waiting for a human, a page of tasks at a
-    time: (the calls, each with its task, tool, arguments and schema; the last task
-    id of the page when there may be more)."""
+    time: (the calls, each with its task, tool, arguments and schema, or ``sealed``
+    for one whose call is sealed under a key not held; the last task id of the page
+    when there may be more)."""
     tasks = await store.tasks_page(after=after, status="input_required", limit=PAGE)
     calls = []
     for task in tasks:
@@ -165,6 +166,12 @@ async def inbox(store: Any, *, after: str = "") -> tuple[list[dict[str, Any]], s
                 calls.append({**describe(sub.sub_task_id, sub.correlation_data),
                               "task_id": task.task_id, "agent": task.agent_name,
                               "schema": approval.get("parameters") or {},
+                              "deadline": when(sub.timeout_deadline)})
+            elif sub.status == "pending" and sealed(sub.correlation_data):
+                # waiting, but what for cannot be read here: said, not left out
+                calls.append({"call_id": sub.sub_task_id, "sealed": True,
+                              "task_id": task.task_id, "agent": task.agent_name,
+                              "schema": {}, "arguments": {},
                               "deadline": when(sub.timeout_deadline)})
     return calls, tasks[-1].task_id if len(tasks) == PAGE else None
 
