@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from meshpoint.dashboard import create_app
 from meshpoint.llm import ScriptedModel
+from meshpoint.ops.dashboard import create_app
 from meshpoint.runtime import Agent, SequentialAgent, SubAgent
 from meshpoint.runtime.options import HandoffPolicy
 from meshpoint.store import SqlStore, open_store

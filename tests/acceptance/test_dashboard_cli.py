@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from meshpoint.dashboard.security import TOKEN_ENV, load_token
 from meshpoint.errors import ConfigurationError
+from meshpoint.ops.dashboard.security import TOKEN_ENV, load_token
 from tests.acceptance.test_serve import meshpoint
 
 

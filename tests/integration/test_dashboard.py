@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from meshpoint.context import TaskExecutionContext
-from meshpoint.dashboard import create_app
 from meshpoint.history.encryption import EncryptionKeys
 from meshpoint.history.planning import HistoryOptions
+from meshpoint.ops.dashboard import create_app
 from meshpoint.store import SqlStore, open_store
 from tests.conftest import snapshot
 from tests.integration.mesh import Mesh, eventually

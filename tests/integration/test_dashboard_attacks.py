@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from meshpoint.dashboard import security
+from meshpoint.ops.dashboard import security
 from meshpoint.store import SqlStore
 from tests.integration.mesh import Mesh
 from tests.integration.test_approvals import SideEffects, approving, paused

@@ -4,7 +4,7 @@ filled with the proposed arguments, and the merge patch a submitted form makes (
 
 from __future__ import annotations
 
-from meshpoint.dashboard.forms import edit, fields
+from meshpoint.ops.dashboard.forms import edit, fields
 from meshpoint.runtime.decisions import merge_patch
 
 SCHEMA = {"type": "object", "required": ["to", "amount"], "properties": {

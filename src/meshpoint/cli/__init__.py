@@ -10,7 +10,7 @@
 * :mod:`~meshpoint.cli.events`: ``events`` (query and follow) and ``tasks reconstruct``;
 * :mod:`~meshpoint.cli.broker`: ``nats-config`` (a NATS user per agent, client and
   approver) and ``keys approver new``;
-* :mod:`~meshpoint.cli.dashboard`: ``dashboard`` (serves :mod:`meshpoint.dashboard`);
+* :mod:`~meshpoint.cli.dashboard`: ``dashboard`` (serves :mod:`meshpoint.ops.dashboard`);
 * :mod:`~meshpoint.cli.gateway`: ``gateway`` (the mesh's agents as A2A servers over HTTP);
 * :mod:`~meshpoint.cli.sync`: ``sync`` (push a local SQLite store to a cloud PostgreSQL
   one, once or ``--follow``), ``sync status`` and ``sync conflicts``;

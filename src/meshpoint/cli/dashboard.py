@@ -1,4 +1,4 @@
-"""``meshpoint dashboard``: serve the web dashboard (:mod:`meshpoint.dashboard`) on a
+"""``meshpoint dashboard``: serve the web dashboard (:mod:`meshpoint.ops.dashboard`) on a
 store, bound to 127.0.0.1 by default.
 
 The store is named as for every store command (``--url``, ``--config``,
@@ -49,8 +49,8 @@ def dashboard(url: Url = None, config: Config = None, schema: Schema = None,
     try:
         import uvicorn
 
-        from meshpoint.dashboard import create_app
-        from meshpoint.dashboard.security import load_token
+        from meshpoint.ops.dashboard import create_app
+        from meshpoint.ops.dashboard.security import load_token
     except ImportError as error:
         err.print(f"[red]error:[/red] the dashboard needs meshpoint[dashboard] "
                   f"(pip install 'meshpoint[dashboard]'): {error}")

@@ -6,7 +6,7 @@ or on a store opener (opened and closed with the application). Pages are rendere
 on the server with Jinja2 (autoescaped: whatever a requester wrote is shown as
 text); the live events page polls ``/events/feed``. A write is a POST whose form
 carries the session's CSRF token from a session signed in with the token
-(:mod:`meshpoint.dashboard.security`); anything else is refused, 403, before the
+(:mod:`meshpoint.ops.dashboard.security`); anything else is refused, 403, before the
 store is touched. An answer is recorded by
 :func:`meshpoint.runtime.approvals.decide`, as ``meshpoint tasks approve`` records
 it: checked first (the call is pending, the edited arguments satisfy the tool's
@@ -33,7 +33,6 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from meshpoint.dashboard import forms, security, views
 from meshpoint.errors import (
     AlreadyAnsweredError,
     AnswerRefusedError,
@@ -42,6 +41,7 @@ from meshpoint.errors import (
     NotFoundError,
     UnreadableValueError,
 )
+from meshpoint.ops.dashboard import forms, security, views
 from meshpoint.store.schema import TASK_STATUSES
 
 HERE = Path(__file__).parent

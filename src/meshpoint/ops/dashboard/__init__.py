@@ -2,13 +2,13 @@
 one tenant's store, server-rendered, with no build step and nothing fetched from
 elsewhere: its templates and static files ship in the package.
 
-* :mod:`~meshpoint.dashboard.app`: the Starlette application, its routes, and how a
+* :mod:`~meshpoint.ops.dashboard.app`: the Starlette application, its routes, and how a
   write (approve, deny, reply) is checked and recorded;
-* :mod:`~meshpoint.dashboard.views`: what each page reads, through the store's and
+* :mod:`~meshpoint.ops.dashboard.views`: what each page reads, through the store's and
   the CLI's readers (no SQL of its own), and the overview's live targets;
-* :mod:`~meshpoint.dashboard.forms`: the approval form built from a tool's JSON
+* :mod:`~meshpoint.ops.dashboard.forms`: the approval form built from a tool's JSON
   schema, and the edit a submitted form makes;
-* :mod:`~meshpoint.dashboard.security`: the token, the signed session, the CSRF
+* :mod:`~meshpoint.ops.dashboard.security`: the token, the signed session, the CSRF
   token, and why a write is refused;
 * ``templates/`` (Jinja2) and ``static/`` (CSS, the live events page's script).
 
@@ -16,6 +16,6 @@ It may import the store, the history, the event log, the runtime's approvals and
 the CLI's readers (:mod:`meshpoint.cli.details`); nothing imports it but the CLI.
 """
 
-from meshpoint.dashboard.app import create_app
+from meshpoint.ops.dashboard.app import create_app
 
 __all__ = ["create_app"]
