@@ -207,7 +207,7 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
         table = Table(title=f"sync of tenant {shown(tenant)}"
                             + (" (dry run: nothing written)" if dry_run else ""))
         for column in ("table", "behind", "applied", "already there", "conflicts",
-                       "quarantined", "kept (cloud newer)"):
+                       "quarantined", "kept (cloud's end)"):
             table.add_column(column)
         for r in reports:
             table.add_row(r.table, str(r.behind), "-" if dry_run else str(r.applied),
@@ -291,7 +291,7 @@ def status(source: From = None, target: To = None, tenant: Tenant = None,
 def conflicts(target: To = None, tenant: Tenant = None, schema: Schema = None,
               config: Config = None, as_json: AsJson = False) -> None:
     """The rows a sync kept aside: conflicts (both versions), quarantined chains and
-    last-write-wins rows whose cloud version stayed."""
+    tasks' ends the cloud holds otherwise (the cloud's stayed)."""
     _, target, tenant, schema = _defaults(config, None, target, tenant, schema)
     _check_urls(None, target, need_source=False)
     assert target is not None
