@@ -15,11 +15,11 @@ import pytest
 import rfc8785
 from sqlalchemy import delete, insert, select, update
 
-from meshpoint.store import SqlStore
-from meshpoint.store.schema import checkpoint_heads, checkpoints, ended_tasks
+from meshpoint.store import SqlStore, open_store
+from meshpoint.store.schema import checkpoint_heads, checkpoints, ended_tasks, events
 from meshpoint.sync.push import Syncer
-from meshpoint.sync.tables import sync_conflicts
-from tests.integration.sync_local import tenant_rows
+from meshpoint.sync.tables import sync_conflicts, sync_sources
+from tests.integration.sync_local import TENANT, run_tasks, tenant_rows
 from tests.integration.test_sync import Cloud, cloud, local, options, ran
 
 pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("pg_roles")]
@@ -92,3 +92,33 @@ async def test_a_forged_record_appended_to_a_synced_chain_is_quarantined(
         assert after["agent_checkpoint_heads"] == before["agent_checkpoint_heads"]
         assert (await target.history.verify_task(task)).ok
         assert task in await _log(target, "quarantine")
+
+
+async def test_a_second_file_claiming_the_first_ones_source_id_skips_nothing(
+        local: SqlStore, cloud: Cloud, ran: tuple[Path, Path], tmp_path: Path) -> None:
+    """The cursor of a source remembers the key of the row at its position: a file
+    that claims another's source id (copied, or written so) has other rows there, so
+    its tables are read again from the start, and so are the first file's next time."""
+    other = tmp_path / "other.db"
+    other.write_bytes((ran[0] / "local.db").read_bytes())
+    config = tmp_path / "other.yaml"
+    config.write_text((ran[0] / "local.yaml").read_text().replace(
+        str(ran[0] / "local.db"), str(other)))
+    async with open_store(f"sqlite:///{other}", tenant_id=TENANT, migrate=False) as b:
+        # Its own event log, whose rowids start again at 1.
+        await b.run(lambda conn: conn.execute(delete(events)), write=True)
+    await run_tasks(config, 1, start=200)
+    async with cloud.open(history=options(ran)) as target:
+        first, _ = await Syncer(local, target).run()
+        async with open_store(f"sqlite:///{other}", tenant_id=TENANT, migrate=False) as b:
+            await b.run(lambda conn: conn.execute(insert(sync_sources).values(
+                tenant_id=TENANT, source_id=first, created_at=0.0)), write=True)
+            claimed, reports = await Syncer(b, target).run()
+            assert claimed == first and reports[1].rescanned
+            theirs = await tenant_rows(b)
+        _, again = await Syncer(local, target).run()
+        ours = await tenant_rows(local)
+        after = await tenant_rows(target)
+    for name in ("agent_checkpoints", "agent_events", "agent_ended_tasks"):
+        assert set(ours[name]) | set(theirs[name]) == set(after[name]), name
+    assert all(not (r.conflicts or r.quarantined) for r in reports + again)
