@@ -37,7 +37,9 @@ async def test_a_forged_later_end_of_a_synced_task_never_replaces_the_clouds(
     async with cloud.open(history=options(ran)) as target:
         await Syncer(local, target).run()
         before = await tenant_rows(target)
-        task, row = sorted(before["agent_ended_tasks"].items())[0]
+        # The first end (not the one at the cursor: deleted and written again, that
+        # one would take its rowid back, and a cursor that sees its key there reads on).
+        task, row = min(before["agent_ended_tasks"].items(), key=lambda t: t[1]["ended_at"])
 
         # The ledger is not signed: the attacker writes a later end (a new row, so
         # that its rowid is after the cursor), hoping last write wins.
