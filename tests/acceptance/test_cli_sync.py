@@ -129,7 +129,7 @@ async def test_a_sync_killed_at_random_points_while_the_runtime_writes_ends_exac
 
     code, report = run_json(*sync_args(tmp_path, cloud, "--config", str(verifier)),
                             cwd=tmp_path)
-    assert code == 0, report
+    assert code == 0 and report["signatures_checked"] is True, report
     local, target = await both_sides(tmp_path, cloud)
     assert target == local  # exactly the local rows, each once (keys are unique)
     chains = len(local["agent_checkpoint_heads"])
@@ -141,6 +141,7 @@ async def test_a_sync_killed_at_random_points_while_the_runtime_writes_ends_exac
 
     code, again = run_json(*sync_args(tmp_path, cloud), cwd=tmp_path)
     assert code == 0 and [t["applied"] for t in again["tables"]] == [0, 0, 0], again
+    assert again["signatures_checked"] is False  # no --config: no key to check them with
     code, status = run_json(*sync_args(tmp_path, cloud, command="status"), cwd=tmp_path)
     assert code == 0 and [t["behind"] for t in status["tables"]] == [0, 0, 0], status
     assert status["source_id"] == again["source_id"]

@@ -180,11 +180,15 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
         _follow(source, target, tenant, schema, config, batch, interval_s, as_json)
         return
 
+    checked = False
+
     async def run() -> tuple[str | None, list[Any]]:
         from meshpoint.sync.push import Syncer
 
+        nonlocal checked
         async with _stores(source, target, tenant, schema, config) as (local, cloud):
             syncer = Syncer(local, cloud, batch=batch)
+            checked = syncer.options.check_signatures
             if dry_run:
                 return await syncer.run(dry_run=True)
             with Progress(TextColumn("{task.description}"), BarColumn(),
@@ -202,18 +206,23 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
     troubled = sum(len(r.conflicts) + len(r.quarantined) for r in reports)
     if as_json:
         print(json.dumps({"source_id": source_id, "tenant": tenant, "dry_run": dry_run,
+                          "signatures_checked": checked,
                           "tables": [r.as_json() for r in reports]}))
     else:
         table = Table(title=f"sync of tenant {shown(tenant)}"
                             + (" (dry run: nothing written)" if dry_run else ""))
         for column in ("table", "behind", "applied", "already there", "conflicts",
-                       "quarantined", "kept (cloud newer)"):
+                       "quarantined", "kept (cloud's end)"):
             table.add_column(column)
         for r in reports:
             table.add_row(r.table, str(r.behind), "-" if dry_run else str(r.applied),
                           "-" if dry_run else str(r.identical), str(len(r.conflicts)),
                           str(len(r.quarantined)), str(len(r.kept)))
         console.print(table)
+        if not checked:
+            console.print("[yellow]signatures were not checked[/yellow]: no signing key "
+                          "(--config with history.signing); a chain re-hashed by anyone "
+                          "who can write the file would pass")
         if troubled:
             console.print(f"{troubled} row(s) or chain(s) were kept aside: meshpoint sync "
                           "conflicts lists them")
@@ -291,7 +300,7 @@ def status(source: From = None, target: To = None, tenant: Tenant = None,
 def conflicts(target: To = None, tenant: Tenant = None, schema: Schema = None,
               config: Config = None, as_json: AsJson = False) -> None:
     """The rows a sync kept aside: conflicts (both versions), quarantined chains and
-    last-write-wins rows whose cloud version stayed."""
+    tasks' ends the cloud holds otherwise (the cloud's stayed)."""
     _, target, tenant, schema = _defaults(config, None, target, tenant, schema)
     _check_urls(None, target, need_source=False)
     assert target is not None

@@ -5,8 +5,10 @@ What each table's rows get:
 
 * events (immutable): inserted unless their id is taken; a taken id holding other
   content is a ``conflict``: both versions go to the conflict log, the cloud's stays.
-* ended tasks (last write wins on ``ended_at``): the later end wins; a cloud row that
-  stays while the source says otherwise is logged as ``kept``.
+* ended tasks (immutable: a task ends once): inserted unless the cloud holds the
+  task's end; one that says otherwise (another ``ended_at`` or agent) is logged as
+  ``kept`` and the cloud's stays. The ledger is not signed, so a later end written
+  into the file by someone without a key must not replace the cloud's.
 * history records (immutable, hash-chained): a record travels with its task's whole
   chain and head, as the source's snapshot had them. Each chain is applied under a
   savepoint and read back and verified in the cloud (hashes, links, head, snapshots,
@@ -162,15 +164,14 @@ def apply_events(conn: Connection, rows: list[dict[str, Any]], *, tenant: str,
 
 def apply_ended(conn: Connection, rows: Iterable[dict[str, Any]], *, tenant: str,
                 source: str, now: float) -> Applied:
-    """Apply ended tasks: the later end wins; a cloud row as late or later stays, and
-    is logged as ``kept`` if it says otherwise."""
+    """Apply ended tasks: inserted unless the cloud holds the task's end, which stays
+    and is logged as ``kept`` if it says otherwise."""
     done = Applied()
     table = ended_tasks.name
     put, get = sq.PUT[table], sq.GET[table]
     for row in rows:
         params = _params(row, tenant)
         if put.rowcount(conn, params):
-            # An end that replaced an earlier one in the cloud counts as applied too.
             done.applied += 1
             continue
         there = get.first(conn, params)
@@ -180,8 +181,8 @@ def apply_ended(conn: Connection, rows: Iterable[dict[str, Any]], *, tenant: str
         key = row_key(table, row)
         done.kept.append(key)
         log(conn, tenant=tenant, source=source, table=table, key=key, kind=KEPT,
-            reason="the cloud's end of this task is as late or later: it stays (last "
-            "write wins)", local=row, cloud=None if there is None else there._asdict(),
+            reason="the cloud holds another end of this task: it stays (an end "
+            "is never replaced)", local=row, cloud=None if there is None else there._asdict(),
             now=now)
     return done
 

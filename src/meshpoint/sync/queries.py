@@ -109,14 +109,10 @@ PUT[events.name] = Statement(
     "what is there).",
     pg_insert(events).values(_values(events)).on_conflict_do_nothing(),
     dialects=("postgresql",))
-_ended = pg_insert(ended_tasks).values(_values(ended_tasks))
 PUT[ended_tasks.name] = Statement(
-    "sync_put_ended", "Inserts a task's end, or replaces the cloud's if this one is "
-    "later (last write wins).",
-    _ended.on_conflict_do_update(
-        index_elements=["tenant_id", "logical_task_id"],
-        set_={"agent_name": _ended.excluded.agent_name, "ended_at": _ended.excluded.ended_at},
-        where=ended_tasks.c.ended_at < _ended.excluded.ended_at),
+    "sync_put_ended", "Inserts a task's end unless the cloud holds one (an end is never "
+    "replaced: the caller compares what is there).",
+    pg_insert(ended_tasks).values(_values(ended_tasks)).on_conflict_do_nothing(),
     dialects=("postgresql",))
 
 GET_RECORD_AT_SEQ = Statement(

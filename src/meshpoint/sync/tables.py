@@ -11,8 +11,8 @@ them as the store's own. Both databases get all three; each side uses its own:
   source row applied, written in the transaction of the batch it ends.
 * ``meshpoint_sync_conflicts`` (in the cloud): rows that were not applied, and why:
   a ``conflict`` (the cloud holds another row under the same key: both versions
-  kept), a ``quarantine`` (a chain that would not verify) or a ``kept`` (a
-  last-write-wins row whose newer cloud version stayed).
+  kept), a ``quarantine`` (a chain that would not verify) or a ``kept`` (a task's
+  end that the cloud holds otherwise: it stays).
 
 This module imports SQLAlchemy and the store only.
 """
