@@ -32,7 +32,13 @@ from google.protobuf.json_format import ParseDict
 from sqlalchemy import func, select
 
 from meshpoint.config import load_config
-from meshpoint.integrations.a2a.app import Credential, build_app, load_tokens, open_meshes
+from meshpoint.integrations.a2a.app import (
+    Credential,
+    Guard,
+    build_app,
+    load_tokens,
+    open_meshes,
+)
 from meshpoint.store.schema import paused_tasks
 from tests.integration.mesh import eventually
 
@@ -313,6 +319,36 @@ async def counts(path: Path) -> tuple[int, int]:
         await store.close()
 
 
+def deep_send(depth: int) -> bytes:
+    """A SendMessage whose data part nests ``depth`` objects."""
+    data = '{"a":' * depth + "1" + "}" * depth
+    return ('{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": '
+            '{"role": "ROLE_USER", "messageId": "x", "parts": [{"text": "hi"}, {"data": '
+            f'{data}}}]}}}}}}').encode()
+
+
+async def test_a_body_that_never_ends_is_cut_off(mesh_file: Path) -> None:
+    """A client sending its body a byte at a time (or never finishing it) gets 408
+    once the body's time is up; the request never reaches the agent."""
+    reached: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope)
+
+    async def trickle() -> dict[str, Any]:
+        await asyncio.sleep(0.01)
+        return {"type": "http.request", "body": b" ", "more_body": True}
+    sent: list[dict[str, Any]] = []
+
+    async def send(event: dict[str, Any]) -> None:
+        sent.append(event)
+    guard = Guard(app, tokens=[], body_timeout_s=0.2)
+    await guard({"type": "http", "method": "POST", "headers": [
+        (b"content-type", b"application/json")]}, trickle, send)
+    assert sent[0]["status"] == 408 and not reached
+    assert json.loads(sent[1]["body"])["error"]["code"] == -32600
+
+
 async def test_bad_input_gets_a_json_rpc_error_and_changes_nothing(mesh_file: Path) -> None:
     async with gateway(mesh_file) as base, httpx.AsyncClient(timeout=30) as http:
         url = f"{base}/agents/coordinator/"
@@ -342,6 +378,14 @@ async def test_bad_input_gets_a_json_rpc_error_and_changes_nothing(mesh_file: Pa
             ({"content": b"x" * 1_000_001,
               "headers": {"content-type": "application/json"}}, 413, -32600),
             ({"content": b"{}", "headers": {"content-type": "text/plain"}}, 415, -32600),
+            # Nested past the parser's recursion: refused before any parse (no 500),
+            # with or without the A2A-Version header.
+            ({"content": b"[" * 100_000 + b"]" * 100_000,
+              "headers": {"content-type": "application/json"}}, 400, -32600),
+            ({"content": deep_send(50_000), "headers": {"content-type": "application/json",
+                                                        **V1}}, 400, -32600),
+            ({"content": deep_send(33), "headers": {"content-type": "application/json"}},
+             400, -32600),
         ]
         for kwargs, status, code in cases:
             response = await http.post(url, **kwargs)

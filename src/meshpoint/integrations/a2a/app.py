@@ -41,6 +41,12 @@ from meshpoint.integrations.a2a.views import GatewayLog
 READY = "meshpoint: gateway ready"
 #: The largest request body taken, in bytes (an A2A message is words, not files).
 MAX_BODY_BYTES = 1_000_000
+#: The deepest nesting of arrays and objects taken in a request body (deeper JSON
+#: would exhaust the parser's recursion, a 500).
+MAX_DEPTH = 32
+#: How long a request's body may take to arrive, in seconds (a client that sends a
+#: byte at a time holds a connection, and memory, for as long as it likes).
+BODY_TIMEOUT_S = 30.0
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -94,14 +100,36 @@ def load_tokens(source: str) -> list[Credential]:
     return found
 
 
-def _names_a_v1_method(body: bytes) -> bool:
-    """Whether ``body`` is a JSON-RPC request naming an A2A 1.0 method (``SendMessage``;
-    0.3's names have a slash: ``message/send``)."""
-    try:
-        method = json.loads(body).get("method")
-    except (ValueError, AttributeError):
-        return False
+def _names_a_v1_method(request: Any) -> bool:
+    """Whether ``request`` (the parsed body) is a JSON-RPC request naming an A2A 1.0
+    method (``SendMessage``; 0.3's names have a slash: ``message/send``)."""
+    method = request.get("method") if isinstance(request, dict) else None
     return isinstance(method, str) and method.isalpha()
+
+
+def _parse(body: bytes, limit: int) -> tuple[Any, bool]:
+    """``body`` parsed (None if it is not JSON: the SDK answers it with -32700), and
+    whether it nests arrays and objects deeper than ``limit``."""
+    try:
+        value = json.loads(body)
+    except RecursionError:
+        return None, True
+    except ValueError:
+        return None, False
+    return value, _depth_over(value, limit)
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    level = [(value, 1)]
+    while level:
+        item, depth = level.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else \
+            item if isinstance(item, list) else ()
+        level.extend((child, depth + 1) for child in children
+                     if isinstance(child, dict | list))
+    return False
 
 
 def _error(send: Send, status: int, code: int, message: str,
@@ -122,10 +150,12 @@ class Guard:
     any of its JSON is read (see the module docstring)."""
 
     def __init__(self, app: ASGIApp, *, tokens: list[Credential],
-                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES,
+                 body_timeout_s: float = BODY_TIMEOUT_S) -> None:
         self.app = app
         self.tokens = tokens
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -151,19 +181,25 @@ class Guard:
             await _error(send, 413, -32600, f"payload too large: over "
                          f"{self.max_body_bytes} bytes")
             return
-        body = bytearray()
-        while True:  # read whole (bounded) before the SDK parses it
-            event = await receive()
-            if event["type"] == "http.disconnect":
-                return
-            body += event.get("body", b"")
-            if len(body) > self.max_body_bytes:
-                await _error(send, 413, -32600, f"payload too large: over "
-                             f"{self.max_body_bytes} bytes")
-                return
-            if not event.get("more_body"):
-                break
-        if "a2a-version" not in headers and _names_a_v1_method(bytes(body)):
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                body = await self._body(receive)
+        except TimeoutError:
+            await _error(send, 408, -32600, f"the request body did not arrive within "
+                         f"{self.body_timeout_s:g} s", [(b"connection", b"close")])
+            return
+        if body is None:  # the client left
+            return
+        if len(body) > self.max_body_bytes:
+            await _error(send, 413, -32600, f"payload too large: over "
+                         f"{self.max_body_bytes} bytes")
+            return
+        request, too_deep = _parse(body, MAX_DEPTH)
+        if too_deep:
+            await _error(send, 400, -32600, f"invalid request: JSON nested deeper than "
+                         f"{MAX_DEPTH} levels")
+            return
+        if "a2a-version" not in headers and _names_a_v1_method(request):
             # The SDK takes a request without A2A-Version as 0.3 and refuses 1.0's
             # method names then; a client that names one means 1.0.
             scope = {**scope, "headers": [*scope["headers"], (b"a2a-version", b"1.0")]}
@@ -176,6 +212,18 @@ class Guard:
                 return {"type": "http.request", "body": bytes(body), "more_body": False}
             return await receive()
         await self.app(scope, replay, send)
+
+    async def _body(self, receive: Receive) -> bytes | None:
+        """The whole body, read before the SDK parses it: stops once it is over the
+        limit; None if the client disconnected."""
+        body = bytearray()
+        while True:
+            event = await receive()
+            if event["type"] == "http.disconnect":
+                return None
+            body += event.get("body", b"")
+            if len(body) > self.max_body_bytes or not event.get("more_body"):
+                return bytes(body)
 
     def _user(self, authorization: str) -> Any:
         from starlette.authentication import SimpleUser
