@@ -208,8 +208,12 @@ async def test_list_reads_the_agents_tasks_from_the_store(mesh_file: Path) -> No
         assert [t["id"] for t in rest["tasks"]] == [sent[0]["id"]]
         assert not rest.get("nextPageToken")
         for bad in ({"pageSize": 0}, {"pageSize": 101}, {"pageToken": "nope"},
-                    {"historyLength": -1}):
+                    {"historyLength": -1}, {"status": "NOT_A_STATE"}):
+            # (An unknown status, which the SDK alone would drop, listing every task.)
             assert (await rpc(http, url, "ListTasks", bad, V1))["error"]["code"] == -32602
+        completed = (await rpc(http, url, "ListTasks", {"status": "TASK_STATE_COMPLETED"},
+                               V1))["result"]
+        assert completed["totalSize"] == 3
         # Another agent's list has none of them.
         other = (await rpc(http, f"{base}/agents/coordinator/", "ListTasks", {}, V1))
         assert other["result"].get("tasks", []) == []

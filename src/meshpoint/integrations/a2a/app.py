@@ -132,9 +132,28 @@ def _depth_over(value: Any, limit: int) -> bool:
     return False
 
 
+def _dropped_by_the_sdk(request: Any) -> str | None:
+    """Why ``request`` is refused, for params the SDK would silently drop (it parses
+    with ``ignore_unknown_fields``, so an unknown enum value reads as unset: a
+    ``ListTasks`` with ``status: "NOT_A_STATE"`` would list every task); else None."""
+    from a2a.types.a2a_pb2 import TaskState
+
+    if not isinstance(request, dict) or request.get("method") not in ("ListTasks",
+                                                                      "tasks/list"):
+        return None
+    params = request.get("params")
+    status = params.get("status") if isinstance(params, dict) else None
+    if isinstance(status, str) and status not in TaskState.keys():
+        return f"invalid params: status {status!r:.60} is not one of {', '.join(TaskState.keys())}"
+    return None
+
+
 def _error(send: Send, status: int, code: int, message: str,
-           headers: list[tuple[bytes, bytes]] | None = None) -> Awaitable[None]:
-    body = json.dumps({"jsonrpc": "2.0", "id": None,
+           headers: list[tuple[bytes, bytes]] | None = None, *,
+           request_id: Any = None) -> Awaitable[None]:
+    if not isinstance(request_id, str | int) or isinstance(request_id, bool):
+        request_id = None
+    body = json.dumps({"jsonrpc": "2.0", "id": request_id,
                        "error": {"code": code, "message": message}}).encode()
 
     async def respond() -> None:
@@ -198,6 +217,10 @@ class Guard:
         if too_deep:
             await _error(send, 400, -32600, f"invalid request: JSON nested deeper than "
                          f"{MAX_DEPTH} levels")
+            return
+        refused = _dropped_by_the_sdk(request)
+        if refused is not None:
+            await _error(send, 200, -32602, refused, request_id=request.get("id"))
             return
         if "a2a-version" not in headers and _names_a_v1_method(request):
             # The SDK takes a request without A2A-Version as 0.3 and refuses 1.0's
