@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
@@ -327,15 +328,36 @@ async def open_meshes(config: MeshConfig, tenants: set[str], *,
         yield meshes
 
 
+def public_base_url(host: str, port: int, public_url: str | None = None) -> str:
+    """Where clients reach the gateway, as its cards name it: ``public_url`` (the
+    gateway behind a proxy, or on a host's public name), else ``http://HOST:PORT``.
+    ConfigurationError for a wildcard ``host`` without ``public_url``: a card naming
+    ``0.0.0.0`` sends every stock client, which calls the URL its card names, nowhere."""
+    if public_url is not None:
+        parsed = urlsplit(public_url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ConfigurationError(f"--public-url {public_url!r:.100} is not an http(s) "
+                                     "URL")
+        return public_url.rstrip("/")
+    if host in ("0.0.0.0", "::", ""):
+        raise ConfigurationError(f"listening on every address ({host or 'all'}), the "
+                                 "gateway cannot tell which URL its cards should name: give "
+                                 "--public-url, the URL clients reach it at")
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 async def serve_gateway(config: MeshConfig, *, host: str, port: int,
                         tokens: list[Credential] | None = None,
-                        root_agent: str | None = None, wait_s: float = 60.0) -> None:
-    """Serve every agent of ``config`` over A2A until SIGTERM or SIGINT."""
+                        root_agent: str | None = None, wait_s: float = 60.0,
+                        public_url: str | None = None) -> None:
+    """Serve every agent of ``config`` over A2A until SIGTERM or SIGINT; the cards name
+    :func:`public_base_url`."""
     import uvicorn
 
+    base_url = public_base_url(host, port, public_url)
     tenants = {c.tenant for c in tokens or [] if c.tenant is not None}
     async with open_meshes(config, tenants, wait_s=wait_s) as meshes:
-        app = build_app(config, meshes, base_url=f"http://{host}:{port}", tokens=tokens,
+        app = build_app(config, meshes, base_url=base_url, tokens=tokens,
                         root_agent=root_agent)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                lifespan="off"))
