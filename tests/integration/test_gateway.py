@@ -371,6 +371,10 @@ async def test_bad_input_gets_a_json_rpc_error_and_changes_nothing(mesh_file: Pa
                        "params": {"id": 5}}}, 200, -32600),  # the SDK's 0.3 adapter's code
             ({"json": {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": {}}},
               "headers": V1}, 200, -32602),
+            ({"json": {"jsonrpc": "2.0", "id": 1, "method": "CancelTask", "params": {}},
+              "headers": V1}, 200, -32602),  # no id: not an unknown task
+            ({"json": {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": ""}}},
+             200, -32602),
             ({"json": {"jsonrpc": "2.0", "id": 1, "method": "message/send",
                        "params": {"message": {"kind": "message"}}}}, 200, -32600),
             ({"json": {"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
