@@ -28,6 +28,7 @@ from a2a.types.a2a_pb2 import (
     SendMessageRequest,
     TaskState,
 )
+from a2a.compat.v0_3.types import AgentCard as V03AgentCard
 from google.protobuf.json_format import ParseDict
 from sqlalchemy import func, select
 
@@ -135,9 +136,14 @@ async def test_the_card_says_what_the_agent_is_and_can(mesh_file: Path) -> None:
     assert card["name"] == "coordinator"
     assert card["description"] == "Plans trips by asking the specialists."
     assert card["capabilities"] == {"streaming": True, "pushNotifications": False}
-    assert card["supportedInterfaces"] == [{"url": f"{base}/agents/coordinator/",
-                                            "protocolBinding": "JSONRPC",
-                                            "protocolVersion": "1.0"}]
+    url = f"{base}/agents/coordinator/"
+    assert card["supportedInterfaces"] == [
+        {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": version}
+        for version in ("1.0", "0.3")]
+    # A 0.3 client reads the card too (0.3's AgentCard requires url and its version).
+    legacy = V03AgentCard.model_validate(card)
+    assert (legacy.url, legacy.protocol_version, legacy.preferred_transport) == \
+        (url, "0.3", "JSONRPC")
     assert card["skills"][0]["tags"] == ["send", "flights"]
     assert "securitySchemes" not in card
     assert missing.status_code == 404
@@ -417,9 +423,12 @@ async def test_a_bearer_token_is_required_when_the_gateway_has_tokens(
             httpx.AsyncClient(timeout=30) as http:
         url = f"{base}/agents/flights/"
         card = (await http.get(f"{url}.well-known/agent-card.json")).json()
-        assert card["securitySchemes"] == {"bearer": {"httpAuthSecurityScheme": {
-            "scheme": "Bearer", "description": "a token the gateway's operator gave you"}}}
+        said = "a token the gateway's operator gave you"
+        assert card["securitySchemes"] == {"bearer": {  # 1.0's form, then 0.3's
+            "httpAuthSecurityScheme": {"scheme": "Bearer", "description": said},
+            "type": "http", "scheme": "Bearer", "description": said}}
         assert card["securityRequirements"] == [{"schemes": {"bearer": {}}}]
+        assert card["security"] == [{"bearer": []}]  # 0.3's
         body = {"jsonrpc": "2.0", "id": 1, "method": "message/send",
                 "params": {"message": text_message("flights")}}
         for headers in ({}, {"authorization": "Bearer wrong-token-wrong-token"},
