@@ -19,6 +19,7 @@ import httpx
 import pytest
 import uvicorn
 from a2a.client import ClientConfig, create_client
+from a2a.compat.v0_3.types import AgentCard as V03AgentCard
 from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
     GetTaskRequest,
@@ -28,7 +29,6 @@ from a2a.types.a2a_pb2 import (
     SendMessageRequest,
     TaskState,
 )
-from a2a.compat.v0_3.types import AgentCard as V03AgentCard
 from google.protobuf.json_format import ParseDict
 from sqlalchemy import func, select
 
