@@ -5,6 +5,7 @@ client resubscribes through the other and gets the rest of the task, its end onc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -169,3 +170,39 @@ def test_the_command_line_keeps_tokens_off_it(tmp_path: Path) -> None:
     short = subprocess.run([*command, "--tokens", f"file:{tmp_path / 'tokens'}"],
                            capture_output=True, text=True, timeout=60)
     assert short.returncode == 1 and "at least 16 characters" in short.stderr
+
+
+def test_the_cards_name_a_url_clients_reach(tmp_path: Path) -> None:
+    """Listening on every address, the gateway cannot tell its own URL: it is refused
+    without --public-url (a card naming 0.0.0.0 sends a stock client nowhere); given,
+    the cards name it."""
+    config = tmp_path / "mesh.yaml"
+    config.write_text(f"store: sqlite:///{tmp_path / 'mesh.db'}\nbroker: memory://\n"
+                      "agents: {flights: {}}\n")
+    command = [sys.executable, "-m", "meshpoint.cli", "gateway", "--config", str(config)]
+    wild = subprocess.run([*command, "--host", "0.0.0.0"], capture_output=True, text=True,
+                          timeout=60)
+    assert wild.returncode == 1 and "--public-url" in wild.stderr
+    bad = subprocess.run([*command, "--public-url", "gw.example.com"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 1 and "not an http(s) URL" in bad.stderr
+    port = free_port()
+    with (tmp_path / "gateway.log").open("wb") as log:
+        process = subprocess.Popen(
+            [*command, "--port", str(port), "--public-url", "https://gw.example.com/a2a/"],
+            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        card = None
+        for _ in range(300):
+            with contextlib.suppress(httpx.HTTPError):
+                card = httpx.get(f"http://127.0.0.1:{port}/agents/flights/"
+                                 ".well-known/agent-card.json").json()
+                break
+            assert process.poll() is None, (tmp_path / "gateway.log").read_text()
+            time.sleep(0.1)
+        assert card is not None
+        assert card["supportedInterfaces"][0]["url"] == \
+            "https://gw.example.com/a2a/agents/flights/"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -19,6 +19,7 @@ import httpx
 import pytest
 import uvicorn
 from a2a.client import ClientConfig, create_client
+from a2a.compat.v0_3.types import AgentCard as V03AgentCard
 from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
     GetTaskRequest,
@@ -32,7 +33,13 @@ from google.protobuf.json_format import ParseDict
 from sqlalchemy import func, select
 
 from meshpoint.config import load_config
-from meshpoint.integrations.a2a.app import Credential, build_app, load_tokens, open_meshes
+from meshpoint.integrations.a2a.app import (
+    Credential,
+    Guard,
+    build_app,
+    load_tokens,
+    open_meshes,
+)
 from meshpoint.store.schema import paused_tasks
 from tests.integration.mesh import eventually
 
@@ -129,9 +136,14 @@ async def test_the_card_says_what_the_agent_is_and_can(mesh_file: Path) -> None:
     assert card["name"] == "coordinator"
     assert card["description"] == "Plans trips by asking the specialists."
     assert card["capabilities"] == {"streaming": True, "pushNotifications": False}
-    assert card["supportedInterfaces"] == [{"url": f"{base}/agents/coordinator/",
-                                            "protocolBinding": "JSONRPC",
-                                            "protocolVersion": "1.0"}]
+    url = f"{base}/agents/coordinator/"
+    assert card["supportedInterfaces"] == [
+        {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": version}
+        for version in ("1.0", "0.3")]
+    # A 0.3 client reads the card too (0.3's AgentCard requires url and its version).
+    legacy = V03AgentCard.model_validate(card)
+    assert (legacy.url, legacy.protocol_version, legacy.preferred_transport) == \
+        (url, "0.3", "JSONRPC")
     assert card["skills"][0]["tags"] == ["send", "flights"]
     assert "securitySchemes" not in card
     assert missing.status_code == 404
@@ -202,8 +214,12 @@ async def test_list_reads_the_agents_tasks_from_the_store(mesh_file: Path) -> No
         assert [t["id"] for t in rest["tasks"]] == [sent[0]["id"]]
         assert not rest.get("nextPageToken")
         for bad in ({"pageSize": 0}, {"pageSize": 101}, {"pageToken": "nope"},
-                    {"historyLength": -1}):
+                    {"historyLength": -1}, {"status": "NOT_A_STATE"}):
+            # (An unknown status, which the SDK alone would drop, listing every task.)
             assert (await rpc(http, url, "ListTasks", bad, V1))["error"]["code"] == -32602
+        completed = (await rpc(http, url, "ListTasks", {"status": "TASK_STATE_COMPLETED"},
+                               V1))["result"]
+        assert completed["totalSize"] == 3
         # Another agent's list has none of them.
         other = (await rpc(http, f"{base}/agents/coordinator/", "ListTasks", {}, V1))
         assert other["result"].get("tasks", []) == []
@@ -313,6 +329,36 @@ async def counts(path: Path) -> tuple[int, int]:
         await store.close()
 
 
+def deep_send(depth: int) -> bytes:
+    """A SendMessage whose data part nests ``depth`` objects."""
+    data = '{"a":' * depth + "1" + "}" * depth
+    return ('{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": '
+            '{"role": "ROLE_USER", "messageId": "x", "parts": [{"text": "hi"}, {"data": '
+            f'{data}}}]}}}}}}').encode()
+
+
+async def test_a_body_that_never_ends_is_cut_off(mesh_file: Path) -> None:
+    """A client sending its body a byte at a time (or never finishing it) gets 408
+    once the body's time is up; the request never reaches the agent."""
+    reached: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope)
+
+    async def trickle() -> dict[str, Any]:
+        await asyncio.sleep(0.01)
+        return {"type": "http.request", "body": b" ", "more_body": True}
+    sent: list[dict[str, Any]] = []
+
+    async def send(event: dict[str, Any]) -> None:
+        sent.append(event)
+    guard = Guard(app, tokens=[], body_timeout_s=0.2)
+    await guard({"type": "http", "method": "POST", "headers": [
+        (b"content-type", b"application/json")]}, trickle, send)
+    assert sent[0]["status"] == 408 and not reached
+    assert json.loads(sent[1]["body"])["error"]["code"] == -32600
+
+
 async def test_bad_input_gets_a_json_rpc_error_and_changes_nothing(mesh_file: Path) -> None:
     async with gateway(mesh_file) as base, httpx.AsyncClient(timeout=30) as http:
         url = f"{base}/agents/coordinator/"
@@ -331,6 +377,10 @@ async def test_bad_input_gets_a_json_rpc_error_and_changes_nothing(mesh_file: Pa
                        "params": {"id": 5}}}, 200, -32600),  # the SDK's 0.3 adapter's code
             ({"json": {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": {}}},
               "headers": V1}, 200, -32602),
+            ({"json": {"jsonrpc": "2.0", "id": 1, "method": "CancelTask", "params": {}},
+              "headers": V1}, 200, -32602),  # no id: not an unknown task
+            ({"json": {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": ""}}},
+             200, -32602),
             ({"json": {"jsonrpc": "2.0", "id": 1, "method": "message/send",
                        "params": {"message": {"kind": "message"}}}}, 200, -32600),
             ({"json": {"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
@@ -342,6 +392,14 @@ async def test_bad_input_gets_a_json_rpc_error_and_changes_nothing(mesh_file: Pa
             ({"content": b"x" * 1_000_001,
               "headers": {"content-type": "application/json"}}, 413, -32600),
             ({"content": b"{}", "headers": {"content-type": "text/plain"}}, 415, -32600),
+            # Nested past the parser's recursion: refused before any parse (no 500),
+            # with or without the A2A-Version header.
+            ({"content": b"[" * 100_000 + b"]" * 100_000,
+              "headers": {"content-type": "application/json"}}, 400, -32600),
+            ({"content": deep_send(50_000), "headers": {"content-type": "application/json",
+                                                        **V1}}, 400, -32600),
+            ({"content": deep_send(33), "headers": {"content-type": "application/json"}},
+             400, -32600),
         ]
         for kwargs, status, code in cases:
             response = await http.post(url, **kwargs)
@@ -351,9 +409,11 @@ async def test_bad_input_gets_a_json_rpc_error_and_changes_nothing(mesh_file: Pa
         other = await rpc(http, f"{base}/agents/flights/", "tasks/get", {"id": task["id"]})
         assert other["error"]["code"] == -32001
         assert await counts(mesh_file) == before
+        # Every read of the paused task gives the same status (its message's id and
+        # time are those of the pause, not of the read).
         still = (await rpc(http, url, "tasks/get", {"id": task["id"]}))["result"]
-        assert still["status"] == task["status"] or \
-            still["status"]["state"] == "input-required"
+        assert still["status"]["state"] == "input-required"
+        assert still["status"] == task["status"]
 
 
 async def test_a_bearer_token_is_required_when_the_gateway_has_tokens(
@@ -363,9 +423,12 @@ async def test_a_bearer_token_is_required_when_the_gateway_has_tokens(
             httpx.AsyncClient(timeout=30) as http:
         url = f"{base}/agents/flights/"
         card = (await http.get(f"{url}.well-known/agent-card.json")).json()
-        assert card["securitySchemes"] == {"bearer": {"httpAuthSecurityScheme": {
-            "scheme": "Bearer", "description": "a token the gateway's operator gave you"}}}
+        said = "a token the gateway's operator gave you"
+        assert card["securitySchemes"] == {"bearer": {  # 1.0's form, then 0.3's
+            "httpAuthSecurityScheme": {"scheme": "Bearer", "description": said},
+            "type": "http", "scheme": "Bearer", "description": said}}
         assert card["securityRequirements"] == [{"schemes": {"bearer": {}}}]
+        assert card["security"] == [{"bearer": []}]  # 0.3's
         body = {"jsonrpc": "2.0", "id": 1, "method": "message/send",
                 "params": {"message": text_message("flights")}}
         for headers in ({}, {"authorization": "Bearer wrong-token-wrong-token"},

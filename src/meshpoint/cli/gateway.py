@@ -36,6 +36,10 @@ def gateway(
         "--root-agent", help="Serve this agent at / too (its card at "
                              "/.well-known/agent-card.json), for clients that know only a "
                              "host.")] = None,
+    public_url: Annotated[str | None, typer.Option(
+        "--public-url", help="The URL clients reach the gateway at, which the agent cards "
+                             "name (behind a proxy, or with --host 0.0.0.0). Default: "
+                             "http://HOST:PORT.")] = None,
     wait: Annotated[float, typer.Option(
         min=0.1, help="Seconds a SendMessage waits for the task to end or pause for "
                       "input before it returns the task as it stands.")] = 60.0,
@@ -52,7 +56,8 @@ def gateway(
         mesh = load_config(config)
         credentials = load_tokens(tokens) if tokens is not None else None
         asyncio.run(serve_gateway(mesh, host=host, port=port, tokens=credentials,
-                                  root_agent=root_agent, wait_s=wait))
+                                  root_agent=root_agent, wait_s=wait,
+                                  public_url=public_url))
     except MeshpointError as error:
         fail(error)
 

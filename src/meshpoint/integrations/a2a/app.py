@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
@@ -41,6 +42,12 @@ from meshpoint.integrations.a2a.views import GatewayLog
 READY = "meshpoint: gateway ready"
 #: The largest request body taken, in bytes (an A2A message is words, not files).
 MAX_BODY_BYTES = 1_000_000
+#: The deepest nesting of arrays and objects taken in a request body (deeper JSON
+#: would exhaust the parser's recursion, a 500).
+MAX_DEPTH = 32
+#: How long a request's body may take to arrive, in seconds (a client that sends a
+#: byte at a time holds a connection, and memory, for as long as it likes).
+BODY_TIMEOUT_S = 30.0
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -94,19 +101,60 @@ def load_tokens(source: str) -> list[Credential]:
     return found
 
 
-def _names_a_v1_method(body: bytes) -> bool:
-    """Whether ``body`` is a JSON-RPC request naming an A2A 1.0 method (``SendMessage``;
-    0.3's names have a slash: ``message/send``)."""
-    try:
-        method = json.loads(body).get("method")
-    except (ValueError, AttributeError):
-        return False
+def _names_a_v1_method(request: Any) -> bool:
+    """Whether ``request`` (the parsed body) is a JSON-RPC request naming an A2A 1.0
+    method (``SendMessage``; 0.3's names have a slash: ``message/send``)."""
+    method = request.get("method") if isinstance(request, dict) else None
     return isinstance(method, str) and method.isalpha()
 
 
+def _parse(body: bytes, limit: int) -> tuple[Any, bool]:
+    """``body`` parsed (None if it is not JSON: the SDK answers it with -32700), and
+    whether it nests arrays and objects deeper than ``limit``."""
+    try:
+        value = json.loads(body)
+    except RecursionError:
+        return None, True
+    except ValueError:
+        return None, False
+    return value, _depth_over(value, limit)
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    level = [(value, 1)]
+    while level:
+        item, depth = level.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else \
+            item if isinstance(item, list) else ()
+        level.extend((child, depth + 1) for child in children
+                     if isinstance(child, dict | list))
+    return False
+
+
+def _dropped_by_the_sdk(request: Any) -> str | None:
+    """Why ``request`` is refused, for params the SDK would silently drop (it parses
+    with ``ignore_unknown_fields``, so an unknown enum value reads as unset: a
+    ``ListTasks`` with ``status: "NOT_A_STATE"`` would list every task); else None."""
+    from a2a.types.a2a_pb2 import TaskState
+
+    if not isinstance(request, dict) or request.get("method") not in ("ListTasks",
+                                                                      "tasks/list"):
+        return None
+    params = request.get("params")
+    status = params.get("status") if isinstance(params, dict) else None
+    if isinstance(status, str) and status not in TaskState.keys():
+        return f"invalid params: status {status!r:.60} is not one of {', '.join(TaskState.keys())}"
+    return None
+
+
 def _error(send: Send, status: int, code: int, message: str,
-           headers: list[tuple[bytes, bytes]] | None = None) -> Awaitable[None]:
-    body = json.dumps({"jsonrpc": "2.0", "id": None,
+           headers: list[tuple[bytes, bytes]] | None = None, *,
+           request_id: Any = None) -> Awaitable[None]:
+    if not isinstance(request_id, str | int) or isinstance(request_id, bool):
+        request_id = None
+    body = json.dumps({"jsonrpc": "2.0", "id": request_id,
                        "error": {"code": code, "message": message}}).encode()
 
     async def respond() -> None:
@@ -122,10 +170,12 @@ class Guard:
     any of its JSON is read (see the module docstring)."""
 
     def __init__(self, app: ASGIApp, *, tokens: list[Credential],
-                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES,
+                 body_timeout_s: float = BODY_TIMEOUT_S) -> None:
         self.app = app
         self.tokens = tokens
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -151,19 +201,29 @@ class Guard:
             await _error(send, 413, -32600, f"payload too large: over "
                          f"{self.max_body_bytes} bytes")
             return
-        body = bytearray()
-        while True:  # read whole (bounded) before the SDK parses it
-            event = await receive()
-            if event["type"] == "http.disconnect":
-                return
-            body += event.get("body", b"")
-            if len(body) > self.max_body_bytes:
-                await _error(send, 413, -32600, f"payload too large: over "
-                             f"{self.max_body_bytes} bytes")
-                return
-            if not event.get("more_body"):
-                break
-        if "a2a-version" not in headers and _names_a_v1_method(bytes(body)):
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                body = await self._body(receive)
+        except TimeoutError:
+            await _error(send, 408, -32600, f"the request body did not arrive within "
+                         f"{self.body_timeout_s:g} s", [(b"connection", b"close")])
+            return
+        if body is None:  # the client left
+            return
+        if len(body) > self.max_body_bytes:
+            await _error(send, 413, -32600, f"payload too large: over "
+                         f"{self.max_body_bytes} bytes")
+            return
+        request, too_deep = _parse(body, MAX_DEPTH)
+        if too_deep:
+            await _error(send, 400, -32600, f"invalid request: JSON nested deeper than "
+                         f"{MAX_DEPTH} levels")
+            return
+        refused = _dropped_by_the_sdk(request)
+        if refused is not None:
+            await _error(send, 200, -32602, refused, request_id=request.get("id"))
+            return
+        if "a2a-version" not in headers and _names_a_v1_method(request):
             # The SDK takes a request without A2A-Version as 0.3 and refuses 1.0's
             # method names then; a client that names one means 1.0.
             scope = {**scope, "headers": [*scope["headers"], (b"a2a-version", b"1.0")]}
@@ -176,6 +236,18 @@ class Guard:
                 return {"type": "http.request", "body": bytes(body), "more_body": False}
             return await receive()
         await self.app(scope, replay, send)
+
+    async def _body(self, receive: Receive) -> bytes | None:
+        """The whole body, read before the SDK parses it: stops once it is over the
+        limit; None if the client disconnected."""
+        body = bytearray()
+        while True:
+            event = await receive()
+            if event["type"] == "http.disconnect":
+                return None
+            body += event.get("body", b"")
+            if len(body) > self.max_body_bytes or not event.get("more_body"):
+                return bytes(body)
 
     def _user(self, authorization: str) -> Any:
         from starlette.authentication import SimpleUser
@@ -256,15 +328,36 @@ async def open_meshes(config: MeshConfig, tenants: set[str], *,
         yield meshes
 
 
+def public_base_url(host: str, port: int, public_url: str | None = None) -> str:
+    """Where clients reach the gateway, as its cards name it: ``public_url`` (the
+    gateway behind a proxy, or on a host's public name), else ``http://HOST:PORT``.
+    ConfigurationError for a wildcard ``host`` without ``public_url``: a card naming
+    ``0.0.0.0`` sends every stock client, which calls the URL its card names, nowhere."""
+    if public_url is not None:
+        parsed = urlsplit(public_url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ConfigurationError(f"--public-url {public_url!r:.100} is not an http(s) "
+                                     "URL")
+        return public_url.rstrip("/")
+    if host in ("0.0.0.0", "::", ""):
+        raise ConfigurationError(f"listening on every address ({host or 'all'}), the "
+                                 "gateway cannot tell which URL its cards should name: give "
+                                 "--public-url, the URL clients reach it at")
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 async def serve_gateway(config: MeshConfig, *, host: str, port: int,
                         tokens: list[Credential] | None = None,
-                        root_agent: str | None = None, wait_s: float = 60.0) -> None:
-    """Serve every agent of ``config`` over A2A until SIGTERM or SIGINT."""
+                        root_agent: str | None = None, wait_s: float = 60.0,
+                        public_url: str | None = None) -> None:
+    """Serve every agent of ``config`` over A2A until SIGTERM or SIGINT; the cards name
+    :func:`public_base_url`."""
     import uvicorn
 
+    base_url = public_base_url(host, port, public_url)
     tenants = {c.tenant for c in tokens or [] if c.tenant is not None}
     async with open_meshes(config, tenants, wait_s=wait_s) as meshes:
-        app = build_app(config, meshes, base_url=f"http://{host}:{port}", tokens=tokens,
+        app = build_app(config, meshes, base_url=base_url, tokens=tokens,
                         root_agent=root_agent)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                lifespan="off"))

@@ -16,7 +16,7 @@ from a2a.types.a2a_pb2 import (
     SecurityRequirement,
     SecurityScheme,
 )
-from a2a.utils.constants import PROTOCOL_VERSION_1_0
+from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0
 
 #: The name of the bearer scheme in a card's ``securitySchemes``.
 BEARER = "bearer"
@@ -32,8 +32,12 @@ def agent_card(name: str, spec: Any, base_url: str, *, version: str,
     description = spec.description or f"the meshpoint agent {name}"
     card = AgentCard(
         name=name, description=description, version=version,
+        # Both versions at one URL: a 1.x client picks 1.0; the 0.3 interface makes
+        # the SDK add 0.3's own fields (url, protocolVersion, preferredTransport),
+        # without which a 0.3 client cannot read the card at all.
         supported_interfaces=[AgentInterface(url=base_url, protocol_binding="JSONRPC",
-                                             protocol_version=PROTOCOL_VERSION_1_0)],
+                                             protocol_version=protocol)
+                              for protocol in (PROTOCOL_VERSION_1_0, PROTOCOL_VERSION_0_3)],
         capabilities=AgentCapabilities(streaming=True, push_notifications=False),
         default_input_modes=MODES, default_output_modes=MODES,
         skills=[AgentSkill(id=name, name=name, description=description,

@@ -197,6 +197,8 @@ class MeshRequestHandler(RequestHandler):
         return handler
 
     async def _read(self, task_id: str, history_length: int | None = None) -> Task:
+        if not task_id:
+            raise InvalidParamsError(message="the task's id is missing (params.id)")
         try:
             task = await read_task(self.mesh.store, self.mesh.log, self.agent, task_id,
                                    history_length=history_length)

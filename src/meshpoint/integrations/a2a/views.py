@@ -17,6 +17,7 @@ A task none of them knows is unknown (``TaskNotFoundError`` to the client).
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -70,13 +71,21 @@ def message_json(message: a2a.Message) -> dict[str, Any]:
 
 
 def agent_message(task_id: str, context_id: str, text: str,
-                  data: dict[str, Any] | None = None) -> dict[str, Any]:
-    """An agent's message of ``task_id`` in the 1.0 JSON form."""
+                  data: dict[str, Any] | None = None, *,
+                  message_id: str | None = None) -> dict[str, Any]:
+    """An agent's message of ``task_id`` in the 1.0 JSON form; ``message_id`` (default:
+    a new one) is given for a message rebuilt from the store at every read, so that
+    every read gives it the same id."""
     parts: list[dict[str, Any]] = [{"text": text}]
     if data is not None:
         parts.append({"data": data})
-    return {"messageId": wire.new_id(), "taskId": task_id, "contextId": context_id,
-            "role": "ROLE_AGENT", "parts": parts}
+    return {"messageId": message_id or wire.new_id(), "taskId": task_id,
+            "contextId": context_id, "role": "ROLE_AGENT", "parts": parts}
+
+
+def _stable_id(*names: str) -> str:
+    """The id of a message rebuilt from the store: the same at every read of it."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, "meshpoint-a2a:" + "/".join(names)).hex
 
 
 class GatewayLog:
@@ -150,9 +159,12 @@ _FINAL_NAMES = frozenset(TaskState.Name(s) for s in FINAL_STATES)
 
 
 def status_json(state: int, message: dict[str, Any] | None = None,
-                artifacts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """A status entry: the state's name, the message, the time (ISO 8601, UTC)."""
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                artifacts: list[dict[str, Any]] | None = None, *,
+                at: float | None = None) -> dict[str, Any]:
+    """A status entry: the state's name, the message, the time (ISO 8601, UTC): ``at``
+    (seconds since the epoch), else now."""
+    when = datetime.now(UTC) if at is None else datetime.fromtimestamp(at, UTC)
+    now = when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     out: dict[str, Any] = {"state": TaskState.Name(state), "timestamp": now}
     if message is not None:
         out["message"] = message
@@ -179,7 +191,8 @@ async def _ended(store: Any, task_id: str, context_id: str) -> dict[str, Any] | 
     said = said if isinstance(said, dict) else {}
     text = said.get("answer") if said.get("answer") is not None else (
         said.get("reason") or phase)
-    status = status_json(state, agent_message(task_id, context_id, str(text)))
+    status = status_json(state, agent_message(task_id, context_id, str(text),
+                                              message_id=_stable_id(task_id, phase)))
     ended_at = getattr(record.metadata, "timestamp", None)  # ISO 8601: when it ended
     if isinstance(ended_at, str) and ended_at:
         status["timestamp"] = ended_at if ended_at.endswith("Z") or "+" in ended_at \
@@ -198,11 +211,14 @@ async def _live(store: Any, task_id: str, context_id: str) -> dict[str, Any] | N
         return None
     pending = [describe(s.sub_task_id, s.correlation_data) for s in subs
                if s.status == "pending" and isinstance(s.correlation_data.get(APPROVAL), dict)]
+    # Its time: when it paused last (every read of it gives the same status).
+    at = restored.checkpointed_at
     if restored.status != "input_required" or not pending:
         # Answered, it may still wait on its peers: working, to its caller.
-        return status_json(TaskState.TASK_STATE_WORKING)
+        return status_json(TaskState.TASK_STATE_WORKING, at=at)
+    calls = sorted(str(p.get("call_id")) for p in pending)
     return status_json(TaskState.TASK_STATE_INPUT_REQUIRED, agent_message(
         task_id, context_id, "waits for a human to answer its pending calls",
-        {"pending_approvals": pending}))
+        {"pending_approvals": pending}, message_id=_stable_id(task_id, *calls)), at=at)
 
 
