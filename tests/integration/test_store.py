@@ -297,9 +297,10 @@ async def test_cleanup_removes_every_live_row(store: SqlStore) -> None:
                       "agent_parallel_invocations": 1, "agent_session_events": 1,
                       "agent_checkpoints": 3, "agent_checkpoint_heads": 2,
                       "agent_events": 0, "agent_ended_tasks": 1, "agent_breakers": 0,
-                      # The LangGraph saver's tables: no task writes to them.
+                      # The LangGraph saver's and the sync's tables: no task writes to them.
                       "agent_langgraph_checkpoints": 0, "agent_langgraph_blobs": 0,
-                      "agent_langgraph_writes": 0}
+                      "agent_langgraph_writes": 0, "meshpoint_sync_sources": 0,
+                      "meshpoint_sync_cursors": 0, "meshpoint_sync_conflicts": 0}
     await store.cleanup_task("t2", outcome="canceled")
     assert await row_counts(store) == {**dict.fromkeys(counts, 0), "agent_ended_tasks": 2,
                                        "agent_checkpoints": 4, "agent_checkpoint_heads": 2}
