@@ -28,13 +28,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import sys
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,17 +38,18 @@ from rich.console import Console
 from rich.progress import Progress
 from sqlalchemy import JSON, func, select, type_coerce
 
+from _results import write_results
 from meshpoint import open_store
-from meshpoint.history import DISABLED
+from meshpoint.history.planning import DISABLED
 from meshpoint.store import history_queries as hq
 from meshpoint.store.hooks import PORTABLE, Portable
 from meshpoint.store.postgres import (
     FIRST_CHECKPOINT,
-    ONLY,
     RECHECKPOINT,
     RESTORE,
     PostgresFastPaths,
 )
+from meshpoint.store.postgres_queries import ONLY
 from meshpoint.store.rows import EventRow, InvocationRow, RestoreRows, SubTaskRow, TaskRow
 from meshpoint.store.statement import Statement
 
@@ -60,7 +57,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_compare import PG_DSN, POSTGRES_URL, postgres_up
 from bench_hooks import pause_path
 
-RESULTS = Path(__file__).parent / "results"
 MODES = {"quick": {"runs": 1000}, "full": {"runs": 5000}}
 console = Console(width=150)
 
@@ -153,14 +149,7 @@ def main() -> int:
     with Progress(console=console) as progress:
         results = asyncio.run(run(MODES[args.mode], progress))
     console.print(table(results), markup=False)
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%SZ")
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"{stamp}-{args.mode}-guards.json"
-    out.write_text(json.dumps({
-        "when": stamp, "mode": args.mode, "settings": MODES[args.mode],
-        "cores": os.cpu_count(), "python": platform.python_version(),
-        "seconds": round(time.perf_counter() - started), "results": results}, indent=2))
-    console.print(f"written to {out} ({time.perf_counter() - started:.0f} s)")
+    write_results("guards", args.mode, MODES[args.mode], results, started, console)
     return 0
 
 

@@ -20,20 +20,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import sys
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
 
+from _results import write_results
 from meshpoint import open_store
 from meshpoint.broker import InProcessBroker
 from meshpoint.llm import ScriptedModel
@@ -45,7 +42,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_compare import PG_DSN, POSTGRES_URL, meshpoint_context, postgres_up
 from bench_hooks import interleaved
 
-RESULTS = Path(__file__).parent / "results"
 MODES = {"quick": {"runs": 2000, "notes": 200_000}, "full": {"runs": 10_000,
                                                          "notes": 1_000_000}}
 console = Console(width=150)
@@ -165,14 +161,7 @@ def main() -> int:
     with Progress(console=console) as progress:
         results = asyncio.run(run(MODES[args.mode], progress))
     console.print(table(results), markup=False)
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%SZ")
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"{stamp}-{args.mode}-metrics.json"
-    out.write_text(json.dumps({
-        "when": stamp, "mode": args.mode, "settings": MODES[args.mode],
-        "cores": os.cpu_count(), "python": platform.python_version(),
-        "seconds": round(time.perf_counter() - started), "results": results}, indent=2))
-    console.print(f"written to {out} ({time.perf_counter() - started:.0f} s)")
+    write_results("metrics", args.mode, MODES[args.mode], results, started, console)
     return 0
 
 

@@ -23,20 +23,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import sys
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from sqlalchemy import insert, select
 
+from _results import write_results
 from meshpoint import a2a
 from meshpoint.embedded import embedded
 from meshpoint.store import open_store
@@ -46,7 +43,6 @@ from meshpoint.sync.push import Syncer
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_compare import PG_DSN, POSTGRES_URL, postgres_up
 
-RESULTS = Path(__file__).parent / "results"
 MODES = {"quick": {"tasks": 200}, "full": {"tasks": 2000}}
 BATCH = 500
 TENANT = "bench"
@@ -152,14 +148,7 @@ def main() -> int:
                   f"|---|---|---|---|\n| {results['rows']} | {results['sync_rows_per_s']} | "
                   f"{results['insert_rows_per_s']} | {results['sync_time_over_insert_time']} |",
                   markup=False)
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%SZ")
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"{stamp}-{args.mode}-sync.json"
-    out.write_text(json.dumps({
-        "when": stamp, "mode": args.mode, "settings": MODES[args.mode],
-        "cores": os.cpu_count(), "python": platform.python_version(),
-        "seconds": round(time.perf_counter() - started), "results": results}, indent=2))
-    console.print(f"written to {out} ({time.perf_counter() - started:.0f} s)")
+    write_results("sync", args.mode, MODES[args.mode], results, started, console)
     return 0
 
 
