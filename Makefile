@@ -32,10 +32,11 @@ llm: $(STAMP)
 ## unless MESHPOINT_REQUIRE_SERVICES=1 makes them fail instead (as CI does). It runs on
 ## TEST_WORKERS processes (pytest-xdist; the real-model tests on one of them, the chaos
 ## runs on one of them), then the tests marked serial alone (one restarts PostgreSQL).
-## Exit status 5 (PYTEST_ARGS selected none of a part's tests) is not a failure.
+## The 30 slowest tests are listed at the end. Exit status 5 (PYTEST_ARGS selected none
+## of a part's tests) is not a failure.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial" $(PYTEST_ARGS) \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial" --durations=30 $(PYTEST_ARGS) \
 		|| [ $$? -eq 5 ]
 	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
