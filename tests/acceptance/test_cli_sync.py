@@ -24,13 +24,21 @@ import pytest
 from sqlalchemy import insert, select
 from sqlalchemy.engine import make_url
 
+from meshpoint.config import load_config
 from meshpoint.store import open_store
 from meshpoint.store.postgres_tenancy import grant_runtime_role
 from meshpoint.store.schema import events
 from meshpoint.sync.tables import sync_cursors, sync_sources
 from tests.acceptance.test_cli_history import meshpoint
 from tests.conftest import fresh_pg_schema, pg_drop_roles, pg_execute_async
-from tests.integration.sync_local import TENANT, cloud_config, local_config, run_tasks, tenant_rows
+from tests.integration.sync_local import (
+    TENANT,
+    cloud_config,
+    graph_step,
+    local_config,
+    run_tasks,
+    tenant_rows,
+)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("pg_roles")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,8 +164,16 @@ async def test_a_sync_killed_at_random_points_while_the_runtime_writes_ends_exac
 
 
 async def test_conflicts_are_reported_listed_and_exit_3(cloud: Cloud, tmp_path: Path) -> None:
+    """An event the cloud holds otherwise, and a LangGraph thread written on both sides
+    (the file's later: it wins, the cloud's version kept): both reported (exit 3) and
+    listed by ``sync conflicts``."""
     config, _ = local_config(tmp_path)
     await run_tasks(config, 1)
+    keys = load_config(config).history_options()
+    local_url = f"sqlite:///{tmp_path / 'local.db'}"
+    async with open_store(local_url, tenant_id=TENANT, migrate=False,
+                          history=keys) as store:
+        await graph_step(store, "both", "first")
     local, _ = await both_sides(tmp_path, cloud)
     event = next(iter(local["agent_events"].values()))
     async with open_store(cloud.url, schema=cloud.schema, tenant_id=TENANT,
@@ -166,16 +182,34 @@ async def test_conflicts_are_reported_listed_and_exit_3(cloud: Cloud, tmp_path: 
             {**event, "event_type": "theirs"})), write=True)
     code, report = run_json(*sync_args(tmp_path, cloud, "--unsigned"), cwd=tmp_path)
     assert code == 3 and report["tables"][1]["conflicts"] == [event["event_id"]], report
+    assert report["tables"][3]["applied"] == 1, report
+    # The thread goes on in the cloud, then on the file.
+    async with open_store(cloud.url, schema=cloud.schema, tenant_id=TENANT,
+                          migrate=False, history=keys) as target:
+        await graph_step(target, "both", "in the cloud")
+    async with open_store(local_url, tenant_id=TENANT, migrate=False,
+                          history=keys) as store:
+        await graph_step(store, "both", "on the file")
+    code, report = run_json(*sync_args(tmp_path, cloud, "--unsigned"), cwd=tmp_path)
+    (thread_key,) = report["tables"][3]["conflicts"]
+    assert code == 3 and report["tables"][3]["table"] == "langgraph_threads", report
+    assert thread_key.startswith("both@") and report["tables"][3]["applied"] == 1, report
     code, listed = run_json("sync", "conflicts", "--to", cloud.url, "--schema",
                             cloud.schema, "--tenant", TENANT, cwd=tmp_path)
     assert code == 0, listed
-    (row,) = listed["conflicts"]
+    by_table = {r["table_name"]: r for r in listed["conflicts"]}
+    assert set(by_table) == {"agent_events", "langgraph_threads"}, listed
+    row = by_table["agent_events"]
     assert (row["kind"], row["row_key"], row["cloud_row"]["event_type"],
             row["local_row"]["event_type"]) == ("conflict", event["event_id"], "theirs",
                                                 event["event_type"])
+    row = by_table["langgraph_threads"]
+    assert (row["kind"], row["row_key"]) == ("conflict", thread_key)
+    assert "the source's" in row["reason"] and "replaced the cloud's" in row["reason"]
+    assert row["cloud_row"]["version"] < row["local_row"]["version"]
     done = meshpoint("sync", "conflicts", "--to", cloud.url, "--schema", cloud.schema,
                      "--tenant", TENANT, cwd=tmp_path)
-    assert done.returncode == 0 and "conflict log of tenant acme: 1 row(s)" in done.stdout
+    assert done.returncode == 0 and "conflict log of tenant acme: 2 row(s)" in done.stdout
 
 
 async def test_bad_input_is_a_clear_error_and_nothing_is_written(
