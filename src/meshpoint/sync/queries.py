@@ -265,6 +265,12 @@ PUT_THREAD_ROW = {t.name: Statement(
     f"sync_put_thread_row_{t.name.removeprefix('agent_langgraph_')}",
     f"Inserts one row of a LangGraph thread in {t.name}.",
     pg_insert(t).values(_values(t)), dialects=("postgresql",)) for t in GRAPH_TABLES}
+LOCK_THREAD = Statement(
+    "sync_lock_thread", "Serialises the syncs of one LangGraph thread, from any source "
+    "(until commit).",
+    select(func.pg_advisory_xact_lock(func.hashtext(
+        func.concat(tenant, "/langgraph/", _thread)))),
+    dialects=("postgresql",))
 _T = sync_threads.c
 GET_THREAD_BASE = Statement(
     "sync_get_thread_base", "Reads the fingerprint of a LangGraph thread as this source "

@@ -101,6 +101,7 @@ def apply_threads(conn: Connection, threads: Iterable[Thread], *, tenant: str,
         if thread.empty:
             continue  # deleted on the source: the cloud keeps its own retention
         keys = {"p_tenant": tenant, "p_thread": thread.thread_id, "p_source": source}
+        sq.LOCK_THREAD.rows(conn, keys)  # two files pushing one thread take turns
         ours = _signs(thread.rows)
         theirs = _signs({name: [r._asdict() for r in statement.rows(conn, keys)]
                          for name, statement in sq.THREAD_SIGNS.items()})
