@@ -22,7 +22,8 @@ from meshpoint.history.encryption import EncryptionKeys, is_envelope
 from meshpoint.history.planning import HistoryOptions
 from meshpoint.integrations.langgraph import MeshpointSaver
 from meshpoint.integrations.langgraph.tables import graph_blobs, graph_checkpoints, graph_writes
-from meshpoint.store import SqlStore, open_store
+from meshpoint.store import SqlStore, open_database, open_store
+from meshpoint.store.engine import downgrade, migrate
 from meshpoint.sync.push import Syncer, UnsignedSyncError
 from meshpoint.sync.queries import LIST_CONFLICTS
 from meshpoint.sync.tables import sync_cursors, sync_sources
@@ -211,3 +212,24 @@ async def test_a_sync_without_a_key_to_check_signatures_with_is_refused_unless_u
         # With a key (a public half is enough) or unsigned, it goes.
         report = await push(local, target)
         assert report.applied == 1
+
+
+async def test_threads_stored_before_the_change_sequence_existed_travel_too(
+        tmp_path: Path, cloud: Cloud) -> None:
+    """A file whose threads were written before migration 0016: the migration gives
+    each a change, so they travel."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    async with open_store(url, tenant_id=TENANT) as store:
+        await say(MeshpointSaver(store), "old", "before")
+        await say(MeshpointSaver(store), "older", "before")
+    db = open_database(url, busy_timeout_s=5)
+    try:
+        await downgrade(db, "0015")  # as it was: the saver's rows, no change sequence
+        await migrate(db)
+    finally:
+        await db.dispose()
+    async with open_store(url, tenant_id=TENANT, migrate=False) as store, \
+            cloud.open() as target:
+        report = await push(store, target)
+        assert (report.behind, report.applied) == (2, 2)
+        assert await graph_rows(target) == await graph_rows(store)
