@@ -233,3 +233,9 @@ async def test_threads_stored_before_the_change_sequence_existed_travel_too(
         report = await push(store, target)
         assert (report.behind, report.applied) == (2, 2)
         assert await graph_rows(target) == await graph_rows(store)
+        # In clear (metadata as JSONB in the cloud), the cloud's copy is still what
+        # this file left there: the next step is applied, no conflict.
+        await say(MeshpointSaver(store), "old", "after")
+        report = await push(store, target)
+        assert (report.applied, report.conflicts) == (1, [])
+        assert await graph_rows(target) == await graph_rows(store)
