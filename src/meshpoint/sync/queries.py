@@ -285,9 +285,10 @@ _base = pg_insert(sync_threads).values(
     synced_at=bindparam("p_now", type_=Float))
 PUT_THREAD_BASE = Statement(
     "sync_put_thread_base", "Records the fingerprint of a LangGraph thread as this source "
-    "leaves it in the cloud.",
+    "leaves it in the cloud (unchanged if it is the same).",
     _base.on_conflict_do_update(
         index_elements=["tenant_id", "source_id", "thread_id"],
         set_={"version": _base.excluded.version, "fingerprint": _base.excluded.fingerprint,
-              "synced_at": _base.excluded.synced_at}),
+              "synced_at": _base.excluded.synced_at},
+        where=_T.fingerprint != _base.excluded.fingerprint),
     dialects=("postgresql",))
