@@ -168,7 +168,8 @@ async def _sync_every(config: MeshConfig, store: SqlStore, stop: asyncio.Event) 
             await follow(store, lambda: open_store(
                 sync.to, tenant_id=store.tenant_id, schema=sync.schema_name, migrate=False,
                 history=history), interval_s=sync.interval_s, batch=sync.batch,
-                max_backoff_s=sync.max_backoff_s, stop=stop, on_pass=passed)
+                max_backoff_s=sync.max_backoff_s, stop=stop, on_pass=passed,
+                unsigned=sync.unsigned)
         except MeshpointError as error:
             logger.warning("sync failed (%s); trying again in %gs", error, sync.interval_s)
             with contextlib.suppress(TimeoutError):

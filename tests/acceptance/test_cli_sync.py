@@ -24,13 +24,21 @@ import pytest
 from sqlalchemy import insert, select
 from sqlalchemy.engine import make_url
 
+from meshpoint.config import load_config
 from meshpoint.store import open_store
 from meshpoint.store.postgres_tenancy import grant_runtime_role
 from meshpoint.store.schema import events
 from meshpoint.sync.tables import sync_cursors, sync_sources
 from tests.acceptance.test_cli_history import meshpoint
 from tests.conftest import fresh_pg_schema, pg_drop_roles, pg_execute_async
-from tests.integration.sync_local import TENANT, cloud_config, local_config, run_tasks, tenant_rows
+from tests.integration.sync_local import (
+    TENANT,
+    cloud_config,
+    graph_step,
+    local_config,
+    run_tasks,
+    tenant_rows,
+)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("pg_roles")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,12 +103,13 @@ async def rows_applied(cloud: Cloud) -> int:
 async def test_a_sync_killed_at_random_points_while_the_runtime_writes_ends_exact(
         cloud: Cloud, tmp_path: Path) -> None:
     config, public = local_config(tmp_path)
-    await run_tasks(config, 2)  # the database exists, with something to push
+    # The database exists, with something to push: tasks, and LangGraph threads.
+    await run_tasks(config, 2, graphs=True)
     verifier = cloud_config(tmp_path, cloud.url, cloud.schema, public)
-    writer = subprocess.Popen(  # the local runtime keeps writing meanwhile
+    writer = subprocess.Popen(  # the local runtime keeps writing meanwhile, threads too
         [sys.executable, "-m", "tests.integration.sync_local", str(config),
-         str(TASKS), "2", "0.1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True)
+         str(TASKS), "2", "0.1", "graphs"], cwd=ROOT, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True)
     rng = random.Random(os.environ.get("MESHPOINT_SYNC_SEED", "sync"))
     killed, applied = 0, [0]
     try:
@@ -134,16 +143,19 @@ async def test_a_sync_killed_at_random_points_while_the_runtime_writes_ends_exac
     assert target == local  # exactly the local rows, each once (keys are unique)
     chains = len(local["agent_checkpoint_heads"])
     assert chains > 2 and local["agent_events"] and local["agent_ended_tasks"]
+    # The LangGraph threads too, changed in place (pruned) while the syncs were killed.
+    assert {k.split("/")[0] for k in local["agent_langgraph_checkpoints"]} == {
+        "thread-0", "thread-1", "thread-2"}
 
     code, verified = run_json("verify", "--all", "--config", str(verifier), cwd=tmp_path)
     assert code == 0 and verified["ok"] == chains, verified
     assert verified["signatures_checked"] is True
 
-    code, again = run_json(*sync_args(tmp_path, cloud), cwd=tmp_path)
-    assert code == 0 and [t["applied"] for t in again["tables"]] == [0, 0, 0], again
-    assert again["signatures_checked"] is False  # no --config: no key to check them with
+    code, again = run_json(*sync_args(tmp_path, cloud, "--unsigned"), cwd=tmp_path)
+    assert code == 0 and [t["applied"] for t in again["tables"]] == [0, 0, 0, 0], again
+    assert again["signatures_checked"] is False  # --unsigned: no key to check them with
     code, status = run_json(*sync_args(tmp_path, cloud, command="status"), cwd=tmp_path)
-    assert code == 0 and [t["behind"] for t in status["tables"]] == [0, 0, 0], status
+    assert code == 0 and [t["behind"] for t in status["tables"]] == [0, 0, 0, 0], status
     assert status["source_id"] == again["source_id"]
     # No kill left a row half-seen: nothing was taken for a conflict or quarantined.
     code, log = run_json("sync", "conflicts", "--to", cloud.url, "--schema", cloud.schema,
@@ -152,26 +164,52 @@ async def test_a_sync_killed_at_random_points_while_the_runtime_writes_ends_exac
 
 
 async def test_conflicts_are_reported_listed_and_exit_3(cloud: Cloud, tmp_path: Path) -> None:
+    """An event the cloud holds otherwise, and a LangGraph thread written on both sides
+    (the file's later: it wins, the cloud's version kept): both reported (exit 3) and
+    listed by ``sync conflicts``."""
     config, _ = local_config(tmp_path)
     await run_tasks(config, 1)
+    keys = load_config(config).history_options()
+    local_url = f"sqlite:///{tmp_path / 'local.db'}"
+    async with open_store(local_url, tenant_id=TENANT, migrate=False,
+                          history=keys) as store:
+        await graph_step(store, "both", "first")
     local, _ = await both_sides(tmp_path, cloud)
     event = next(iter(local["agent_events"].values()))
     async with open_store(cloud.url, schema=cloud.schema, tenant_id=TENANT,
                           migrate=False) as target:
         await target.transaction(lambda conn: conn.execute(insert(events).values(
             {**event, "event_type": "theirs"})), write=True)
-    code, report = run_json(*sync_args(tmp_path, cloud), cwd=tmp_path)
+    code, report = run_json(*sync_args(tmp_path, cloud, "--unsigned"), cwd=tmp_path)
     assert code == 3 and report["tables"][1]["conflicts"] == [event["event_id"]], report
+    assert report["tables"][3]["applied"] == 1, report
+    # The thread goes on in the cloud, then on the file.
+    async with open_store(cloud.url, schema=cloud.schema, tenant_id=TENANT,
+                          migrate=False, history=keys) as target:
+        await graph_step(target, "both", "in the cloud")
+    async with open_store(local_url, tenant_id=TENANT, migrate=False,
+                          history=keys) as store:
+        await graph_step(store, "both", "on the file")
+    code, report = run_json(*sync_args(tmp_path, cloud, "--unsigned"), cwd=tmp_path)
+    (thread_key,) = report["tables"][3]["conflicts"]
+    assert code == 3 and report["tables"][3]["table"] == "langgraph_threads", report
+    assert thread_key.startswith("both@") and report["tables"][3]["applied"] == 1, report
     code, listed = run_json("sync", "conflicts", "--to", cloud.url, "--schema",
                             cloud.schema, "--tenant", TENANT, cwd=tmp_path)
     assert code == 0, listed
-    (row,) = listed["conflicts"]
+    by_table = {r["table_name"]: r for r in listed["conflicts"]}
+    assert set(by_table) == {"agent_events", "langgraph_threads"}, listed
+    row = by_table["agent_events"]
     assert (row["kind"], row["row_key"], row["cloud_row"]["event_type"],
             row["local_row"]["event_type"]) == ("conflict", event["event_id"], "theirs",
                                                 event["event_type"])
+    row = by_table["langgraph_threads"]
+    assert (row["kind"], row["row_key"]) == ("conflict", thread_key)
+    assert "the source's" in row["reason"] and "replaced the cloud's" in row["reason"]
+    assert row["cloud_row"]["version"] < row["local_row"]["version"]
     done = meshpoint("sync", "conflicts", "--to", cloud.url, "--schema", cloud.schema,
                      "--tenant", TENANT, cwd=tmp_path)
-    assert done.returncode == 0 and "conflict log of tenant acme: 1 row(s)" in done.stdout
+    assert done.returncode == 0 and "conflict log of tenant acme: 2 row(s)" in done.stdout
 
 
 async def test_bad_input_is_a_clear_error_and_nothing_is_written(
@@ -185,9 +223,12 @@ async def test_bad_input_is_a_clear_error_and_nothing_is_written(
         (["--from", f"sqlite:///{tmp_path / 'nowhere.db'}", "--to", cloud.url], 2,
          "no SQLite database"),
         (["--from", local_url, "--to", cloud.url, "--schema", cloud.schema,
-          "--tenant", "globex"], 2, "no rows of tenant 'globex'"),
+          "--tenant", "globex", "--unsigned"], 2, "no rows of tenant 'globex'"),
         (["--from", local_url, "--to", "postgresql://nobody@127.0.0.1:1/db",
-          "--tenant", TENANT], 1, "127.0.0.1"),
+          "--tenant", TENANT, "--unsigned"], 1, "127.0.0.1"),
+        # No key to check the chains' signatures with, and not --unsigned.
+        (["--from", local_url, "--to", cloud.url, "--schema", cloud.schema,
+          "--tenant", TENANT], 2, "no signing key"),
     ]
     for args, code, said in cases:
         started = time.monotonic()
@@ -217,7 +258,7 @@ async def test_follow_waits_out_an_unreachable_cloud_then_keeps_it_caught_up(
     follower = subprocess.Popen(
         [sys.executable, "-m", "meshpoint.cli", "sync", "--from",
          f"sqlite:///{tmp_path / 'local.db'}", "--to", late, "--schema", cloud.schema,
-         "--tenant", TENANT, "--follow", "--interval-s", "0.2", "--json"],
+         "--tenant", TENANT, "--follow", "--interval-s", "0.2", "--unsigned", "--json"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proxy = None
     try:

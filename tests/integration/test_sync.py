@@ -124,14 +124,14 @@ async def test_a_local_store_arrives_row_by_row_and_every_chain_verifies_in_the_
         # A rerun changes nothing, cursors and conflict log included.
         snapshot = await everything(target)
         _, again = await Syncer(local, target, batch=7).run()
-        assert [(r.applied, r.identical, r.behind) for r in again] == [(0, 0, 0)] * 3
+        assert [(r.applied, r.identical, r.behind) for r in again] == [(0, 0, 0)] * 4
         assert await everything(target) == snapshot
         # The status: each cursor at its table's last row, nothing behind.
         status_source, statuses = await Syncer(local, target).status()
         assert status_source == source
         assert [(s.behind, s.rows_applied) for s in statuses] == [
             (0, len(before[t])) for t in ("agent_checkpoints", "agent_events",
-                                          "agent_ended_tasks")]
+                                          "agent_ended_tasks")] + [(0, 0)]  # no thread
 
 
 def _holds_envelope(node: Any) -> bool:
@@ -293,7 +293,7 @@ async def test_a_dry_run_counts_what_is_behind_and_writes_nothing_on_either_side
         assert source is None  # not even the source id was made
         assert [r.behind for r in reports] == [
             len(before[t]) for t in ("agent_checkpoints", "agent_events",
-                                     "agent_ended_tasks")]
+                                     "agent_ended_tasks")] + [0]  # no LangGraph thread
         assert all(r.applied == 0 for r in reports)
         assert all(not rows for rows in (await tenant_rows(target)).values())
         assert await target.transaction(lambda conn: list(conn.execute(

@@ -61,6 +61,12 @@ def test_shorthands_defaults_and_local_tools(tmp_path: Path) -> None:
     assert researcher.tools[0].description == "Looks things up."
 
 
+def test_a_sync_section_without_signing_keys_loads_when_unsigned(tmp_path: Path) -> None:
+    loaded = load_config(write(tmp_path, MINIMAL + "sync: {to: 'postgresql://c/db', "
+                                              "unsigned: true}\n"))
+    assert loaded.sync is not None and loaded.sync.unsigned
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     (MINIMAL.replace("timeout_s: 5", "timeout_s: -1"),
      "agents.coordinator.peers.0.timeout_s: Input should be greater than 0 (got -1)"),
@@ -98,8 +104,12 @@ def test_shorthands_defaults_and_local_tools(tmp_path: Path) -> None:
      "of columns (they are context, conversation, calls, snapshots, events, langgraph)"),
     (MINIMAL + "sync: {to: 'postgresql://h/db', every_s: 5}\n",
      "sync.every_s: unknown key; expected one of: batch, interval_s, max_backoff_s, "
-     "schema, to"),
-    (MINIMAL.replace("sqlite:///mesh.db", "postgresql://h/db") + "sync: {to: 'postgresql://c/db'}\n",
+     "schema, to, unsigned"),
+    (MINIMAL + "sync: {to: 'postgresql://c/db'}\n",
+     "sync: checks the history chains' signatures on arrival with the keys of "
+     "history.signing, and this file has none: add them, or sync: {unsigned: true}"),
+    (MINIMAL.replace("sqlite:///mesh.db", "postgresql://h/db")
+     + "sync: {to: 'postgresql://c/db', unsigned: true}\n",
      "sync: pushes a local SQLite store to the cloud; this store is not SQLite"),
     ("agents: [1, 2\n", "not valid YAML"),
     ("- just\n- a list\n", "expected a mapping of keys"),

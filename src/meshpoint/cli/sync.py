@@ -7,7 +7,8 @@
     meshpoint sync conflicts --to postgresql://...
 
 ``--config`` names a mesh config whose ``history.signing`` keys (public halves are
-enough) verify each chain's signatures on arrival, as ``meshpoint verify`` does; a local
+enough) verify each chain's signatures on arrival, as ``meshpoint verify`` does; without
+such a key a sync is refused (exit 2) unless ``--unsigned``; a local
 config (a SQLite store) with a ``sync:`` section also gives ``--from``, ``--to``,
 ``--schema`` and ``--tenant``, and any config its store's tenant (flags win). Each
 command prints a table, or with ``--json`` one JSON object. A wrong
@@ -43,8 +44,32 @@ Tenant = Annotated[str | None, typer.Option(
                      "'default'.")]
 Schema = Annotated[str | None, typer.Option(
     "--schema", help="The cloud's PostgreSQL schema (default: the search path).")]
+Unsigned = Annotated[bool, typer.Option(
+    "--unsigned", help="Push without signing keys: the history chains' signatures are "
+                       "not checked on arrival (refused without it when --config gives "
+                       "no history.signing key).")]
 #: The exit code of a pass that left conflicts or quarantined chains.
 EXIT_CONFLICTS = 3
+
+
+def _check_keys(config: Path | None, unsigned: bool) -> bool:
+    """Whether ``unsigned`` goes (given, or a ``sync:`` section's ``unsigned``); a usage
+    error if the config gives no key to check the chains' signatures with and the sync
+    may not go unsigned."""
+    keys = False
+    if config is not None:
+        from meshpoint.config import load_config
+
+        mesh = load_config(config)
+        keys = bool(mesh.history.signing.keys)
+        unsigned = unsigned or (mesh.sync is not None and mesh.sync.unsigned)
+    if not keys and not unsigned:
+        raise typer.BadParameter(
+            "no signing key to check the history chains' signatures with on arrival: give "
+            "--config naming a config whose history.signing holds the public halves of "
+            "the signing keys, or --unsigned to push chains whose signatures nobody "
+            "checks", param_hint="--config")
+    return unsigned
 
 
 def _defaults(config: Path | None, source: str | None, target: str | None,
@@ -161,23 +186,26 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
                               "while the cloud is unreachable (Ctrl-C stops).")] = False,
          interval_s: Annotated[float, typer.Option(
              "--interval-s", min=0.01, help="Seconds between passes with --follow.")] = 10.0,
-         as_json: AsJson = False) -> None:
-    """Push the local store's history chains (records and heads), event log and
-    ended-task ledger to the cloud store, exactly once: each batch is applied in one
-    cloud transaction with its cursor, so a sync killed anywhere and run again
-    applies each row once, and a rerun changes nothing. Chains are verified on
-    arrival; conflicts and chains that do not verify are kept aside (``meshpoint sync
-    conflicts``), never applied over what the cloud holds."""
+         unsigned: Unsigned = False, as_json: AsJson = False) -> None:
+    """Push the local store's history chains (records and heads), event log,
+    ended-task ledger and LangGraph threads to the cloud store, exactly once: each
+    batch is applied in one cloud transaction with its cursor, so a sync killed
+    anywhere and run again applies each row once, and a rerun changes nothing. Chains
+    are verified on arrival; conflicts and chains that do not verify are kept aside
+    (``meshpoint sync conflicts``), never applied over what the cloud holds."""
     if ctx.invoked_subcommand is not None:
         return
     source, target, tenant, schema = _defaults(config, source, target, tenant, schema)
     _check_urls(source, target)
     assert target is not None
+    if not dry_run:
+        unsigned = _check_keys(config, unsigned)
     if follow:
         if dry_run:
             raise typer.BadParameter("--dry-run writes nothing; it cannot --follow",
                                      param_hint="--follow")
-        _follow(source, target, tenant, schema, config, batch, interval_s, as_json)
+        _follow(source, target, tenant, schema, config, batch, interval_s, as_json,
+                unsigned)
         return
 
     checked = False
@@ -187,7 +215,7 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
 
         nonlocal checked
         async with _stores(source, target, tenant, schema, config) as (local, cloud):
-            syncer = Syncer(local, cloud, batch=batch)
+            syncer = Syncer(local, cloud, batch=batch, unsigned=unsigned)
             checked = syncer.options.check_signatures
             if dry_run:
                 return await syncer.run(dry_run=True)
@@ -219,10 +247,9 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
                           "-" if dry_run else str(r.identical), str(len(r.conflicts)),
                           str(len(r.quarantined)), str(len(r.kept)))
         console.print(table)
-        if not checked:
-            console.print("[yellow]signatures were not checked[/yellow]: no signing key "
-                          "(--config with history.signing); a chain re-hashed by anyone "
-                          "who can write the file would pass")
+        if not checked and not dry_run:
+            console.print("[yellow]signatures were not checked[/yellow] (--unsigned): a "
+                          "chain re-hashed by anyone who can write the file would pass")
         if troubled:
             console.print(f"{troubled} row(s) or chain(s) were kept aside: meshpoint sync "
                           "conflicts lists them")
@@ -231,7 +258,8 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
 
 
 def _follow(source: str | None, target: str, tenant: str, schema: str | None,
-            config: Path | None, batch: int, interval_s: float, as_json: bool) -> None:
+            config: Path | None, batch: int, interval_s: float, as_json: bool,
+            unsigned: bool) -> None:
     """``sync --follow``: a pass every ``interval_s``, one line (or JSON object) each."""
     def on_pass(source_id: str | None, reports: list[Any]) -> None:
         if as_json:
@@ -258,7 +286,8 @@ def _follow(source: str | None, target: str, tenant: str, schema: str | None,
         async with _stores(source, None, tenant, schema, config) as (local, _):
             await follow(local, lambda: open_store(
                 target, tenant_id=tenant, schema=schema, migrate=False, history=history),
-                interval_s=interval_s, batch=batch, on_pass=on_pass, on_retry=on_retry)
+                interval_s=interval_s, batch=batch, on_pass=on_pass, on_retry=on_retry,
+                unsigned=unsigned)
 
     try:
         run_sync(run, as_json)

@@ -102,6 +102,11 @@ class MeshConfig(_Strict):
         if self.sync is not None and not self.store.url.startswith("sqlite"):
             raise ValueError("sync: pushes a local SQLite store to the cloud; this "
                              "store is not SQLite (remove the sync: section)")
+        if self.sync is not None and not self.sync.unsigned and not self.history.signing.keys:
+            raise ValueError("sync: checks the history chains' signatures on arrival with "
+                             "the keys of history.signing, and this file has none: add "
+                             "them, or sync: {unsigned: true} to push chains whose "
+                             "signatures nobody checks")
         return self
 
     @model_validator(mode="after")

@@ -409,6 +409,9 @@ class SyncConfig(_Strict):
     batch: int = Field(default=500, ge=1, le=10_000)
     #: The longest wait between tries while the cloud is unreachable.
     max_backoff_s: float = Field(default=60.0, gt=0)
+    #: Push without ``history.signing`` keys, the chains' signatures unchecked on
+    #: arrival (``meshpoint sync --unsigned``); without it, such a section is refused.
+    unsigned: bool = False
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

@@ -1,15 +1,19 @@
 """Local-to-cloud sync (docs/sync.md): a SQLite deployment that works offline pushes
-its history chains, event log and ended-task ledger to a PostgreSQL store, each row
-applied exactly once, conflicts and unverifiable chains kept aside.
+its history chains, event log, ended-task ledger and LangGraph threads to a PostgreSQL
+store, each row applied exactly once, conflicts and unverifiable chains kept aside.
 
 Modules:
 
 * :mod:`~meshpoint.sync.tables` — the sync's tables (source ids, cursors, the conflict
-  log), registered with the store (migration 0015).
+  log; the LangGraph threads' change sequence and fingerprints), registered with the
+  store (migrations 0015, 0016).
 * :mod:`~meshpoint.sync.queries` — its named statements: reads of the source by rowid
   (commit order), the cloud's inserts, cursor and conflict log.
 * :mod:`~meshpoint.sync.apply` — one batch applied inside a cloud transaction: rows
   inserted or compared, chains applied under a savepoint and verified before they stay.
+* :mod:`~meshpoint.sync.threads` — the LangGraph saver's threads: a changed thread
+  compared by fingerprint, applied row by row, last write wins by version when it was
+  written on both sides.
 * :mod:`~meshpoint.sync.push` — a pass: batches read in one source snapshot, each
   applied with its cursor in one cloud transaction; status (cursor and lag).
 * :mod:`~meshpoint.sync.follow` — a pass every interval, retried with backoff while

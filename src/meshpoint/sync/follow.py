@@ -38,11 +38,13 @@ def _log_retry(error: BaseException, wait_s: float) -> None:
 async def follow(local: SqlStore, open_cloud: Callable[[], AbstractAsyncContextManager[Any]],
                  *, interval_s: float, batch: int = DEFAULT_BATCH,
                  max_backoff_s: float = 60.0, stop: asyncio.Event | None = None,
+                 unsigned: bool = False,
                  on_pass: OnPass | None = None, on_retry: OnRetry = _log_retry) -> None:
     """Run a pass, wait ``interval_s``, and again, until ``stop`` is set. A pass that
     fails because the cloud cannot be reached (StoreUnavailableError) is tried again
     after a backoff doubling from 0.5 s to ``max_backoff_s``; any other error ends
-    the loop (a wrong schema or tenant does not mend by waiting)."""
+    the loop (a wrong schema or tenant, or no key to check signatures with without
+    ``unsigned``, does not mend by waiting)."""
     stop = stop if stop is not None else asyncio.Event()
 
     def before_sleep(state: RetryCallState) -> None:
@@ -53,7 +55,7 @@ async def follow(local: SqlStore, open_cloud: Callable[[], AbstractAsyncContextM
 
     async def one_pass() -> tuple[str | None, list[TableReport]]:
         async with open_cloud() as cloud:
-            return await Syncer(local, cloud, batch=batch).run()
+            return await Syncer(local, cloud, batch=batch, unsigned=unsigned).run()
 
     while not stop.is_set():
         retrying = AsyncRetrying(retry=retry_if_exception_type(StoreUnavailableError),

@@ -16,6 +16,12 @@ rowid to a new row). The cursor remembers that row's key; when it is gone or ano
 row holds its rowid, the table is read again from its start, and only what the cloud
 lacks is applied.
 
+The LangGraph saver's threads follow a cursor of their own, the change sequence the
+saver's triggers keep (:mod:`meshpoint.sync.tables`): a thread changed again moves
+past the cursor and is read again, whole (:mod:`meshpoint.sync.threads`). A file
+whose sequence is behind the cursor (an older copy put back) is read again from its
+start.
+
 The tenant is the same on both sides: a history record's hash covers its tenant, and
 an encrypted field is bound to it, so a record moved to another tenant would verify
 and decrypt nowhere.
@@ -33,6 +39,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from meshpoint.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
+from meshpoint.errors import ConfigurationError
 from meshpoint.history.planning import HistoryOptions, new_checkpoint_id
 from meshpoint.store import SqlStore
 from meshpoint.store.schema import checkpoints, ended_tasks, events
@@ -45,9 +52,11 @@ from meshpoint.sync.apply import (
     apply_events,
     as_row,
 )
+from meshpoint.sync.threads import THREADS, Thread, apply_threads, read_thread
 
-#: The tables that travel, in the order a pass pushes them.
-ORDER = (checkpoints.name, events.name, ended_tasks.name)
+#: The tables that travel, in the order a pass pushes them (the LangGraph saver's
+#: threads last, under the name of their cursor).
+ORDER = (checkpoints.name, events.name, ended_tasks.name, THREADS)
 #: Source rows read and applied per cloud transaction.
 DEFAULT_BATCH = 500
 
@@ -58,6 +67,10 @@ Progress = Callable[[str, int, int], None]
 
 class _CursorMoved(Exception):
     """Another sync of the same source moved the cursor meanwhile: read again."""
+
+
+class UnsignedSyncError(ConfigurationError):
+    """A sync that could not check the chains' signatures, not allowed to go unsigned."""
 
 
 @dataclass
@@ -112,16 +125,19 @@ class _Batch:
     rows: list[dict[str, Any]]
     last: int  # the rowid of its last row
     chains: list[Chain]
+    threads: list[Thread] = field(default_factory=list)
 
 
 class Syncer:
     """Pushes the tenant's rows of ``local`` (a SQLite store) to ``cloud`` (a
     PostgreSQL store of the same tenant). ``options``: how chains are verified on
     arrival (by default the cloud store's history options; signatures are checked
-    only if they hold a key, as ``meshpoint verify`` does)."""
+    only if they hold a key, as ``meshpoint verify`` does). Without a key a pass is
+    refused (:class:`UnsignedSyncError`, before anything is written) unless
+    ``unsigned``: a chain re-hashed by anyone who can write the file would pass."""
 
     def __init__(self, local: SqlStore, cloud: SqlStore, *, batch: int = DEFAULT_BATCH,
-                 options: HistoryOptions | None = None,
+                 options: HistoryOptions | None = None, unsigned: bool = False,
                  clock: Callable[[], float] = time.time) -> None:
         if local.tenant_id != cloud.tenant_id:
             raise ValueError("the local and the cloud store must be of one tenant")
@@ -129,6 +145,7 @@ class Syncer:
         chosen = options if options is not None else cloud.history.options
         self.options = (chosen if chosen.signing.verifies
                         else replace(chosen, check_signatures=False))
+        self.unsigned = unsigned
         self.tenant = local.tenant_id
 
     # -- the source id ---------------------------------------------------------------
@@ -172,10 +189,13 @@ class Syncer:
         position = 0 if cursor is None else int(cursor.position)
         rescan = position > 0 and not self._still_there(conn, table, cursor)
         after = 0 if rescan else position
-        return int(sq.BEHIND[table].scalar(conn, {"p_tenant": self.tenant,
-                                                  "p_after": after})), rescan
+        behind = sq.BEHIND_THREADS if table == THREADS else sq.BEHIND[table]
+        return int(behind.scalar(conn, {"p_tenant": self.tenant, "p_after": after})), rescan
 
     def _still_there(self, conn: Connection, table: str, cursor: Any) -> bool:
+        if table == THREADS:  # a change moves a thread on: behind the last is enough
+            return int(cursor.position) <= int(sq.LAST_THREAD_CHANGE.scalar(
+                conn, {"p_tenant": self.tenant}))
         row = sq.KEY_AT[table].first(conn, {"p_tenant": self.tenant,
                                             "p_after": int(cursor.position)})
         return row is not None and _key_text(row._asdict()) == cursor.position_key
@@ -191,6 +211,8 @@ class Syncer:
                   progress: Progress | None = None) -> tuple[str | None, list[TableReport]]:
         """One pass over every table; with ``dry_run``, only what is behind is
         counted and nothing is written (not even the source id)."""
+        if not dry_run:
+            self.refuse_unsigned()
         source = await self.source_id(create=not dry_run)
         if dry_run:
             _, statuses = await self.status()
@@ -198,6 +220,16 @@ class Syncer:
                                         rescanned=s.rescan) for s in statuses]
         assert source is not None
         return source, [await self._push(source, table, progress) for table in ORDER]
+
+    def refuse_unsigned(self) -> None:
+        """Raise :class:`UnsignedSyncError` unless signatures are checked on arrival or
+        the sync was allowed to go without (``unsigned``)."""
+        if not (self.options.check_signatures or self.unsigned):
+            raise UnsignedSyncError(
+                "no signing key to check the history chains' signatures with on arrival: "
+                "give the public halves of the signing keys (--config naming a config "
+                "whose history.signing holds them), or --unsigned (sync: unsigned: true) "
+                "to push chains whose signatures nobody checks")
 
     async def _push(self, source: str, table: str, progress: Progress | None) -> TableReport:
         report = TableReport(table)
@@ -233,9 +265,12 @@ class Syncer:
         if start > 0 and not self._still_there(conn, table, cursor):
             after = 0  # the row at the cursor was purged: read the table again
         keys = {"p_tenant": self.tenant}
-        raw = sq.READ[table].rows(conn, {**keys, "p_after": after, "p_limit": self.batch})
+        read = sq.READ_THREAD_CHANGES if table == THREADS else sq.READ[table]
+        raw = read.rows(conn, {**keys, "p_after": after, "p_limit": self.batch})
         rows = [as_row(r) for r in raw]
         chains: list[Chain] = []
+        threads = ([read_thread(conn, self.tenant, r["thread_id"]) for r in rows]
+                   if table == THREADS else [])
         if table == checkpoints.name:
             for task in sorted({r["logical_task_id"] for r in rows}):
                 task_keys = {**keys, "p_task": task}
@@ -243,7 +278,8 @@ class Syncer:
                 chains.append(Chain(task, [as_row(r) for r in
                                            sq.CHAIN_ROWS.rows(conn, task_keys)],
                                     None if head is None else as_row(head)))
-        return _Batch(start, rows, int(raw[-1].sync_rowid) if raw else start, chains)
+        return _Batch(start, rows, int(raw[-1].sync_rowid) if raw else start, chains,
+                      threads)
 
     def _apply(self, conn: Connection, source: str, table: str, batch: _Batch) -> Applied:
         keys = {"p_tenant": self.tenant, "p_source": source, "p_table": table}
@@ -256,6 +292,9 @@ class Syncer:
             done = apply_chains(conn, batch.chains, tenant=self.tenant, source=source,
                                 options=self.options, now=now,
                                 max_inflate=DEFAULT_MAX_DECOMPRESSED_BYTES)
+        elif table == THREADS:
+            done = apply_threads(conn, batch.threads, tenant=self.tenant, source=source,
+                                 now=now)
         elif table == events.name:
             done = apply_events(conn, batch.rows, tenant=self.tenant, source=source,
                                 now=now)
@@ -264,7 +303,8 @@ class Syncer:
         last = batch.rows[-1]
         sq.PUT_CURSOR.rowcount(conn, {
             **keys, "p_position": batch.last, "p_position_key": _key_text(
-                {k: last[k] for k in sq.KEYS[table]}), "p_rows": len(batch.rows),
+                {k: last[k] for k in sq.KEYS.get(table, ("thread_id",))}),
+            "p_rows": len(batch.rows),
             "p_now": now})
         return done
 

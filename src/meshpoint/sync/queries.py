@@ -7,7 +7,9 @@ seen every committed row below it. (The UUIDv7 ids are made before the write
 transaction begins, so two writers commit them out of order: a cursor on them could
 pass a row that commits later.) Writes run on the cloud PostgreSQL, in transactions
 of the tenant, under its row-level security (``sync_put_*``, the cursor and the
-conflict log). This module imports SQLAlchemy and the store only.
+conflict log). The LangGraph saver's threads follow ``change_seq`` instead (see
+:mod:`meshpoint.sync.tables`): their rows change in place. This module imports
+SQLAlchemy, the store and the saver's tables (never LangGraph) only.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    delete,
     func,
     literal_column,
     select,
@@ -31,9 +34,16 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.elements import ColumnElement
 
+from meshpoint.integrations.langgraph.tables import graph_blobs, graph_checkpoints, graph_writes
 from meshpoint.store.schema import checkpoint_heads, checkpoints, ended_tasks, events
 from meshpoint.store.statement import Statement
-from meshpoint.sync.tables import sync_conflicts, sync_cursors, sync_sources
+from meshpoint.sync.tables import (
+    sync_conflicts,
+    sync_cursors,
+    sync_sources,
+    sync_thread_changes,
+    sync_threads,
+)
 
 tenant = bindparam("p_tenant", type_=String)
 after = bindparam("p_after", type_=BigInteger)
@@ -197,3 +207,88 @@ LIST_CONFLICTS = Statement(
     select(*sync_conflicts.c).where(sync_conflicts.c.tenant_id == tenant)
     .order_by(sync_conflicts.c.detected_at, sync_conflicts.c.table_name,
               sync_conflicts.c.row_key))
+
+# -- the LangGraph saver's threads -----------------------------------------------------
+
+_thread = bindparam("p_thread", type_=String)
+#: The saver's tables, in the order a thread's rows are deleted (then inserted reversed).
+GRAPH_TABLES: tuple[Table, ...] = (graph_writes, graph_blobs, graph_checkpoints)
+#: Per saver table: the key of a row within its thread.
+GRAPH_KEYS: dict[str, tuple[str, ...]] = {
+    t.name: tuple(c.name for c in t.primary_key.columns if c.name not in ("tenant_id",
+                                                                         "thread_id"))
+    for t in GRAPH_TABLES}
+_C = sync_thread_changes.c
+READ_THREAD_CHANGES = Statement(
+    "sync_read_thread_changes", "Reads the next changed LangGraph threads after a change "
+    "sequence number, in commit order.",
+    select(_C.change_seq.label("sync_rowid"), _C.thread_id)
+    .where(_C.tenant_id == tenant, _C.change_seq > after).order_by(_C.change_seq)
+    .limit(limit), dialects=("sqlite",))
+BEHIND_THREADS = Statement(
+    "sync_behind_threads", "Counts the LangGraph threads changed after a change sequence "
+    "number.",
+    select(func.count()).select_from(sync_thread_changes)
+    .where(_C.tenant_id == tenant, _C.change_seq > after), dialects=("sqlite",))
+LAST_THREAD_CHANGE = Statement(
+    "sync_last_thread_change", "Reads the tenant's largest change sequence number of "
+    "LangGraph threads.",
+    select(func.coalesce(func.max(_C.change_seq), 0)).where(_C.tenant_id == tenant),
+    dialects=("sqlite",))
+#: Per saver table: a thread's rows, whole (the source's).
+THREAD_ROWS = {t.name: Statement(
+    f"sync_thread_rows_{t.name.removeprefix('agent_langgraph_')}",
+    f"Reads a LangGraph thread's rows of {t.name}, whole.",
+    select(*t.c).where(t.c.tenant_id == tenant, t.c.thread_id == _thread),
+    dialects=("sqlite",)) for t in GRAPH_TABLES}
+#: Per saver table: a thread's rows without their bytes (``digest`` stands for them).
+THREAD_SIGNS = {t.name: Statement(
+    f"sync_thread_signs_{t.name.removeprefix('agent_langgraph_')}",
+    f"Reads a LangGraph thread's rows of {t.name} without their bytes.",
+    select(*(c for c in t.c if c.name != "data"))
+    .where(t.c.tenant_id == tenant, t.c.thread_id == _thread),
+    dialects=("postgresql",)) for t in GRAPH_TABLES}
+#: Per saver table: a thread's rows, whole (the cloud's, to keep a losing version).
+CLOUD_THREAD_ROWS = {t.name: Statement(
+    f"sync_cloud_thread_rows_{t.name.removeprefix('agent_langgraph_')}",
+    f"Reads the cloud's rows of a LangGraph thread in {t.name}, whole.",
+    select(*t.c).where(t.c.tenant_id == tenant, t.c.thread_id == _thread),
+    dialects=("postgresql",)) for t in GRAPH_TABLES}
+DELETE_THREAD_ROW = {t.name: Statement(
+    f"sync_delete_thread_row_{t.name.removeprefix('agent_langgraph_')}",
+    f"Deletes one row of a LangGraph thread in {t.name}.",
+    delete(t).where(t.c.tenant_id == tenant, t.c.thread_id == _thread,
+                    *(t.c[k] == bindparam(f"p_{k}", type_=t.c[k].type)
+                      for k in GRAPH_KEYS[t.name])),
+    dialects=("postgresql",)) for t in GRAPH_TABLES}
+PUT_THREAD_ROW = {t.name: Statement(
+    f"sync_put_thread_row_{t.name.removeprefix('agent_langgraph_')}",
+    f"Inserts one row of a LangGraph thread in {t.name}.",
+    pg_insert(t).values(_values(t)), dialects=("postgresql",)) for t in GRAPH_TABLES}
+LOCK_THREAD = Statement(
+    "sync_lock_thread", "Serialises the syncs of one LangGraph thread, from any source "
+    "(until commit).",
+    select(func.pg_advisory_xact_lock(func.hashtext(
+        func.concat(tenant, "/langgraph/", _thread)))),
+    dialects=("postgresql",))
+_T = sync_threads.c
+GET_THREAD_BASE = Statement(
+    "sync_get_thread_base", "Reads the fingerprint of a LangGraph thread as this source "
+    "last left it in the cloud.",
+    select(_T.version, _T.fingerprint).where(_T.tenant_id == tenant,
+                                            _T.source_id == _source, _T.thread_id == _thread),
+    dialects=("postgresql",))
+_base = pg_insert(sync_threads).values(
+    tenant_id=tenant, source_id=_source, thread_id=_thread,
+    version=bindparam("p_version", type_=String),
+    fingerprint=bindparam("p_fingerprint", type_=String),
+    synced_at=bindparam("p_now", type_=Float))
+PUT_THREAD_BASE = Statement(
+    "sync_put_thread_base", "Records the fingerprint of a LangGraph thread as this source "
+    "leaves it in the cloud (unchanged if it is the same).",
+    _base.on_conflict_do_update(
+        index_elements=["tenant_id", "source_id", "thread_id"],
+        set_={"version": _base.excluded.version, "fingerprint": _base.excluded.fingerprint,
+              "synced_at": _base.excluded.synced_at},
+        where=_T.fingerprint != _base.excluded.fingerprint),
+    dialects=("postgresql",))

@@ -1,0 +1,168 @@
+"""The LangGraph saver's threads, carried by the sync (:mod:`meshpoint.sync.push` runs
+this inside the cloud transaction that also moves the threads' cursor).
+
+A thread travels whole: its rows of the saver's three tables (checkpoints, channel
+values, pending writes), as one snapshot of the source had them. Its rows are not
+append-only (prune hides a checkpoint or deletes it; a special write replaces another),
+so the unit compared is the thread, by its **fingerprint**: the SHA-256 of its rows,
+each row's columns but its bytes, which its ``digest`` (the SHA-256 of the bytes, as
+the saver stored them: ciphertext when encrypted) stands for.
+
+What a changed thread gets in the cloud:
+
+* the same fingerprint there: nothing (``identical``);
+* no rows there, or the rows this source last left there (the fingerprint recorded in
+  ``meshpoint_sync_threads``): the cloud's thread becomes the source's, row by row
+  (rows that differ deleted, the source's inserted), ``applied``;
+* anything else: the thread was written on both sides since. **Last write wins by
+  version**: a thread's version is its newest checkpoint id (LangGraph makes them
+  UUIDv6, ordered by the time the step was written), compared as text; the larger one
+  wins, and on a tie the cloud's stays. The losing version, whole (bytes as base64,
+  encrypted ones as their ciphertext), goes to the conflict log with the winner's, as
+  a ``conflict``, and the pass reports it.
+
+A thread deleted on the source (no rows left) is not deleted in the cloud, which keeps
+its own retention, as for a purge. Every body here is a synchronous function of the
+transaction's connection; none commits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection
+
+from meshpoint.sync import queries as sq
+from meshpoint.sync.apply import CONFLICT, Applied, as_row, jsonable, log
+
+#: The name the threads' cursor, reports and conflict log go by.
+THREADS = "langgraph_threads"
+_CHECKPOINTS = "agent_langgraph_checkpoints"
+
+
+@dataclass(frozen=True)
+class Thread:
+    """A thread's rows as the source's snapshot had them, per saver table."""
+
+    thread_id: str
+    rows: dict[str, list[dict[str, Any]]]
+
+    @property
+    def empty(self) -> bool:
+        return not any(self.rows.values())
+
+
+def read_thread(conn: Connection, tenant: str, thread_id: str) -> Thread:
+    """A thread's rows, whole, from the source (in the caller's read transaction)."""
+    keys = {"p_tenant": tenant, "p_thread": thread_id}
+    return Thread(thread_id, {name: [as_row(r) for r in statement.rows(conn, keys)]
+                              for name, statement in sq.THREAD_ROWS.items()})
+
+
+def _sign(row: Mapping[str, Any]) -> str:
+    """A row's signature: its columns but tenant and bytes, as canonical JSON."""
+    kept = {k: v for k, v in row.items() if k not in ("tenant_id", "data")}
+    return json.dumps(jsonable(kept), sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _key(table: str, row: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(row[k] for k in sq.GRAPH_KEYS[table])
+
+
+def _signs(rows: Mapping[str, Iterable[Mapping[str, Any]]]
+           ) -> dict[str, dict[tuple[Any, ...], str]]:
+    return {table: {_key(table, r): _sign(r) for r in found} for table, found in rows.items()}
+
+
+def fingerprint(signs: Mapping[str, Mapping[tuple[Any, ...], str]]) -> str:
+    """The thread's fingerprint: the SHA-256 of its rows' signatures, in order."""
+    digest = hashlib.sha256()
+    for table in sorted(signs):
+        for sign in sorted(signs[table].values()):
+            digest.update(f"{table}\n{sign}\n".encode())
+    return digest.hexdigest()
+
+
+def version(signs: Mapping[str, Mapping[tuple[Any, ...], str]]) -> str:
+    """The thread's version: its newest checkpoint id ('' without a checkpoint)."""
+    ids = [str(key[-1]) for key in signs.get(_CHECKPOINTS, {})]  # (namespace, id)
+    return max(ids, default="")
+
+
+def apply_threads(conn: Connection, threads: Iterable[Thread], *, tenant: str,
+                  source: str, now: float) -> Applied:
+    """Apply changed threads (see the module docstring)."""
+    done = Applied()
+    for thread in threads:
+        if thread.empty:
+            continue  # deleted on the source: the cloud keeps its own retention
+        keys = {"p_tenant": tenant, "p_thread": thread.thread_id, "p_source": source}
+        sq.LOCK_THREAD.rows(conn, keys)  # two files pushing one thread take turns
+        ours = _signs(thread.rows)
+        theirs = _signs({name: [r._asdict() for r in statement.rows(conn, keys)]
+                         for name, statement in sq.THREAD_SIGNS.items()})
+        mine, cloud = fingerprint(ours), fingerprint(theirs)
+        ours_v, theirs_v = version(ours), version(theirs)
+        if mine == cloud:
+            done.identical += 1
+            _record(conn, keys, ours_v, mine, now)
+            continue
+        base = sq.GET_THREAD_BASE.first(conn, keys)
+        if not any(theirs.values()) or (base is not None and base.fingerprint == cloud):
+            _replace(conn, tenant, thread, ours, theirs)
+            done.applied += 1
+            _record(conn, keys, ours_v, mine, now)
+            continue
+        local_wins = ours_v > theirs_v
+        cloud_rows = {name: [r._asdict() for r in statement.rows(conn, keys)]
+                      for name, statement in sq.CLOUD_THREAD_ROWS.items()}
+        loser = cloud if local_wins else mine
+        key = f"{thread.thread_id}@{loser[:16]}"
+        done.conflicts.append(key)
+        log(conn, tenant=tenant, source=source, table=THREADS, key=key, kind=CONFLICT,
+            reason=(f"thread {thread.thread_id!r} was written on both sides (the cloud's "
+                    f"is not what this source last left there): last write wins by "
+                    f"version, the newest checkpoint id: the "
+                    + (f"source's ({ours_v}) replaced the cloud's ({theirs_v}), kept here"
+                       if local_wins else
+                       f"cloud's ({theirs_v}) stays over the source's ({ours_v}), kept "
+                       "here")),
+            local={"version": ours_v, "rows": thread.rows},
+            cloud={"version": theirs_v, "rows": cloud_rows}, now=now)
+        if local_wins:
+            _replace(conn, tenant, thread, ours, theirs)
+            done.applied += 1
+            _record(conn, keys, ours_v, mine, now)
+    return done
+
+
+def _record(conn: Connection, keys: dict[str, Any], version_: str, fingerprint_: str,
+            now: float) -> None:
+    sq.PUT_THREAD_BASE.rowcount(conn, {**keys, "p_version": version_,
+                                       "p_fingerprint": fingerprint_, "p_now": now})
+
+
+def _replace(conn: Connection, tenant: str, thread: Thread,
+             ours: Mapping[str, Mapping[tuple[Any, ...], str]],
+             theirs: Mapping[str, Mapping[tuple[Any, ...], str]]) -> None:
+    """Make the cloud's thread the source's: rows it lacks or holds otherwise deleted
+    (writes, values, then checkpoints), the source's inserted (checkpoints first), so
+    the unique index on ``continues`` never sees both versions at once."""
+    for table in (t.name for t in sq.GRAPH_TABLES):
+        names = sq.GRAPH_KEYS[table]
+        gone = [key for key, sign in theirs[table].items() if ours[table].get(key) != sign]
+        if gone:
+            sq.DELETE_THREAD_ROW[table].execute_many(conn, [
+                {"p_tenant": tenant, "p_thread": thread.thread_id,
+                 **{f"p_{n}": v for n, v in zip(names, key, strict=True)}} for key in gone])
+    for table in reversed([t.name for t in sq.GRAPH_TABLES]):
+        new = [row for row in thread.rows[table]
+               if theirs[table].get(_key(table, row)) != ours[table][_key(table, row)]]
+        if new:
+            sq.PUT_THREAD_ROW[table].execute_many(conn, [
+                {"p_tenant": tenant, **{f"p_{k}": v for k, v in row.items()
+                                        if k != "tenant_id"}} for row in new])
