@@ -255,14 +255,20 @@ async def test_follow_waits_out_an_unreachable_cloud_then_keeps_it_caught_up(
         port = probe.getsockname()[1]
     real = make_url(cloud.url)
     late = real.set(port=port).render_as_string(hide_password=False)
+    err_path = tmp_path / "follow.err"
+    err_file = err_path.open("w")
     follower = subprocess.Popen(
         [sys.executable, "-m", "meshpoint.cli", "sync", "--from",
          f"sqlite:///{tmp_path / 'local.db'}", "--to", late, "--schema", cloud.schema,
          "--tenant", TENANT, "--follow", "--interval-s", "0.2", "--unsigned", "--json"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=err_file, text=True)
     proxy = None
     try:
-        await asyncio.sleep(2.0)  # it tries, fails, backs off
+        # It tries, fails and says so, then backs off (however slowly it starts up).
+        deadline = time.monotonic() + 60
+        while "unreachable" not in err_path.read_text() and time.monotonic() < deadline:
+            assert follower.poll() is None, (follower.communicate(), err_path.read_text())
+            await asyncio.sleep(0.1)
         assert follower.poll() is None, follower.communicate()
         proxy = await asyncio.start_server(
             lambda r, w: _pipe(r, w, real.host or "127.0.0.1", real.port or 5432),
@@ -278,7 +284,9 @@ async def test_follow_waits_out_an_unreachable_cloud_then_keeps_it_caught_up(
             await asyncio.sleep(0.05)
         if follower.poll() is None:
             follower.kill()
-        out, errors = follower.communicate(timeout=60)
+        out, _ = follower.communicate(timeout=60)
+        err_file.close()
+        errors = err_path.read_text()
         if proxy is not None:
             proxy.close()
     assert follower.returncode == 0, errors
