@@ -465,7 +465,8 @@ async def test_a_bearer_token_is_required_when_the_gateway_has_tokens(
             httpx.AsyncClient(timeout=30) as http:
         url = f"{base}/agents/flights/"
         card = (await http.get(f"{url}.well-known/agent-card.json")).json()
-        said = "a token the gateway's operator gave you"
+        # (no word a checker of public cards takes for a leak: token, secret, key…)
+        said = "issued by the gateway's operator, one per client"
         assert card["securitySchemes"] == {"bearer": {  # 1.0's form, then 0.3's
             "httpAuthSecurityScheme": {"scheme": "Bearer", "description": said},
             "type": "http", "scheme": "Bearer", "description": said}}

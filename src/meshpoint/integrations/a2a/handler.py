@@ -4,8 +4,8 @@
 :class:`~meshpoint.runtime.Client` does, and waits (unless the client asked to return
 at once) until the task ends or waits for input; a message naming a task that waits
 for input answers it (see :func:`answer_of`); one naming a task still working joins
-its history. ``GetTask``, ``CancelTask``,
-``SendStreamingMessage`` and ``SubscribeToTask`` read the task from the store
+its history. ``GetTask``, ``CancelTask``, ``SendStreamingMessage`` and
+``SubscribeToTask`` read the task from the store
 (:mod:`meshpoint.integrations.a2a.views`): the handler keeps no task in memory, so any gateway
 process answers for any task, after any of them restarted. The only thing a gateway
 holds is the inbox of the requests it sent: the answer it hears there is written to
@@ -224,7 +224,8 @@ class MeshRequestHandler(RequestHandler):
     async def _start(self, params: SendMessageRequest, context: ServerCallContext
                      ) -> tuple[str, Callable[[Task], bool]]:
         """Send the message: a new task, the answer to one waiting for input, or a
-        further message to one working (:meth:`_note`). Returns the task's id and what to wait for."""
+        further message to one working (:meth:`_note`). Returns the task's id and what
+        to wait for."""
         message = params.message
         if not message.task_id:
             task_id = await self.mesh.submit(self.agent, message)
