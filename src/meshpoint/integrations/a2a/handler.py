@@ -35,6 +35,7 @@ from a2a.types.a2a_pb2 import (
     ListTasksRequest,
     ListTasksResponse,
     Message,
+    Role,
     SendMessageRequest,
     SubscribeToTaskRequest,
     Task,
@@ -227,6 +228,11 @@ class MeshRequestHandler(RequestHandler):
         further message to one working (:meth:`_note`). Returns the task's id and what
         to wait for."""
         message = params.message
+        # A2A requires both (protobuf reads a missing one as empty, the SDK lets it be).
+        if not message.message_id:
+            raise InvalidParamsError(message="the message has no messageId")
+        if message.role == Role.ROLE_UNSPECIFIED:
+            raise InvalidParamsError(message="the message has no role (ROLE_USER)")
         if not message.task_id:
             task_id = await self.mesh.submit(self.agent, message)
             return task_id, _settled
