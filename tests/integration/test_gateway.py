@@ -258,6 +258,48 @@ async def test_input_required_is_answered_by_a_message_on_the_task(mesh_file: Pa
         assert ended["error"]["code"] == -32004  # UnsupportedOperation: it has ended
 
 
+async def test_a_further_message_to_a_working_task_joins_its_history(tmp_path: Path) -> None:
+    """A2A lets a client send more messages to a task that has not ended: a task still
+    working takes one into its history (in order, its contextId inferred), and the
+    call returns the task as A2A says (once it ended or waits, here); a contextId not
+    the task's is refused and changes nothing. (The agent does not read it.)"""
+    path = tmp_path / "mesh.yaml"
+    path.write_text(CONFIG.format(db=tmp_path / "mesh.db").replace(
+        "    tools: [{name: send, function: 'os:getcwd', needs_approval: true}]\n", "")
+        .replace("delay_s: 0.3", "delay_s: 2"))
+    async with gateway(path) as base, httpx.AsyncClient(timeout=30) as http:
+        url = f"{base}/agents/coordinator/"
+        client = await create_client(url, ClientConfig(httpx_client=http, streaming=False,
+                                                       polling=True))
+        [first] = [e async for e in client.send_message(SendMessageRequest(message=Message(
+            role=Role.ROLE_USER, message_id="w1", parts=[Part(text="Trip: flights")])))]
+        task = first.task
+        assert task.status.state in (TaskState.TASK_STATE_SUBMITTED,
+                                     TaskState.TASK_STATE_WORKING)
+        wrong = await rpc(http, url, "SendMessage", {"message": {
+            "role": "ROLE_USER", "messageId": "w-bad", "taskId": task.id,
+            "contextId": "another-context", "parts": [{"text": "and a hotel"}]}}, V1)
+        assert wrong["error"]["code"] == -32602 and "contextId" in wrong["error"]["message"]
+        [further] = [e async for e in client.send_message(SendMessageRequest(message=Message(
+            role=Role.ROLE_USER, message_id="w2", task_id=task.id,
+            parts=[Part(text="window seat, please")])))]
+        assert further.task.id == task.id and further.task.context_id == task.context_id
+        ended = await client.get_task(GetTaskRequest(id=task.id))
+        for _ in range(100):
+            if ended.status.state == TaskState.TASK_STATE_COMPLETED:
+                break
+            await asyncio.sleep(0.1)
+            ended = await client.get_task(GetTaskRequest(id=task.id))
+        await client.close()
+    assert ended.status.state == TaskState.TASK_STATE_COMPLETED
+    assert [(m.role, m.message_id) for m in ended.history[:2]] == \
+        [(Role.ROLE_USER, "w1"), (Role.ROLE_USER, "w2")]
+    assert ended.history[1].parts[0].text == "window seat, please"
+    assert ended.history[1].context_id == task.context_id
+    assert [m.role for m in ended.history] == [Role.ROLE_USER] * 2 + [Role.ROLE_AGENT]
+    # The refused message is nowhere.
+    assert "w-bad" not in {m.message_id for m in ended.history}
+
 def last_state(events: list[Any]) -> Any:
     last = events[-1]
     return last.status_update.status.state if last.HasField("status_update") \
@@ -387,6 +429,15 @@ async def test_bad_input_gets_a_json_rpc_error_and_changes_nothing(mesh_file: Pa
                        "params": {"message": {"role": "ROLE_USER", "messageId": "x",
                                               "parts": [{"data": {"no": "text"}}]}}},
               "headers": V1}, 200, -32602),
+            # A2A requires a message's messageId and role (protobuf reads them as empty).
+            ({"json": {"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+                       "params": {"message": {"role": "ROLE_USER",
+                                              "parts": [{"text": "no id"}]}}},
+              "headers": V1}, 200, -32602),
+            ({"json": {"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+                       "params": {"message": {"messageId": "x",
+                                              "parts": [{"text": "no role"}]}}},
+              "headers": V1}, 200, -32602),
             ({"json": {"jsonrpc": "2.0", "id": 1, "method": "tasks/cancel",
                        "params": {"id": "flights-" + "0" * 32}}}, 200, -32001),
             ({"content": b"x" * 1_000_001,
@@ -423,7 +474,8 @@ async def test_a_bearer_token_is_required_when_the_gateway_has_tokens(
             httpx.AsyncClient(timeout=30) as http:
         url = f"{base}/agents/flights/"
         card = (await http.get(f"{url}.well-known/agent-card.json")).json()
-        said = "a token the gateway's operator gave you"
+        # (no word a checker of public cards takes for a leak: token, secret, key…)
+        said = "issued by the gateway's operator, one per client"
         assert card["securitySchemes"] == {"bearer": {  # 1.0's form, then 0.3's
             "httpAuthSecurityScheme": {"scheme": "Bearer", "description": said},
             "type": "http", "scheme": "Bearer", "description": said}}

@@ -3,8 +3,9 @@
 ``SendMessage`` (``message/send``) publishes a meshpoint request on the broker, as
 :class:`~meshpoint.runtime.Client` does, and waits (unless the client asked to return
 at once) until the task ends or waits for input; a message naming a task that waits
-for input answers it (see :func:`answer_of`). ``GetTask``, ``CancelTask``,
-``SendStreamingMessage`` and ``SubscribeToTask`` read the task from the store
+for input answers it (see :func:`answer_of`); one naming a task still working joins
+its history. ``GetTask``, ``CancelTask``, ``SendStreamingMessage`` and
+``SubscribeToTask`` read the task from the store
 (:mod:`meshpoint.integrations.a2a.views`): the handler keeps no task in memory, so any gateway
 process answers for any task, after any of them restarted. The only thing a gateway
 holds is the inbox of the requests it sent: the answer it hears there is written to
@@ -34,6 +35,7 @@ from a2a.types.a2a_pb2 import (
     ListTasksRequest,
     ListTasksResponse,
     Message,
+    Role,
     SendMessageRequest,
     SubscribeToTaskRequest,
     Task,
@@ -222,9 +224,15 @@ class MeshRequestHandler(RequestHandler):
 
     async def _start(self, params: SendMessageRequest, context: ServerCallContext
                      ) -> tuple[str, Callable[[Task], bool]]:
-        """Send the message: a new task, or the answer to one waiting for input.
-        Returns the task's id and what to wait for."""
+        """Send the message: a new task, the answer to one waiting for input, or a
+        further message to one working (:meth:`_note`). Returns the task's id and what
+        to wait for."""
         message = params.message
+        # A2A requires both (protobuf reads a missing one as empty, the SDK lets it be).
+        if not message.message_id:
+            raise InvalidParamsError(message="the message has no messageId")
+        if message.role == Role.ROLE_UNSPECIFIED:
+            raise InvalidParamsError(message="the message has no role (ROLE_USER)")
         if not message.task_id:
             task_id = await self.mesh.submit(self.agent, message)
             return task_id, _settled
@@ -234,9 +242,12 @@ class MeshRequestHandler(RequestHandler):
             raise UnsupportedOperationError(
                 message=f"task {task_id} has ended ({TaskState.Name(before.status.state)}): "
                         "it takes no more messages; send a new one without a taskId")
+        if message.context_id and message.context_id != before.context_id:
+            raise InvalidParamsError(message=f"the message's contextId "
+                                             f"{message.context_id!r:.80} is not task "
+                                             f"{task_id}'s ({before.context_id})")
         if before.status.state != TaskState.TASK_STATE_INPUT_REQUIRED:
-            raise InvalidParamsError(message=f"task {task_id} is not waiting for input "
-                                             f"({TaskState.Name(before.status.state)})")
+            return task_id, await self._note(task_id, message, before)
         by = context.user.user_name if context.user.is_authenticated else "a2a-gateway"
         answer = answer_of(message, by or "a2a-gateway")
         try:
@@ -255,6 +266,18 @@ class MeshRequestHandler(RequestHandler):
                 task.status.state != TaskState.TASK_STATE_INPUT_REQUIRED or
                 _pending(MessageToDict(task.status)) != _pending(shown))
         return task_id, moved_on
+
+    async def _note(self, task_id: str, message: Message, before: Task
+                    ) -> Callable[[Task], bool]:
+        """A further message to a task that is working (it waits for no input): taken
+        into the task's history, in order, and the call then waits as a first message
+        does; the agent does not read it (see docs/a2a.md)."""
+        if not any(p.HasField("text") or p.HasField("data") for p in message.parts):
+            raise InvalidParamsError(message="the message has no text nor data part")
+        sent = MessageToDict(message)
+        sent.update(taskId=task_id, contextId=before.context_id)
+        await self.mesh.log.note(self.agent, task_id, "message", sent)
+        return _settled
 
     async def on_message_send(self, params: SendMessageRequest,
                               context: ServerCallContext) -> Task | Message:
