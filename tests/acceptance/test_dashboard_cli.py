@@ -91,3 +91,22 @@ def test_the_token_comes_from_its_file_or_the_environment_and_is_long_enough(
         load_token(file)
     with pytest.raises(ConfigurationError, match="cannot read"):
         load_token(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("command", ["dashboard", "gateway"])
+def test_a_port_in_use_is_an_error_naming_it(command: str, tmp_path: Path) -> None:
+    """The HTTP surfaces bind their port before they start: one in use is a one-line
+    error naming the address, exit status 1, not a traceback from uvicorn."""
+    config = tmp_path / "mesh.yaml"
+    config.write_text(f"store: sqlite:///{tmp_path / 'm.db'}\nbroker: memory://\n"
+                      "agents:\n  a: {description: An agent.}\n")
+    source = (["--config", str(config)] if command == "gateway"
+              else ["--url", f"sqlite:///{tmp_path / 'm.db'}"])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ran = meshpoint(command, *source, "--port", str(port))
+    assert ran.returncode == 1, ran.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in ran.stderr, ran.stderr
+    assert "Traceback" not in ran.stderr

@@ -20,6 +20,7 @@ from typing import Annotated
 
 import typer
 
+from meshpoint._listen import listen
 from meshpoint.cli.common import Config, Schema, Tenant, Url, console, err, fail, store_opener
 from meshpoint.errors import MeshpointError
 
@@ -63,6 +64,7 @@ def dashboard(url: Url = None, config: Config = None, schema: Schema = None,
 
             approvers = load_config(config).build_approvers()
         opener = store_opener(url, config, schema=schema, tenant=tenant)
+        sock = listen(host, port)
     except MeshpointError as error:
         fail(error)
     names = list(allowed_host or [])
@@ -73,7 +75,7 @@ def dashboard(url: Url = None, config: Config = None, schema: Schema = None,
     console.print(f"meshpoint dashboard on http://{host}:{port}/ "
                   f"({'read-only' if token is None else 'answers need the token'})",
                   highlight=False)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 def dashboard_commands(app: typer.Typer) -> None:

@@ -31,6 +31,7 @@ from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
+from meshpoint._listen import listen
 from meshpoint.config import MeshConfig
 from meshpoint.errors import ConfigurationError
 from meshpoint.events import EventStore
@@ -356,12 +357,14 @@ async def serve_gateway(config: MeshConfig, *, host: str, port: int,
 
     base_url = public_base_url(host, port, public_url)
     tenants = {c.tenant for c in tokens or [] if c.tenant is not None}
-    async with open_meshes(config, tenants, wait_s=wait_s) as meshes:
+    sock = listen(host, port)
+    async with open_meshes(config, tenants, wait_s=wait_s) as meshes, \
+            contextlib.closing(sock):
         app = build_app(config, meshes, base_url=base_url, tokens=tokens,
                         root_agent=root_agent)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                lifespan="off"))
-        serving = asyncio.create_task(server.serve())
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
         if server.started:
