@@ -357,16 +357,14 @@ async def serve_gateway(config: MeshConfig, *, host: str, port: int,
 
     base_url = public_base_url(host, port, public_url)
     tenants = {c.tenant for c in tokens or [] if c.tenant is not None}
-    sock = listen(host, port)
-    async with open_meshes(config, tenants, wait_s=wait_s) as meshes, \
-            contextlib.closing(sock):
-        app = build_app(config, meshes, base_url=base_url, tokens=tokens,
-                        root_agent=root_agent)
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                               lifespan="off"))
-        serving = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started and not serving.done():
-            await asyncio.sleep(0.05)
-        if server.started:
-            print(f"{READY} http://{host}:{port}", flush=True)
-        await serving
+    with contextlib.closing(listen(host, port)) as sock:
+        async with open_meshes(config, tenants, wait_s=wait_s) as meshes:
+            app = build_app(config, meshes, base_url=base_url, tokens=tokens,
+                            root_agent=root_agent)
+            server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+            serving = asyncio.create_task(server.serve(sockets=[sock]))
+            while not server.started and not serving.done():
+                await asyncio.sleep(0.05)
+            if server.started:
+                print(f"{READY} http://{host}:{port}", flush=True)
+            await serving
