@@ -300,7 +300,8 @@ async def test_cleanup_removes_every_live_row(store: SqlStore) -> None:
                       # The LangGraph saver's and the sync's tables: no task writes to them.
                       "agent_langgraph_checkpoints": 0, "agent_langgraph_blobs": 0,
                       "agent_langgraph_writes": 0, "meshpoint_sync_sources": 0,
-                      "meshpoint_sync_cursors": 0, "meshpoint_sync_conflicts": 0}
+                      "meshpoint_sync_cursors": 0, "meshpoint_sync_conflicts": 0,
+                      "meshpoint_sync_moves": 0}
     await store.cleanup_task("t2", outcome="canceled")
     assert await row_counts(store) == {**dict.fromkeys(counts, 0), "agent_ended_tasks": 2,
                                        "agent_checkpoints": 4, "agent_checkpoint_heads": 2}

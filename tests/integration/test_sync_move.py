@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import select, update
 
 from meshpoint.broker.base import Delivery
-from meshpoint.errors import SubTaskMovingError
+from meshpoint.errors import SubTaskMovingError, UnknownSubTaskError
 from meshpoint.history.encryption import EncryptionKeys, is_envelope, save_keyring
 from meshpoint.history.planning import HistoryOptions
 from meshpoint.llm import ScriptedModel
@@ -158,6 +158,10 @@ async def test_a_move_killed_after_each_step_leaves_one_owner_and_a_rerun_comple
     assert [(m["task_id"], m["outcome"]) for m in moved] == [
         (local.task_id, "already moved" if step == "released" else "moved")]
     await landed_once(local, cloud)
+    async with local.open() as here:  # a local answer now is late: its task ended here
+        assert await here.task_known(local.task_id, "coordinator")
+        with pytest.raises(UnknownSubTaskError):
+            await here.resolve_peer_sub_task(local.call_id, {"decision": "approved"})
     again = sync_cli(local, cloud, "--move-paused", "--json")  # a rerun changes nothing
     assert [m["outcome"] for m in json.loads(again.stdout)["moved"]] == []
     await landed_once(local, cloud)
@@ -180,8 +184,10 @@ async def landed_once(local: Local, cloud: Cloud) -> None:
         assert b"Trip: flights" not in bytes(raw[0]) and is_envelope(raw[1])
 
 
+@pytest.mark.nats
+@pytest.mark.parametrize("via", ["store", "client"])
 async def test_a_moved_task_is_resumed_by_a_cloud_instance_and_answered_once(
-        local: Local, cloud: Cloud, nats_url: str) -> None:
+        local: Local, cloud: Cloud, nats_url: str, via: str) -> None:
     """The issue's proof: paused locally on an approval and a peer call, moved (the
     move's process killed after its copy committed, then run again), the local
     instance dead; a cloud instance on NATS asks the peer again, the approval is
@@ -216,8 +222,14 @@ async def test_a_moved_task_is_resumed_by_a_cloud_instance_and_answered_once(
                            for s in subs)
 
             await eventually(peer_answered, timeout_s=30, what="flights' answer in the cloud")
-            assert flights[0].stats.tasks("completed") or True
-            await decide(store, local.task_id, Approve(call_id=local.call_id), by="alice")
+            # Asked again on the cloud's broker, once, by one of the cloud's instances.
+            assert len(mesh.events("announced_again", "coordinator")) == 1
+            assert len(flights[0].stats.tasks("completed")) == 1
+            if via == "store":  # as meshpoint tasks approve --url <cloud> does
+                await decide(store, local.task_id, Approve(call_id=local.call_id), by="alice")
+            else:  # a client of the cloud's mesh, through an instance
+                decision = await mesh.client.approve(local.task_id, local.call_id, by="alice")
+                assert decision["decision"] == "approved"
             await eventually(lambda: answers != [], timeout_s=30, what="the answer")
             await asyncio.sleep(1.0)  # a second answer would have come by now
             assert len(answers) == 1, answers
@@ -225,6 +237,10 @@ async def test_a_moved_task_is_resumed_by_a_cloud_instance_and_answered_once(
             assert sum(len(i.stats.tasks("completed")) for i in mesh.of("coordinator")) == 1
             ended = await rows_of(store, local.task_id)
             assert ended["task"] is None and ended["ended"]
+            # A pass after the cloud ended it: the local end of the move does not
+            # travel, so nothing clashes with the cloud's end.
+            after = sync_cli(local, cloud, "--json")
+            assert after.returncode == 0, after.stdout + after.stderr
         finally:
             await mesh.close()
             cleanup = await NatsBroker.connect(nats_url)
@@ -236,6 +252,11 @@ async def test_bad_input_is_a_clear_error_and_changes_nothing(
         local: Local, cloud: Cloud) -> None:
     async with local.open() as store:
         before = await rows_of(store, local.task_id)
+    dry = sync_cli(local, cloud, "--move-paused", "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    [would] = json.loads(dry.stdout)["moved"]
+    assert (would["task_id"], would["outcome"], would["peer_calls"], would["approvals"]) == (
+        local.task_id, "would move", 1, 1)
     for args, words in (
             (("--task", "no-such-task"), "no paused task 'no-such-task' of tenant 'acme'"),
             (("--task", local.task_id, "--tenant", "globex"), "no rows of tenant 'globex'"),
