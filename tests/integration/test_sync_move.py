@@ -27,12 +27,13 @@ from meshpoint.history.planning import HistoryOptions
 from meshpoint.llm import ScriptedModel
 from meshpoint.runtime import Agent, Peer
 from meshpoint.runtime.approvals import Approve, decide
+from meshpoint.runtime.subjects import Subjects
 from meshpoint.store import SqlStore, open_store
 from meshpoint.store.schema import ended_tasks, paused_tasks, peer_sub_tasks
 from meshpoint.sync.move import OWNER_PREFIX, Mover, MoveRefusedError
 from meshpoint.sync.move_tables import sync_moves
 from meshpoint.sync.push import Syncer
-from tests.integration.mesh import FAST, Mesh, eventually
+from tests.integration.mesh import FAST, ManualPeer, Mesh, eventually
 from tests.integration.test_approvals import SideEffects, approving, paused
 from tests.integration.test_sync import Cloud, cloud
 
@@ -303,22 +304,50 @@ async def test_a_task_that_is_not_paused_or_that_the_cloud_holds_does_not_move(
 
 
 async def test_an_answer_arriving_locally_during_the_move_is_handed_back_not_lost(
-        local: Local, cloud: Cloud) -> None:
-    """While the task is held for its move, a local claim of its items is refused with
-    SubTaskMovingError (the runtime hands the answer back for redelivery); once the
-    move is given up, the same answer is taken locally."""
-    async with local.open() as store, cloud.open(history=local.history) as there:
-        mover = Mover(Syncer(store, there), "cloud")
-        await mover.plan([local.task_id])
-        await mover._hold(local.task_id, "coordinator", "m-1")
-        subs = await store.get_peer_sub_tasks_for_task(local.task_id)
-        flights = next(s for s in subs if s.peer_agent_name == "flights")
-        with pytest.raises(SubTaskMovingError, match="being moved to the cloud"):
-            await store.resolve_peer_sub_task(flights.sub_task_id, "a flight",
-                                              agent_name="coordinator")
-        assert await store.sweep_expired_timeouts("coordinator") == []
-        await mover._give_back(local.task_id, "m-1")
-        done = await store.resolve_peer_sub_task(flights.sub_task_id, "a flight",
-                                                 agent_name="coordinator")
-        assert done is not None and done.completed == 1
-        assert resumable(await rows_of(store, local.task_id))
+        tmp_path: Path, cloud: Cloud, caplog: pytest.LogCaptureFixture) -> None:
+    """While a task is held for its move, the live local instance is refused every
+    claim of its items (``SubTaskMovingError``): a peer's answer is handed back to the
+    broker, never acknowledged, and no timeout takes the item. The move given up, the
+    redelivered answer is taken locally, once."""
+    keys = EncryptionKeys.generate(TENANT)
+    history = HistoryOptions(encryption=keys)
+    async with open_store(f"sqlite:///{tmp_path / 'local.db'}", tenant_id=TENANT,
+                          history=history) as store, cloud.open(history=history) as there:
+        mesh = await Mesh(store, replace(FAST, namespace=f"t{uuid.uuid4().hex[:12]}")).start()
+        try:
+            await mesh.run(coordinator(SideEffects()))
+            peer = ManualPeer(mesh, "flights")
+            ns = mesh.options.namespace
+            await mesh.broker.subscribe(Subjects(ns, TENANT).request("flights"),
+                                        f"{ns}-flights-requests", peer._on_request)
+            _, task_id, _ = await paused(mesh, "Trip: flights")
+            await eventually(lambda: bool(peer.requests), what="the request to flights")
+            [sub_task_id] = list(peer.requests)
+            mover = Mover(Syncer(store, there), "cloud")
+            await mover.plan([task_id])
+            await mover._hold(task_id, "coordinator", "m-1")
+            with pytest.raises(SubTaskMovingError, match="being moved to the cloud"):
+                await store.resolve_peer_sub_task(sub_task_id, "a flight",
+                                                  agent_name="coordinator")
+            assert await store.sweep_expired_timeouts("coordinator") == []
+
+            await peer.answer(sub_task_id, "a flight")
+            await eventually(lambda: f"could not record the answer to {sub_task_id}"
+                             in caplog.text, what="the refused claim")
+            assert not [d for kind, subject, d in mesh.broker.log  # type: ignore[attr-defined]
+                        if kind == "ack" and subject.endswith(sub_task_id)]
+            assert (await rows_of(store, task_id))["subs"] == ["moving", "moving"]
+
+            await mover._give_back(task_id, "m-1")
+
+            async def taken() -> bool:
+                subs = await store.get_peer_sub_tasks_for_task(task_id)
+                return any(s.sub_task_id == sub_task_id and s.status == "resolved"
+                           and s.result is not None for s in subs)
+
+            await eventually(taken, what="the redelivered answer, taken locally")
+            rows = await rows_of(store, task_id)
+            assert rows["subs"] == ["pending", "resolved"] and rows["moves"] == []
+            assert resumable(rows)
+        finally:
+            await mesh.close()
