@@ -290,9 +290,9 @@ class Mover:
             report.outcome, report.reason = SKIPPED, f"{refused} (it stays here)"
             return
         self._crash("copied")
-        await self._release(task_id, move_id)
+        released = await self._release(task_id, move_id)
         self._crash("released")
-        report.outcome = MOVED
+        report.outcome = MOVED if released else ALREADY
 
     def _crash(self, step: str) -> None:
         if self.crash_at == step:  # a test's: the process dies here, as if killed
@@ -366,25 +366,30 @@ class Mover:
                                "p_source_id": source, "p_destination": None,
                                "p_started_at": now, "p_finished_at": now})
 
-    async def _release(self, task_id: str, move_id: str) -> None:
+    async def _release(self, task_id: str, move_id: str) -> bool:
+        """Step 3; False if another run of the same move did it first."""
         keys = {"p_tenant": self.tenant, "p_task": task_id,
                 "p_owner": OWNER_PREFIX + move_id, "p_move": move_id}
 
-        def body(conn: Connection) -> None:
+        def body(conn: Connection) -> bool:
             for statement in (q.DELETE_TASK_SUB_TASKS, q.DELETE_TASK_INVOCATIONS,
                               q.DELETE_TASK_EVENTS):
                 statement.rows(conn, keys)
             deleted = q.DELETE_TASK_OF_OWNER.first(conn, keys)
             if deleted is None:
+                if any(m.move_id == move_id and m.state == "moved"
+                       for m in mq.MOVES_OF_TASK.rows(conn, keys)):
+                    return False  # another run of the same move released them first
                 raise MoveRefusedError(
                     f"task {task_id!r} is no longer held by its move {move_id!r}: its "
                     "local rows were not released (the cloud has its copy)")
             now = self.clock()
             q.RECORD_ENDED.rows(conn, {**keys, "p_agent": deleted.agent_name, "p_now": now})
             mq.FINISH.rowcount(conn, {**keys, "p_now": now})
+            return True
 
-        await self.local.transaction(body, write=True,
-                                     doing=f"releasing the local rows of task {task_id!r}")
+        return await self.local.transaction(
+            body, write=True, doing=f"releasing the local rows of task {task_id!r}")
 
     async def _give_back(self, task_id: str, move_id: str) -> None:
         """The cloud refused the copy: the task is the local side's again."""
