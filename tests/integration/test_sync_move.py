@@ -276,15 +276,27 @@ async def test_bad_input_is_a_clear_error_and_changes_nothing(
     [would] = json.loads(dry.stdout)["moved"]
     assert (would["task_id"], would["outcome"], would["peer_calls"], would["approvals"]) == (
         local.task_id, "would move", 1, 1)
+    # The file holds another tenant's paused task too: a task of one tenant is not
+    # another's to move.
+    async with local.open() as store:
+        def other_tenant(conn: Any) -> None:
+            row = dict(conn.execute(select(paused_tasks)).first()._mapping)
+            conn.execute(paused_tasks.insert().values(
+                {**row, "tenant_id": "globex", "logical_task_id": "globex-task"}))
+
+        await store.transaction(other_tenant, write=True)
     for args, words in (
             (("--task", "no-such-task"), "no paused task 'no-such-task' of tenant 'acme'"),
-            (("--task", local.task_id, "--tenant", "globex"), "no rows of tenant 'globex'"),
-            (("--task", local.task_id), None)):
-        if words is None:
-            break
+            (("--task", local.task_id, "--tenant", "globex"),
+             f"no paused task '{local.task_id}' of tenant 'globex'"),
+            (("--task", local.task_id, "--tenant", "initech"), "no rows of tenant 'initech'"),
+            (("--task", local.task_id, "--follow"), "a move is one run"),
+            (("--task",), "requires an argument")):
         run = sync_cli(local, cloud, "--move-paused", *args)
         assert run.returncode == 2, run.stdout + run.stderr
         assert words in " ".join((run.stdout + run.stderr).split()), run.stderr
+    no_move = sync_cli(local, cloud, "--task", local.task_id)
+    assert no_move.returncode == 2 and "give --move-paused too" in no_move.stderr
     async with local.open() as store:
         assert await rows_of(store, local.task_id) == before
         assert await Syncer(store, store).source_id(create=False) is None

@@ -131,15 +131,18 @@ async def _stores(source: str | None, target: str | None, tenant: str, schema: s
 async def _check_tenant(local: Any, tenant: str) -> None:
     from sqlalchemy import select, union
 
+    from meshpoint.store.schema import paused_tasks
     from meshpoint.sync.queries import TABLES
+
+    held = (*TABLES.values(), paused_tasks)  # a paused task may move (--move-paused)
 
     def tenants(conn: Any) -> list[str]:
         # Found by its primary key's first column; only a tenant that is not there
         # costs a scan, to name the ones that are.
         if any(conn.execute(select(t.c.tenant_id).where(t.c.tenant_id == tenant).limit(1))
-               .first() for t in TABLES.values()):
+               .first() for t in held):
             return [tenant]
-        query = union(*(select(t.c.tenant_id) for t in TABLES.values()))
+        query = union(*(select(t.c.tenant_id) for t in held))
         return sorted(str(r[0]) for r in conn.execute(query))
 
     found = await local.run(tenants)
