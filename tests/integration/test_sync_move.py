@@ -168,21 +168,23 @@ async def test_a_move_killed_after_each_step_leaves_one_owner_and_a_rerun_comple
     await landed_once(local, cloud)
 
 
-async def test_two_moves_of_one_task_at_once_land_it_once(local: Local, cloud: Cloud) -> None:
-    """Two ``sync --move-paused`` processes at once: the task lands in the cloud once
+async def test_moves_of_one_task_at_once_land_it_once(local: Local, cloud: Cloud) -> None:
+    """Four ``sync --move-paused`` processes at once: one moves the task, the others
+    find it held (skipped), moved (already moved) or gone; it lands in the cloud once
     (one ``arrived`` row, one copy of its rows), and the local side lets it go once."""
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"}
     args = [sys.executable, "-m", "meshpoint.cli", "sync", "--from", local.url, "--to",
             cloud.role_url, "--schema", cloud.schema, "--tenant", TENANT, "--move-paused",
             "--json"]
     runs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=env, cwd=REPO) for _ in range(2)]
+                             text=True, env=env, cwd=REPO) for _ in range(4)]
     outcomes = []
     for run in runs:
         out, errors = run.communicate(timeout=120)
         assert run.returncode == 0, errors
         outcomes += [m["outcome"] for m in json.loads(out)["moved"]]
     assert outcomes.count("moved") == 1, outcomes
+    assert set(outcomes) <= {"moved", "skipped", "already moved"}, outcomes
     await landed_once(local, cloud)
 
 
