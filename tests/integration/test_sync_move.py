@@ -129,15 +129,17 @@ async def owners(local: Local, cloud: Cloud) -> tuple[bool, bool]:
                 resumable(await rows_of(there, local.task_id)))
 
 
-def sync_cli(local: Local, cloud: Cloud, *args: str, crash: str | None = None
-             ) -> subprocess.CompletedProcess[str]:
+def sync_cli(local: Local, cloud: Cloud, *args: str, crash: str | None = None,
+             command: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """``meshpoint sync [command] --from the file --to the cloud ...``; ``crash``: the
+    step of a move after which the process SIGKILLs itself."""
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}", "COLUMNS": "400"}
     env.pop("MESHPOINT_SYNC_MOVE_CRASH", None)
     if crash is not None:
         env["MESHPOINT_SYNC_MOVE_CRASH"] = crash
     return subprocess.run(
-        [sys.executable, "-m", "meshpoint.cli", "sync", "--from", local.url, "--to",
-         cloud.role_url, "--schema", cloud.schema, "--tenant", TENANT, *args],
+        [sys.executable, "-m", "meshpoint.cli", "sync", *command, "--from", local.url,
+         "--to", cloud.role_url, "--schema", cloud.schema, "--tenant", TENANT, *args],
         capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
 
 
@@ -150,6 +152,9 @@ async def test_a_move_killed_after_each_step_leaves_one_owner_and_a_rerun_comple
     killed = sync_cli(local, cloud, "--move-paused", "--task", local.task_id, crash=step)
     assert killed.returncode == -9, killed.stderr
     assert await owners(local, cloud) == (False, step != "held")
+    status = sync_cli(local, cloud, "--json", command=("status",))
+    assert json.loads(status.stdout)["moves_under_way"] == (
+        [local.task_id] if step != "released" else [])
     if step == "held":
         async with local.open() as store:
             assert (await rows_of(store, local.task_id))["subs"] == ["moving", "moving"]

@@ -326,21 +326,28 @@ def _follow(source: str | None, target: str, tenant: str, schema: str | None,
 @sync_app.command()
 def status(source: From = None, target: To = None, tenant: Tenant = None,
            schema: Schema = None, config: Config = None, as_json: AsJson = False) -> None:
-    """Per table: the cloud's cursor for this local store and the rows behind it."""
+    """Per table: the cloud's cursor for this local store and the rows behind it; and
+    the moves of paused tasks left half-way (--move-paused completes them)."""
     source, target, tenant, schema = _defaults(config, source, target, tenant, schema)
     _check_urls(source, target)
     assert target is not None
 
+    leaving: list[str] = []
+
     async def run() -> tuple[str | None, list[Any]]:
+        from meshpoint.sync.move_queries import LEAVING
         from meshpoint.sync.push import Syncer
 
         async with _stores(source, target, tenant, schema, None) as (local, cloud):
+            leaving.extend(r.logical_task_id for r in await local.transaction(
+                lambda conn: LEAVING.rows(conn, {"p_tenant": tenant})))
             return await Syncer(local, cloud).status()
 
     source_id, statuses = run_sync(run, as_json)
     if as_json:
         print(json.dumps({"source_id": source_id, "tenant": tenant,
-                          "tables": [s.as_json() for s in statuses]}))
+                          "tables": [s.as_json() for s in statuses],
+                          "moves_under_way": leaving}))
         return
     table = Table(title=f"sync status of tenant {shown(tenant)}, source "
                         f"{source_id or '(never synced)'}")
@@ -351,6 +358,10 @@ def status(source: From = None, target: To = None, tenant: Tenant = None,
                       f"{s.behind}" + (" (read again: the row at the cursor was purged)"
                                        if s.rescan else ""))
     console.print(table)
+    if leaving:
+        console.print(f"[yellow]{len(leaving)} move(s) left half-way[/yellow] (held here, "
+                      f"resumable nowhere until done): {', '.join(leaving)}; run meshpoint "
+                      "sync --move-paused again to complete them")
 
 
 @sync_app.command()
