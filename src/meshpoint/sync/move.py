@@ -36,6 +36,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection
@@ -200,6 +201,8 @@ class Mover:
         source = await self.syncer.source_id(create=False)
         for task_id in await self._chosen(task_ids):
             rows = await self._read(task_id)
+            if rows.task is None and rows.moved is None and not named:
+                continue  # it ended since it was listed
             report = self._plan(task_id, rows)
             if report.outcome == WOULD and rows.leaving is None:
                 # Tried in a cloud transaction rolled back: a refusal costs nothing.
@@ -230,8 +233,10 @@ class Mover:
         if rows.task is None:
             done = rows.moved
             if done is not None:
+                when = datetime.fromtimestamp(done["finished_at"], UTC).isoformat(
+                    timespec="seconds")
                 return MoveReport(task_id, done["agent_name"], "moved", ALREADY,
-                                  done["move_id"], f"moved at {done['finished_at']:.3f}")
+                                  done["move_id"], f"moved to {done['destination']} at {when}")
             raise MoveRefusedError(
                 f"the local store has no paused task {task_id!r} of tenant "
                 f"{self.tenant!r}; nothing was written")
