@@ -28,7 +28,8 @@ sqlite3) into these at the boundary, so callers never catch a driver's type::
     │   │   │   └── TaskEndedError        the task already ended (a late copy of its request)
     │   │   ├── LeaseNotHeldError         the caller does not hold the task's resume lease
     │   │   ├── WrongAgentError           the task (or sub-task) is another agent's
-    │   │   └── ThreadSupersededError     another writer continued the LangGraph thread first
+    │   │   ├── ThreadSupersededError     another writer continued the LangGraph thread first
+    │   │   └── SubTaskMovingError        its task is leaving for the cloud (sync --move-paused)
     │   ├── CorruptCheckpointError  a stored row does not decode; it was not used
     │   │   ├── HistoryIntegrityError  a history record or its chain fails verification
     │   │   ├── DecompressionLimitError  a stored blob inflates past the store's limit
@@ -237,6 +238,18 @@ class WrongAgentError(ConflictError):
                          "written")
         self.owner = owner
         self.other = other
+
+
+class SubTaskMovingError(ConflictError):
+    """The sub-task's task is leaving for the cloud (``meshpoint sync --move-paused``,
+    docs/sync.md): no local claim takes it meanwhile. Nothing was written; an answer
+    is handed back for redelivery, and once the move is done the cloud asks again."""
+
+    def __init__(self, sub_task_id: str) -> None:
+        super().__init__(
+            f"sub-task {sub_task_id!r} is not claimed here: its task is being moved to the "
+            "cloud (meshpoint sync --move-paused); nothing was written")
+        self.sub_task_id = sub_task_id
 
 
 class ThreadSupersededError(ConflictError):

@@ -301,7 +301,8 @@ async def test_cleanup_removes_every_live_row(store: SqlStore) -> None:
                       "agent_langgraph_checkpoints": 0, "agent_langgraph_blobs": 0,
                       "agent_langgraph_writes": 0, "meshpoint_sync_sources": 0,
                       "meshpoint_sync_cursors": 0, "meshpoint_sync_conflicts": 0,
-                      "meshpoint_sync_thread_changes": 0, "meshpoint_sync_threads": 0}
+                      "meshpoint_sync_thread_changes": 0, "meshpoint_sync_threads": 0,
+                      "meshpoint_sync_moves": 0}
     await store.cleanup_task("t2", outcome="canceled")
     assert await row_counts(store) == {**dict.fromkeys(counts, 0), "agent_ended_tasks": 2,
                                        "agent_checkpoints": 4, "agent_checkpoint_heads": 2}

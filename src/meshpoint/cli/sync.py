@@ -156,15 +156,18 @@ async def _stores(source: str | None, target: str | None, tenant: str, schema: s
 async def _check_tenant(local: Any, tenant: str) -> None:
     from sqlalchemy import select, union
 
+    from meshpoint.store.schema import paused_tasks
     from meshpoint.sync.queries import TABLES
+
+    held = (*TABLES.values(), paused_tasks)  # a paused task may move (--move-paused)
 
     def tenants(conn: Any) -> list[str]:
         # Found by its primary key's first column; only a tenant that is not there
         # costs a scan, to name the ones that are.
         if any(conn.execute(select(t.c.tenant_id).where(t.c.tenant_id == tenant).limit(1))
-               .first() for t in TABLES.values()):
+               .first() for t in held):
             return [tenant]
-        query = union(*(select(t.c.tenant_id) for t in TABLES.values()))
+        query = union(*(select(t.c.tenant_id) for t in held))
         return sorted(str(r[0]) for r in conn.execute(query))
 
     found = await local.run(tenants)
@@ -186,29 +189,45 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
                               "while the cloud is unreachable (Ctrl-C stops).")] = False,
          interval_s: Annotated[float, typer.Option(
              "--interval-s", min=0.01, help="Seconds between passes with --follow.")] = 10.0,
+         move_paused: Annotated[bool, typer.Option(
+             "--move-paused", help="After the pass, hand paused tasks (waiting on peers "
+                                   "or for approval) to the cloud, whose instances "
+                                   "resume them: every one that can move, or those of "
+                                   "--task; a move left half-way is completed.")] = False,
+         tasks: Annotated[list[str] | None, typer.Option(
+             "--task", help="With --move-paused: a task to move (repeat the option); "
+                            "one that cannot move is an error, nothing written.")] = None,
          unsigned: Unsigned = False, as_json: AsJson = False) -> None:
     """Push the local store's history chains (records and heads), event log,
     ended-task ledger and LangGraph threads to the cloud store, exactly once: each
     batch is applied in one cloud transaction with its cursor, so a sync killed
     anywhere and run again applies each row once, and a rerun changes nothing. Chains
     are verified on arrival; conflicts and chains that do not verify are kept aside
-    (``meshpoint sync conflicts``), never applied over what the cloud holds."""
+    (``meshpoint sync conflicts``), never applied over what the cloud holds. With
+    --move-paused, paused tasks are then handed to the cloud's instances."""
     if ctx.invoked_subcommand is not None:
         return
     source, target, tenant, schema = _defaults(config, source, target, tenant, schema)
     _check_urls(source, target)
     assert target is not None
+    if tasks and not move_paused:
+        raise typer.BadParameter("--task names a task to move: give --move-paused too",
+                                 param_hint="--task")
     if not dry_run:
         unsigned = _check_keys(config, unsigned)
     if follow:
         if dry_run:
             raise typer.BadParameter("--dry-run writes nothing; it cannot --follow",
                                      param_hint="--follow")
+        if move_paused:
+            raise typer.BadParameter("a move is one run: without --follow",
+                                     param_hint="--move-paused")
         _follow(source, target, tenant, schema, config, batch, interval_s, as_json,
                 unsigned)
         return
 
     checked = False
+    moves: list[Any] = []
 
     async def run() -> tuple[str | None, list[Any]]:
         from meshpoint.sync.push import Syncer
@@ -217,7 +236,12 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
         async with _stores(source, target, tenant, schema, config) as (local, cloud):
             syncer = Syncer(local, cloud, batch=batch, unsigned=unsigned)
             checked = syncer.options.check_signatures
+            mover = None
+            if move_paused:  # every task named checked before anything is written
+                mover, plans = await _move_plans(syncer, target, tasks)
             if dry_run:
+                if mover is not None:
+                    moves.extend(report for report, _ in plans)
                 return await syncer.run(dry_run=True)
             with Progress(TextColumn("{task.description}"), BarColumn(),
                           MofNCompleteColumn(), console=err, disable=as_json) as bar:
@@ -228,14 +252,18 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
                         jobs[table] = bar.add_task(f"syncing {table}", total=behind)
                     bar.advance(jobs[table], rows)
 
-                return await syncer.run(progress=advance)
+                done = await syncer.run(progress=advance)
+            if mover is not None:
+                moves.extend(await mover.move(plans))
+            return done
 
     source_id, reports = run_sync(run, as_json)
     troubled = sum(len(r.conflicts) + len(r.quarantined) for r in reports)
     if as_json:
         print(json.dumps({"source_id": source_id, "tenant": tenant, "dry_run": dry_run,
                           "signatures_checked": checked,
-                          "tables": [r.as_json() for r in reports]}))
+                          "tables": [r.as_json() for r in reports],
+                          **({"moved": [m.as_json() for m in moves]} if move_paused else {})}))
     else:
         table = Table(title=f"sync of tenant {shown(tenant)}"
                             + (" (dry run: nothing written)" if dry_run else ""))
@@ -253,8 +281,38 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
         if troubled:
             console.print(f"{troubled} row(s) or chain(s) were kept aside: meshpoint sync "
                           "conflicts lists them")
+        if move_paused:
+            _print_moves(moves, dry_run)
     if troubled:
         raise typer.Exit(code=EXIT_CONFLICTS)
+
+
+async def _move_plans(syncer: Any, target: str, tasks: list[str] | None
+                      ) -> tuple[Any, list[Any]]:
+    """The mover and its plan; a task named that cannot move is a usage error."""
+    from sqlalchemy.engine import make_url
+
+    from meshpoint.sync.move import Mover, MoveRefusedError
+
+    shown_url = make_url(target).render_as_string(hide_password=True)
+    mover = Mover(syncer, shown_url)
+    try:
+        return mover, await mover.plan(tasks or None)
+    except MoveRefusedError as error:
+        raise typer.BadParameter(str(error), param_hint="--task") from None
+
+
+def _print_moves(moves: list[Any], dry_run: bool) -> None:
+    table = Table(title="paused tasks moved to the cloud" + (" (dry run: nothing written)"
+                                                             if dry_run else ""))
+    for column in ("task", "agent", "status", "outcome", "peer calls", "approvals",
+                   "answered", "why"):
+        table.add_column(column, overflow="fold")
+    for m in moves:
+        table.add_row(shown(m.task_id), m.agent_name, m.status, m.outcome,
+                      str(m.peer_calls), str(m.approvals), str(m.resolved),
+                      shown(m.reason or ""))
+    console.print(table if moves else "no paused task to move")
 
 
 def _follow(source: str | None, target: str, tenant: str, schema: str | None,
@@ -298,21 +356,28 @@ def _follow(source: str | None, target: str, tenant: str, schema: str | None,
 @sync_app.command()
 def status(source: From = None, target: To = None, tenant: Tenant = None,
            schema: Schema = None, config: Config = None, as_json: AsJson = False) -> None:
-    """Per table: the cloud's cursor for this local store and the rows behind it."""
+    """Per table: the cloud's cursor for this local store and the rows behind it; and
+    the moves of paused tasks left half-way (--move-paused completes them)."""
     source, target, tenant, schema = _defaults(config, source, target, tenant, schema)
     _check_urls(source, target)
     assert target is not None
 
+    leaving: list[str] = []
+
     async def run() -> tuple[str | None, list[Any]]:
+        from meshpoint.sync.move_queries import LEAVING
         from meshpoint.sync.push import Syncer
 
         async with _stores(source, target, tenant, schema, None) as (local, cloud):
+            leaving.extend(r.logical_task_id for r in await local.transaction(
+                lambda conn: LEAVING.rows(conn, {"p_tenant": tenant})))
             return await Syncer(local, cloud).status()
 
     source_id, statuses = run_sync(run, as_json)
     if as_json:
         print(json.dumps({"source_id": source_id, "tenant": tenant,
-                          "tables": [s.as_json() for s in statuses]}))
+                          "tables": [s.as_json() for s in statuses],
+                          "moves_under_way": leaving}))
         return
     table = Table(title=f"sync status of tenant {shown(tenant)}, source "
                         f"{source_id or '(never synced)'}")
@@ -323,6 +388,10 @@ def status(source: From = None, target: To = None, tenant: Tenant = None,
                       f"{s.behind}" + (" (read again: the row at the cursor was purged)"
                                        if s.rescan else ""))
     console.print(table)
+    if leaving:
+        console.print(f"[yellow]{len(leaving)} move(s) left half-way[/yellow] (held here, "
+                      f"resumable nowhere until done): {', '.join(leaving)}; run meshpoint "
+                      "sync --move-paused again to complete them")
 
 
 @sync_app.command()

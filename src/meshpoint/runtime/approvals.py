@@ -47,6 +47,7 @@ from meshpoint.errors import (
     MisdirectedAnswerError,
     NotPendingError,
     StoreError,
+    SubTaskMovingError,
     UnknownSubTaskError,
     UnknownTaskError,
     UnreadableValueError,
@@ -403,6 +404,8 @@ async def _pending_approval(store: Store, task_id: str, call_id: str,
         raise NotPendingError(
             f"call {call_id!r} of task {task_id!r} is a call to a peer, not one waiting "
             "for approval")
+    if sub.status == "moving":  # its task leaves for the cloud: decide it there
+        raise SubTaskMovingError(call_id)
     if sub.status != "pending":
         raise _already_answered(sub)
     return sub

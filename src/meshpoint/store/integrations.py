@@ -56,6 +56,9 @@ INTEGRATIONS = (
     # Local-to-cloud sync: its cursors, conflicts and source ids (0015_sync).
     Integration("sync", tables="meshpoint.sync.tables",
                 statements="meshpoint.sync.queries", prefix="sync_"),
+    # Paused tasks moved to the cloud: the ledger of moves (0017_sync_move).
+    Integration("sync_move", tables="meshpoint.sync.move_tables",
+                statements="meshpoint.sync.move_queries", prefix="move_"),
 )
 
 

@@ -19,6 +19,7 @@ from sqlalchemy import Connection
 from meshpoint.context import ParallelCalls
 from meshpoint.errors import (
     InvalidArgumentError,
+    SubTaskMovingError,
     UnknownInvocationError,
     UnknownSubTaskError,
     UnknownTaskError,
@@ -43,6 +44,8 @@ def raise_if_unknown_sub_task(conn: Connection, keys: dict[str, Any], sub_task_i
     if row is None:
         raise UnknownSubTaskError(sub_task_id)
     check_agent(f"the task of sub-task {sub_task_id!r}", row.agent_name, agent_name)
+    if row.status == "moving":  # its task leaves for the cloud (meshpoint.sync.move)
+        raise SubTaskMovingError(sub_task_id)
 
 
 def raise_if_unknown_task(conn: Connection, keys: dict[str, Any], task_id: str,

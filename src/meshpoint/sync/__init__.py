@@ -18,9 +18,15 @@ Modules:
   applied with its cursor in one cloud transaction; status (cursor and lag).
 * :mod:`~meshpoint.sync.follow` — a pass every interval, retried with backoff while
   the cloud is unreachable (``sync --follow``; ``serve`` with a ``sync:`` section).
+* :mod:`~meshpoint.sync.move_tables` — the ledger of paused tasks moved to the cloud
+  (migration 0017), registered with the store.
+* :mod:`~meshpoint.sync.move_queries` — the move's named statements: a task's live
+  rows read, held, released or given back (local), inserted (cloud).
+* :mod:`~meshpoint.sync.move` — moving paused tasks to the cloud (``sync
+  --move-paused``): hold, copy, release, one owner at every step.
 
 It imports the store and the history's verification; the CLI (``meshpoint sync``,
 :mod:`meshpoint.cli.sync`) imports it. This module imports nothing: the store loads
 :mod:`~meshpoint.sync.tables` while it is itself being imported. Use
-``from meshpoint.sync.push import Syncer``.
+``from meshpoint.sync.push import Syncer`` and ``from meshpoint.sync.move import Mover``.
 """

@@ -37,6 +37,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from meshpoint.integrations.langgraph.tables import graph_blobs, graph_checkpoints, graph_writes
 from meshpoint.store.schema import checkpoint_heads, checkpoints, ended_tasks, events
 from meshpoint.store.statement import Statement
+from meshpoint.sync.move_tables import sync_moves
 from meshpoint.sync.tables import (
     sync_conflicts,
     sync_cursors,
@@ -82,14 +83,24 @@ GET: dict[str, Statement] = {}
 #: Per table: the row inserted unless its key (or a unique position) is taken (PostgreSQL).
 PUT: dict[str, Statement] = {}
 
+#: A task moved to the cloud (meshpoint.sync.move) is in the local ledger of ended
+#: tasks (so the local side never starts it again) but lives on in the cloud: its
+#: local end does not travel.
+_NOT_MOVED = ~select(sync_moves.c.logical_task_id).where(
+    sync_moves.c.tenant_id == tenant,
+    sync_moves.c.logical_task_id == ended_tasks.c.logical_task_id,
+    sync_moves.c.state == "moved").exists()
+
 for name, table in TABLES.items():
     short = _SHORT[name]
+    travels = [_NOT_MOVED] if table is ended_tasks else []
     READ[name] = Statement(
         f"sync_read_{short}", f"Reads the next rows of {name} after a position, in "
-        "commit order (rowid).",
+        "commit order (rowid)" + (", but the ends of tasks moved to the cloud."
+                                  if travels else "."),
         select(ROWID.label("sync_rowid"), *table.c)
-        .where(table.c.tenant_id == tenant, ROWID > after).order_by(ROWID).limit(limit),
-        dialects=("sqlite",))
+        .where(table.c.tenant_id == tenant, ROWID > after, *travels).order_by(ROWID)
+        .limit(limit), dialects=("sqlite",))
     KEY_AT[name] = Statement(
         f"sync_key_at_{short}", f"Reads the key of the row of {name} at a position.",
         select(*(table.c[k] for k in KEYS[name]))
@@ -97,7 +108,7 @@ for name, table in TABLES.items():
     BEHIND[name] = Statement(
         f"sync_behind_{short}", f"Counts the rows of {name} after a position.",
         select(func.count()).select_from(table)
-        .where(table.c.tenant_id == tenant, ROWID > after), dialects=("sqlite",))
+        .where(table.c.tenant_id == tenant, ROWID > after, *travels), dialects=("sqlite",))
     if table is not events:  # a batch of events is read by its ids (GET_EVENTS)
         GET[name] = Statement(
             f"sync_get_{short}", f"Reads the cloud's row of {name} under a key.",
