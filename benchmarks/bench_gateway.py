@@ -51,16 +51,18 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.cluster
+
+from tests.cluster import Cluster
+
 from _results import write_results
+from bench_scaleout import NATS_URL, POSTGRES_URL, psql, services_missing
 from meshpoint.runtime.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # for tests.cluster
-from bench_scaleout import NATS_URL, POSTGRES_URL, psql, services_missing
-from tests.cluster import Cluster
 
-MODES = {"quick": {"rounds": 3, "sequential": 100, "concurrent": 200, "concurrency": 16,
-                   "warmup": 20},
+MODES = {"quick": {"rounds": 3, "sequential": 60, "concurrent": 120, "concurrency": 16,
+                   "warmup": 10},
          "full": {"rounds": 5, "sequential": 400, "concurrent": 1000, "concurrency": 16,
                   "warmup": 50}}
 #: What a server prints (flushed) once it takes requests.
@@ -145,20 +147,20 @@ def env() -> dict[str, str]:
         [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
-def spawn(command: list[str], ready: str, log: Path, environ: dict[str, str]
-          ) -> subprocess.Popen[bytes]:
-    """Start ``command`` and wait for the line ``ready`` on its stdout."""
+def launch(command: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as err:  # the child keeps it
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, env=environ)
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, env=env())
+
+
+def wait_ready(process: subprocess.Popen[bytes], ready: str, log: Path) -> None:
+    """Until ``process`` prints the line ``ready`` on its stdout."""
     assert process.stdout is not None
     deadline = time.monotonic() + 60
     line = b""
     while not line.startswith(ready.encode()):
         if process.poll() is not None or time.monotonic() > deadline:
-            stop(process)
-            raise RuntimeError(f"{command[3:5]} did not start:\n{log.read_text()[-2000:]}")
+            raise RuntimeError(f"{log.stem} did not start:\n{log.read_text()[-2000:]}")
         line = process.stdout.readline()
-    return process
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -181,9 +183,10 @@ def write_config(path: Path, store: Any, broker: Any, namespace: str = "bench") 
     return path
 
 
-def gateway_command(config: Path, port: int) -> list[str]:
+def gateway_command(config: Path) -> list[str]:
+    """``meshpoint gateway`` on ``config``, less the port's value."""
     return [sys.executable, "-m", "meshpoint.cli", "gateway", "--config", str(config),
-            "--port", str(port)]
+            "--port"]
 
 
 @contextlib.contextmanager
@@ -192,20 +195,21 @@ def servers(workdir: Path, with_services: bool) -> Iterator[dict[str, str]]:
     services, a gateway and a serve process on PostgreSQL + NATS): each side's URL."""
     from meshpoint.integrations.a2a.app import READY
 
-    started: list[subprocess.Popen[bytes]] = []
+    started: list[tuple[subprocess.Popen[bytes], str, Path]] = []
     cleanups: list[Any] = []
     urls: dict[str, str] = {}
-    try:
+
+    def start(name: str, command: list[str], ready: str, path: str) -> None:
         port = free_port()
-        started.append(spawn([sys.executable, __file__, "--serve-sdk", str(port)],
-                             SDK_READY, workdir / "sdk.log", env()))
-        urls[SDK] = f"http://127.0.0.1:{port}/"
+        log = workdir / f"{name}.log"
+        started.append((launch([*command, str(port)], log), ready, log))
+        urls[name] = f"http://127.0.0.1:{port}{path}"
+
+    try:  # every process starts at once; then each is waited for
+        start(SDK, [sys.executable, __file__, "--serve-sdk"], SDK_READY, "/")
         config = write_config(workdir / "embedded.yaml", f"sqlite:///{workdir}/bench.db",
                               "memory://")
-        port = free_port()
-        started.append(spawn(gateway_command(config, port), READY,
-                             workdir / "gateway-sqlite.log", env()))
-        urls["gateway (SQLite)"] = f"http://127.0.0.1:{port}/agents/echo/"
+        start("gateway (SQLite)", gateway_command(config), READY, "/agents/echo/")
         if with_services:
             namespace = f"benchgw{uuid.uuid4().hex[:8]}"
             schema = f"mp_{namespace}"
@@ -215,14 +219,15 @@ def servers(workdir: Path, with_services: bool) -> Iterator[dict[str, str]]:
             cluster = Cluster(config, workdir, env=env())
             cleanups.append(lambda: drop(cluster, namespace, schema))
             cluster.migrate()
-            cluster.start({"echo": 1})
-            port = free_port()
-            started.append(spawn(gateway_command(config, port), READY,
-                                 workdir / "gateway-networked.log", env()))
-            urls["gateway (PostgreSQL + NATS)"] = f"http://127.0.0.1:{port}/agents/echo/"
+            serving = cluster.spawn("echo")
+            start("gateway (PostgreSQL + NATS)", gateway_command(config), READY,
+                  "/agents/echo/")
+            cluster.wait_ready([serving])
+        for process, ready, log in started:
+            wait_ready(process, ready, log)
         yield urls
     finally:
-        for process in started:
+        for process, _, _ in started:
             stop(process)
         for cleanup in cleanups:
             cleanup()
@@ -295,6 +300,7 @@ async def drive(urls: dict[str, str], mode: dict[str, int],
         for side in sides.values():  # connections opened, code paths warm
             for _ in range(mode["warmup"]):
                 await side.send()
+            await asyncio.gather(*(side.send() for _ in range(mode["concurrency"])))
         names = list(sides)
         for number in range(mode["rounds"]):
             turn = names[number % len(names):] + names[:number % len(names)]
@@ -315,7 +321,7 @@ async def drive(urls: dict[str, str], mode: dict[str, int],
                      "p50_ms": round(percentile(side.latencies, 50) or 0, 2),
                      "p99_ms": round(percentile(side.latencies, 99) or 0, 2)}
     sdk = out[SDK]
-    for name, figures in out.items():
+    for figures in out.values():
         figures["ratio_to_sdk"] = {
             "requests_per_s": round(figures["requests_per_s"] / sdk["requests_per_s"], 3),
             "p50": round(figures["p50_ms"] / sdk["p50_ms"], 2),
