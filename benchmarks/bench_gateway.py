@@ -61,7 +61,7 @@ from meshpoint.runtime.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 
-MODES = {"quick": {"rounds": 3, "sequential": 60, "concurrent": 120, "concurrency": 16,
+MODES = {"quick": {"rounds": 3, "sequential": 50, "concurrent": 100, "concurrency": 16,
                    "warmup": 10},
          "full": {"rounds": 5, "sequential": 400, "concurrent": 1000, "concurrency": 16,
                   "warmup": 50}}
