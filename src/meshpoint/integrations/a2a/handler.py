@@ -232,11 +232,15 @@ class MeshRequestHandler(RequestHandler):
         return task
 
     async def _until(self, task_id: str, done: Callable[[Task], bool],
-                     timeout_s: float) -> Task:
-        """The task once ``done`` says so of it, or as it stands after ``timeout_s``."""
+                     timeout_s: float, *, fresh: bool = False) -> Task:
+        """The task once ``done`` says so of it, or as it stands after ``timeout_s``.
+        ``fresh``: sent by this gateway just now (no await since), so that nothing
+        is worth reading before its inbox hears of it, or the first poll."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         with self.mesh.hearing(task_id) as heard:
+            if fresh:
+                await _either(heard, min(self.mesh.poll_s, timeout_s))
             while True:
                 heard.clear()
                 task = await self._read(task_id)
@@ -290,7 +294,8 @@ class MeshRequestHandler(RequestHandler):
         config = params.configuration
         history = config.history_length if config.HasField("history_length") else None
         if not config.return_immediately:
-            task = await self._until(task_id, done, self.mesh.wait_s)
+            task = await self._until(task_id, done, self.mesh.wait_s,
+                                     fresh=not params.message.task_id)
             if history is None:  # as read: no need to read it again
                 return task
         return await self._read(task_id, history)
