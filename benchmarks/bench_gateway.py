@@ -15,8 +15,8 @@ answers a request at once and completes its task:
 * ``a2a-sdk``: the same agent written as a2a-sdk's helloworld sample writes its own
   (an ``AgentExecutor`` that sets the task working, adds the answer as an artifact and
   completes it), served as the sample serves it: ``DefaultRequestHandler`` over an
-  ``InMemoryTaskStore``, the SDK's card and JSON-RPC routes on Starlette. This file
-  runs it in a process of its own (``--serve-sdk PORT``).
+  ``InMemoryTaskStore``, the SDK's card and JSON-RPC routes on Starlette
+  (``_a2a_sdk_server.py``, a process that imports nothing of meshpoint).
 
 One client, the same for every side (``httpx``, async, one connection pool a side),
 sends A2A 1.0 ``SendMessage`` (``message/send``) JSON-RPC requests and checks that
@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.cluste
 
 from tests.cluster import Cluster
 
+from _a2a_sdk_server import READY as SDK_READY
 from _results import write_results
 from bench_scaleout import NATS_URL, POSTGRES_URL, psql, services_missing
 from meshpoint.runtime.stats import percentile
@@ -65,8 +66,6 @@ MODES = {"quick": {"rounds": 3, "sequential": 50, "concurrent": 100, "concurrenc
                    "warmup": 10},
          "full": {"rounds": 5, "sequential": 400, "concurrent": 1000, "concurrency": 16,
                   "warmup": 50}}
-#: What a server prints (flushed) once it takes requests.
-SDK_READY = "a2a-sdk: ready"
 SDK = "a2a-sdk"
 console = Console(width=150)
 
@@ -76,69 +75,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def serve_sdk(port: int) -> None:
-    """The SDK side: one agent served as a2a-sdk's helloworld sample serves its own."""
-    import uvicorn
-    from a2a.helpers import (
-        get_message_text,
-        new_task_from_user_message,
-        new_text_message,
-        new_text_part,
-    )
-    from a2a.server.agent_execution import AgentExecutor, RequestContext
-    from a2a.server.events import EventQueue
-    from a2a.server.request_handlers import DefaultRequestHandler
-    from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
-    from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
-    from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill
-    from a2a.types.a2a_pb2 import TaskState
-    from starlette.applications import Starlette
-
-    class Echo(AgentExecutor):
-        """Answers at once: the task working, the answer as an artifact, completed."""
-
-        async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
-            assert context.message is not None
-            task = context.current_task
-            if task is None:
-                task = new_task_from_user_message(context.message)
-                await event_queue.enqueue_event(task)
-            updater = TaskUpdater(event_queue=event_queue, task_id=task.id,
-                                  context_id=task.context_id)
-            await updater.update_status(state=TaskState.TASK_STATE_WORKING)
-            answer = f"[echo] {get_message_text(context.message)}"
-            await updater.add_artifact(parts=[new_text_part(text=answer)], name="echo answer")
-            await updater.update_status(state=TaskState.TASK_STATE_COMPLETED,
-                                        message=new_text_message(answer))
-
-        async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
-            raise NotImplementedError("an echo ends at once")
-
-    card = AgentCard(
-        name="echo", description="Answers at once.", version="0.0.1",
-        default_input_modes=["text/plain"], default_output_modes=["text/plain"],
-        capabilities=AgentCapabilities(streaming=True),
-        supported_interfaces=[AgentInterface(protocol_binding="JSONRPC",
-                                             url=f"http://127.0.0.1:{port}/")],
-        skills=[AgentSkill(id="echo", name="echo", description="Answers at once.",
-                           tags=["echo"])])
-    handler = DefaultRequestHandler(agent_executor=Echo(), task_store=InMemoryTaskStore(),
-                                    agent_card=card)
-    app = Starlette(routes=[*create_agent_card_routes(card),
-                            *create_jsonrpc_routes(handler, "/")])
-
-    async def serve() -> None:  # as `meshpoint gateway` runs uvicorn: the same loop
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                               log_level="warning", lifespan="off"))
-        serving = asyncio.create_task(server.serve())
-        while not server.started and not serving.done():
-            await asyncio.sleep(0.05)
-        print(SDK_READY, flush=True)
-        await serving
-
-    asyncio.run(serve())
 
 
 def env() -> dict[str, str]:
@@ -206,7 +142,8 @@ def servers(workdir: Path, with_services: bool) -> Iterator[dict[str, str]]:
         urls[name] = f"http://127.0.0.1:{port}{path}"
 
     try:  # every process starts at once; then each is waited for
-        start(SDK, [sys.executable, __file__, "--serve-sdk"], SDK_READY, "/")
+        start(SDK, [sys.executable, str(Path(__file__).with_name("_a2a_sdk_server.py"))],
+              SDK_READY, "/")
         config = write_config(workdir / "embedded.yaml", f"sqlite:///{workdir}/bench.db",
                               "memory://")
         start("gateway (SQLite)", gateway_command(config), READY, "/agents/echo/")
@@ -347,12 +284,7 @@ def table(results: dict[str, Any], mode: dict[str, int]) -> Table:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=sorted(MODES), default="quick")
-    parser.add_argument("--serve-sdk", type=int, metavar="PORT",
-                        help="(internal) serve the SDK side on PORT")
     args = parser.parse_args()
-    if args.serve_sdk is not None:
-        serve_sdk(args.serve_sdk)
-        return 0
     started = time.perf_counter()
     mode = MODES[args.mode]
     missing = services_missing()
