@@ -55,7 +55,8 @@ sql: $(STAMP)
 ## graph of 10 steps, a handoff's overhead (trigger to the next iteration's first model call),
 ## a 5-stage sequential workflow beside a LangGraph graph of 5 nodes (each stage boundary,
 ## and the stages run again after a kill), the LangGraph saver beside SqliteSaver/PostgresSaver over a 500-step
-## conversation, the pause write with metrics on and off, RSS (BENCH_MODE=quick, about 3 minutes); BENCH_MODE=full adds
+## conversation, the pause write with metrics on and off, message/send through `meshpoint gateway`
+## beside a2a-sdk's example server, RSS (BENCH_MODE=quick, about 3 minutes); BENCH_MODE=full adds
 ## the store and scale-out benchmarks and 100k tasks
 BENCH_MODE ?= quick
 bench: $(STAMP)
@@ -71,6 +72,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_metrics.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_tracing.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_sync.py --mode $(BENCH_MODE)
+	$(BIN)/python benchmarks/bench_gateway.py --mode $(BENCH_MODE)
 	$(BIN)/python benchmarks/bench_runtime.py $(if $(filter full,$(BENCH_MODE)),--paused 30000,--tasks 300)
 	if [ "$(BENCH_MODE)" = full ]; then \
 	  $(BIN)/python benchmarks/bench_store.py && $(BIN)/python benchmarks/bench_scaleout.py; fi

@@ -225,6 +225,32 @@ async def test_list_reads_the_agents_tasks_from_the_store(mesh_file: Path) -> No
         assert other["result"].get("tasks", []) == []
 
 
+async def test_a_send_wakes_on_what_its_gateway_hears_not_at_its_next_read(
+        mesh_file: Path) -> None:
+    """A ``message/send`` waits for the task to end or pause by reading the store again,
+    and at once when the gateway records what its inbox heard of the task: with reads
+    an hour apart, each call still returns the task ended, or waiting for input, within
+    the gateway's 20-second wait (without the wake-up it would return it unfinished)."""
+    async with gateway(mesh_file) as base, httpx.AsyncClient(timeout=30) as http:
+        for mesh in opened[-1].values():
+            mesh.poll_s = 3600.0
+        sent = (await rpc(http, f"{base}/agents/flights/", "message/send",
+                          {"message": text_message("flights to Rome")}))["result"]
+        assert sent["status"]["state"] == "completed"
+        assert sent["artifacts"][0]["name"] == "flights answer"
+        url = f"{base}/agents/coordinator/"
+        task = (await rpc(http, url, "message/send",
+                          {"message": text_message("Trip: flights")}))["result"]
+        assert task["status"]["state"] == "input-required"
+        [call] = pending_of(task)
+        done = (await rpc(http, url, "message/send", {"message": {
+            "kind": "message", "role": "user", "messageId": "m-no", "taskId": task["id"],
+            "parts": [{"kind": "data", "data": {"decision": "deny",
+                                                "call_id": call["call_id"]}}]}}))["result"]
+        assert done["status"]["state"] == "completed"
+        assert all(not mesh._hearing for mesh in opened[-1].values())  # none left behind
+
+
 async def test_input_required_is_answered_by_a_message_on_the_task(mesh_file: Path) -> None:
     async with gateway(mesh_file) as base, httpx.AsyncClient(timeout=30) as http:
         url = f"{base}/agents/coordinator/"

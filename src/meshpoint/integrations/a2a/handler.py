@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +88,26 @@ class Mesh:
     #: How often a wait or a stream reads the task again from the store.
     poll_s: float = 0.1
     _watchers: set[asyncio.Task[None]] = field(default_factory=set)
+    _hearing: dict[str, set[asyncio.Event]] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def hearing(self, task_id: str) -> Iterator[asyncio.Event]:
+        """An event set each time this gateway records what it heard of ``task_id``
+        (a pause for input, the answer): a wait on a task this gateway sent reads it
+        again at once, not at its next poll."""
+        event = asyncio.Event()
+        self._hearing.setdefault(task_id, set()).add(event)
+        try:
+            yield event
+        finally:
+            waiting = self._hearing[task_id]
+            waiting.discard(event)
+            if not waiting:
+                del self._hearing[task_id]
+
+    def _heard(self, task_id: str) -> None:
+        for event in self._hearing.get(task_id, ()):
+            event.set()
 
     async def submit(self, agent: str, message: Message) -> str:
         """Send ``message`` to ``agent`` as a new task; returns the task's id once the
@@ -100,7 +120,7 @@ class Mesh:
         task_id = self.client.task_id(agent, request_id)
         sent = MessageToDict(message)
         sent.update(taskId=task_id, contextId=message.context_id or task_id)
-        await self.log.note(agent, task_id, "message", sent)
+        await self.log.note(agent, task_id, "message", sent, flush=False)
         await self.log.note(agent, task_id, "status",
                             status_json(TaskState.TASK_STATE_SUBMITTED))
         watcher = asyncio.create_task(self._watch(agent, request_id, task_id))
@@ -119,6 +139,7 @@ class Mesh:
                         TaskState.TASK_STATE_INPUT_REQUIRED, agent_message(
                             task_id, task_id, "waits for a human to answer its pending "
                             "calls", {"pending_approvals": step.pending})))
+                    self._heard(task_id)
                     continue
                 answer = step.answer
                 message = message_json(answer.status.message) if answer.status.message \
@@ -131,6 +152,7 @@ class Mesh:
                                   message_id="x"))["parts"]} for a in answer.artifacts]
                 await self.log.note(agent, task_id, "status", status_json(
                     state_of(answer.status.state), message, artifacts))
+                self._heard(task_id)
                 return
         except TimeoutError:
             return
@@ -212,15 +234,21 @@ class MeshRequestHandler(RequestHandler):
         return task
 
     async def _until(self, task_id: str, done: Callable[[Task], bool],
-                     timeout_s: float) -> Task:
-        """The task once ``done`` says so of it, or as it stands after ``timeout_s``."""
+                     timeout_s: float, *, fresh: bool = False) -> Task:
+        """The task once ``done`` says so of it, or as it stands after ``timeout_s``.
+        ``fresh``: sent by this gateway just now (no await since), so that nothing
+        is worth reading before its inbox hears of it, or the first poll."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while True:
-            task = await self._read(task_id)
-            if done(task) or loop.time() >= deadline:
-                return task
-            await asyncio.sleep(self.mesh.poll_s)
+        with self.mesh.hearing(task_id) as heard:
+            if fresh:
+                await _either(heard, min(self.mesh.poll_s, timeout_s))
+            while True:
+                heard.clear()
+                task = await self._read(task_id)
+                if done(task) or loop.time() >= deadline:
+                    return task
+                await _either(heard, min(self.mesh.poll_s, deadline - loop.time()))
 
     async def _start(self, params: SendMessageRequest, context: ServerCallContext
                      ) -> tuple[str, Callable[[Task], bool]]:
@@ -289,7 +317,10 @@ class MeshRequestHandler(RequestHandler):
         config = params.configuration
         history = config.history_length if config.HasField("history_length") else None
         if not config.return_immediately:
-            await self._until(task_id, done, self.mesh.wait_s)
+            task = await self._until(task_id, done, self.mesh.wait_s,
+                                     fresh=not params.message.task_id)
+            if history is None:  # as read: no need to read it again
+                return task
         return await self._read(task_id, history)
 
     async def on_message_send_stream(self, params: SendMessageRequest,
@@ -420,6 +451,13 @@ class MeshRequestHandler(RequestHandler):
     async def on_get_extended_agent_card(self, params: GetExtendedAgentCardRequest,
                                          context: ServerCallContext) -> AgentCard:
         raise ExtendedAgentCardNotConfiguredError
+
+
+async def _either(heard: asyncio.Event, seconds: float) -> None:
+    """Until ``heard`` is set or after ``seconds``, whichever comes first."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await heard.wait()
 
 
 def _settled(task: Task) -> bool:

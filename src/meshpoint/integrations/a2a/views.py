@@ -98,9 +98,13 @@ class GatewayLog:
     def __init__(self, events: EventStore) -> None:
         self.events = events
 
-    async def note(self, agent: str, task_id: str, kind: str, body: dict[str, Any]) -> None:
+    async def note(self, agent: str, task_id: str, kind: str, body: dict[str, Any], *,
+                   flush: bool = True) -> None:
+        """Log an entry; ``flush=False`` leaves it to the next note's flush (both
+        written in one transaction)."""
         self.events.log_event(agent, task_id, EVENT_TYPE, step_name=kind, output_data=body)
-        await self.events.flush()
+        if flush:
+            await self.events.flush()
 
     async def task_ids(self, agent: str) -> list[str]:
         """The tasks of ``agent`` sent through a gateway, the latest sent first."""
