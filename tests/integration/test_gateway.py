@@ -251,6 +251,35 @@ async def test_a_send_wakes_on_what_its_gateway_hears_not_at_its_next_read(
         assert all(not mesh._hearing for mesh in opened[-1].values())  # none left behind
 
 
+async def test_a_task_ended_by_its_history_waits_for_the_answer_its_gateway_heard(
+        mesh_file: Path) -> None:
+    """A task that paused has its end in its history before the gateway that sent it
+    records the answer it heard (with the artifacts): a read in between waits for that
+    record (once, up to a grace), so a send or a stream never ends with the task's
+    state and without its artifacts. Here the record is held back 1.5 s."""
+    async with gateway(mesh_file) as base, httpx.AsyncClient(timeout=30) as http:
+        for mesh in opened[-1].values():
+            note = mesh.log.note
+
+            async def late(agent: str, task_id: str, kind: str, body: dict[str, Any],
+                           note: Any = note, **options: Any) -> None:
+                if kind == "status" and body.get("artifacts"):
+                    await asyncio.sleep(1.5)
+                await note(agent, task_id, kind, body, **options)
+            mesh.log.note = late  # type: ignore[method-assign]
+        url = f"{base}/agents/coordinator/"
+        task = (await rpc(http, url, "message/send",
+                          {"message": text_message("Trip: flights")}))["result"]
+        assert task["status"]["state"] == "input-required"
+        [call] = pending_of(task)
+        done = (await rpc(http, url, "message/send", {"message": {
+            "kind": "message", "role": "user", "messageId": "m-yes", "taskId": task["id"],
+            "parts": [{"kind": "data", "data": {"decision": "approve",
+                                                "call_id": call["call_id"]}}]}}))["result"]
+        assert done["status"]["state"] == "completed"
+        assert done.get("artifacts"), done
+
+
 async def test_input_required_is_answered_by_a_message_on_the_task(mesh_file: Path) -> None:
     async with gateway(mesh_file) as base, httpx.AsyncClient(timeout=30) as http:
         url = f"{base}/agents/coordinator/"

@@ -87,7 +87,12 @@ class Mesh:
     wait_s: float = 60.0
     #: How often a wait or a stream reads the task again from the store.
     poll_s: float = 0.1
+    #: How long a read that finds a task ended, by its history, before this gateway's
+    #: watcher recorded the answer it heard (its artifacts), waits for that record.
+    answer_grace_s: float = 5.0
     _watchers: set[asyncio.Task[None]] = field(default_factory=set)
+    #: The tasks whose answer this gateway's inbox will hear (a watcher runs).
+    _watching: set[str] = field(default_factory=set)
     _hearing: dict[str, set[asyncio.Event]] = field(default_factory=dict)
 
     @contextlib.contextmanager
@@ -123,6 +128,7 @@ class Mesh:
         await self.log.note(agent, task_id, "message", sent, flush=False)
         await self.log.note(agent, task_id, "status",
                             status_json(TaskState.TASK_STATE_SUBMITTED))
+        self._watching.add(task_id)
         watcher = asyncio.create_task(self._watch(agent, request_id, task_id))
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
@@ -159,6 +165,8 @@ class Mesh:
         except MeshpointError as error:  # the store is away: GetTask reads the history
             logger.warning("could not record the answer of %s: %s", task_id, error)
         finally:
+            self._watching.discard(task_id)
+            self._heard(task_id)
             self.client.forget(request_id)
 
     async def close(self) -> None:
@@ -220,7 +228,8 @@ class MeshRequestHandler(RequestHandler):
         handler.mesh = mesh
         return handler
 
-    async def _read(self, task_id: str, history_length: int | None = None) -> Task:
+    async def _read(self, task_id: str, history_length: int | None = None, *,
+                    wait_answer: bool = True) -> Task:
         if not task_id:
             raise InvalidParamsError(message="the task's id is missing (params.id)")
         try:
@@ -231,6 +240,14 @@ class MeshRequestHandler(RequestHandler):
         if task is None:
             raise TaskNotFoundError(message=f"task {task_id!r:.300} is not a task of agent "
                                             f"{self.agent!r}")
+        if wait_answer and task.status.state in FINAL_STATES and not task.artifacts and \
+                task_id in self.mesh._watching:
+            # Ended by its history, and this gateway's watcher is about to record the
+            # answer it heard, with its artifacts: that record is the task's end.
+            # Once: a task that ends without an answer (canceled) is read as it is then.
+            with self.mesh.hearing(task_id) as heard:
+                await _either(heard, self.mesh.answer_grace_s)
+            return await self._read(task_id, history_length, wait_answer=False)
         return task
 
     async def _until(self, task_id: str, done: Callable[[Task], bool],
