@@ -156,15 +156,19 @@ async def _stores(source: str | None, target: str | None, tenant: str, schema: s
 async def _check_tenant(local: Any, tenant: str) -> None:
     from sqlalchemy import select, union
 
-    from meshpoint.sync.queries import TABLES
+    from meshpoint.sync.queries import GRAPH_TABLES, TABLES
+
+    # Every table the sync reads, the saver's too: a file of LangGraph threads only
+    # has its tenants there.
+    tables = (*TABLES.values(), *GRAPH_TABLES)
 
     def tenants(conn: Any) -> list[str]:
         # Found by its primary key's first column; only a tenant that is not there
         # costs a scan, to name the ones that are.
         if any(conn.execute(select(t.c.tenant_id).where(t.c.tenant_id == tenant).limit(1))
-               .first() for t in TABLES.values()):
+               .first() for t in tables):
             return [tenant]
-        query = union(*(select(t.c.tenant_id) for t in TABLES.values()))
+        query = union(*(select(t.c.tenant_id) for t in tables))
         return sorted(str(r[0]) for r in conn.execute(query))
 
     found = await local.run(tenants)
