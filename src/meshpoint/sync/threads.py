@@ -36,12 +36,21 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from meshpoint.integrations.langgraph.rows import digest
 from meshpoint.sync import queries as sq
-from meshpoint.sync.apply import CONFLICT, Applied, as_row, jsonable, log
+from meshpoint.sync.apply import CONFLICT, QUARANTINE, Applied, as_row, jsonable, log
 
 #: The name the threads' cursor, reports and conflict log go by.
 THREADS = "langgraph_threads"
 _CHECKPOINTS = "agent_langgraph_checkpoints"
+#: Per saver table: the kind and the key columns its rows' digests cover (as the saver
+#: computes them).
+_DIGESTS: dict[str, tuple[bytes, tuple[str, ...]]] = {
+    _CHECKPOINTS: (b"checkpoint", ("checkpoint_ns", "checkpoint_id")),
+    "agent_langgraph_blobs": (b"blob", ("checkpoint_ns", "channel", "version")),
+    "agent_langgraph_writes": (b"write", ("checkpoint_ns", "checkpoint_id", "task_id",
+                                          "idx")),
+}
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,21 @@ def read_thread(conn: Connection, tenant: str, thread_id: str) -> Thread:
     keys = {"p_tenant": tenant, "p_thread": thread_id}
     return Thread(thread_id, {name: [as_row(r) for r in statement.rows(conn, keys)]
                               for name, statement in sq.THREAD_ROWS.items()})
+
+
+def unsound(thread: Thread) -> str | None:
+    """Why the thread cannot travel, or None: a row whose bytes do not hash to its
+    stored digest (changed or moved after the saver wrote it), which the fingerprint,
+    made of digests, would not see and a saver in the cloud would refuse to read."""
+    for table, rows in thread.rows.items():
+        kind, names = _DIGESTS[table]
+        for row in rows:
+            if digest(kind, tuple(str(row[n]) for n in names),
+                      bytes(row["data"])) != row["digest"]:
+                key = "/".join(str(row[n]) for n in names)
+                return (f"a row of {table} ({key}) does not hash to its stored digest: it "
+                        "was changed or moved after the saver wrote it")
+    return None
 
 
 def _sign(row: Mapping[str, Any]) -> str:
@@ -100,9 +124,17 @@ def apply_threads(conn: Connection, threads: Iterable[Thread], *, tenant: str,
     for thread in threads:
         if thread.empty:
             continue  # deleted on the source: the cloud keeps its own retention
+        ours = _signs(thread.rows)
+        why = unsound(thread)
+        if why is not None:  # never applied: the cloud's thread stays as it is
+            key = f"{thread.thread_id}@{fingerprint(ours)[:16]}"
+            done.quarantined.append(key)
+            log(conn, tenant=tenant, source=source, table=THREADS, key=key,
+                kind=QUARANTINE, reason=f"thread {thread.thread_id!r} not applied: {why}",
+                local={"version": version(ours), "rows": thread.rows}, cloud=None, now=now)
+            continue
         keys = {"p_tenant": tenant, "p_thread": thread.thread_id, "p_source": source}
         sq.LOCK_THREAD.rows(conn, keys)  # two files pushing one thread take turns
-        ours = _signs(thread.rows)
         theirs = _signs({name: [r._asdict() for r in statement.rows(conn, keys)]
                          for name, statement in sq.THREAD_SIGNS.items()})
         mine, cloud = fingerprint(ours), fingerprint(theirs)
