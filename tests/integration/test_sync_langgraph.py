@@ -284,3 +284,38 @@ async def test_a_thread_whose_bytes_were_changed_in_the_file_is_quarantined_not_
                    for r in log)
         again = await push(local, target)  # a rerun logs nothing twice
         assert (again.applied, again.quarantined) == (0, [])
+
+
+async def test_an_older_copy_of_the_file_put_back_never_rolls_the_cloud_back(
+        local: SqlStore, cloud: Cloud, tmp_path: Path) -> None:
+    """The cloud holds what this source last left there, but the file's thread is
+    older (a backup restored, or old rows written back by someone without a key): the
+    cloud's newer version stays, the file's in the conflict log, reported."""
+    import sqlite3
+
+    saver = MeshpointSaver(local)
+    await say(saver, "t", "first")
+    async with cloud.open() as target:
+        await push(local, target)
+        backup = sqlite3.connect(tmp_path / "old.db")
+        with sqlite3.connect(tmp_path / "local.db") as live:
+            live.backup(backup)
+        backup.close()
+        await say(saver, "t", "second")
+        assert (await push(local, target)).applied == 1
+        newer = await graph_rows(target)
+        async with open_store(f"sqlite:///{tmp_path / 'old.db'}", tenant_id=TENANT,
+                              migrate=False) as old:
+            report = await push(old, target)
+            assert (report.applied, len(report.conflicts)) == (0, 1), report
+            assert await graph_rows(target) == newer
+            log = await target.transaction(lambda conn: LIST_CONFLICTS.rows(
+                conn, {"p_tenant": TENANT}))
+            assert [r.kind for r in log] == ["conflict"]
+            assert "went back" in log[0].reason and "stays" in log[0].reason
+            assert log[0].local_row["version"] < log[0].cloud_row["version"]
+        # The live file goes on: newer than the cloud's, it is applied, no conflict.
+        await say(saver, "t", "third")
+        report = await push(local, target)
+        assert (report.applied, report.conflicts) == (1, [])
+        assert await graph_rows(target) == await graph_rows(local)

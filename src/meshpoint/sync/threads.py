@@ -12,14 +12,16 @@ What a changed thread gets in the cloud:
 
 * the same fingerprint there: nothing (``identical``);
 * no rows there, or the rows this source last left there (the fingerprint recorded in
-  ``meshpoint_sync_threads``): the cloud's thread becomes the source's, row by row
-  (rows that differ deleted, the source's inserted), ``applied``;
-* anything else: the thread was written on both sides since. **Last write wins by
-  version**: a thread's version is its newest checkpoint id (LangGraph makes them
-  UUIDv6, ordered by the time the step was written), compared as text; the larger one
-  wins, and on a tie the cloud's stays. The losing version, whole (bytes as base64,
-  encrypted ones as their ciphertext), goes to the conflict log with the winner's, as
-  a ``conflict``, and the pass reports it.
+  ``meshpoint_sync_threads``) and a version (below) not newer than the source's: the
+  cloud's thread becomes the source's, row by row (rows that differ deleted, the
+  source's inserted), ``applied``;
+* anything else: the thread was written on both sides since, or went back on the
+  source (an older copy of it put back). **Last write wins by version**: a thread's
+  version is its newest checkpoint id (LangGraph makes them UUIDv6, ordered by the
+  time the step was written), compared as text; the larger one wins, and on a tie
+  the cloud's stays. The losing version, whole (bytes as base64, encrypted ones as
+  their ciphertext), goes to the conflict log with the winner's, as a ``conflict``,
+  and the pass reports it.
 
 A thread deleted on the source (no rows left) is not deleted in the cloud, which keeps
 its own retention, as for a purge. Every body here is a synchronous function of the
@@ -144,11 +146,14 @@ def apply_threads(conn: Connection, threads: Iterable[Thread], *, tenant: str,
             _record(conn, keys, ours_v, mine, now)
             continue
         base = sq.GET_THREAD_BASE.first(conn, keys)
-        if not any(theirs.values()) or (base is not None and base.fingerprint == cloud):
+        ours_last = base is not None and base.fingerprint == cloud
+        if not any(theirs.values()) or (ours_last and ours_v >= theirs_v):
             _replace(conn, tenant, thread, ours, theirs)
             done.applied += 1
             _record(conn, keys, ours_v, mine, now)
             continue
+        # Written on both sides, or gone back on this source (an older copy of the
+        # file put back): never a newer version replaced by an older one.
         local_wins = ours_v > theirs_v
         cloud_rows = {name: [r._asdict() for r in statement.rows(conn, keys)]
                       for name, statement in sq.CLOUD_THREAD_ROWS.items()}
@@ -156,9 +161,13 @@ def apply_threads(conn: Connection, threads: Iterable[Thread], *, tenant: str,
         key = f"{thread.thread_id}@{loser[:16]}"
         done.conflicts.append(key)
         log(conn, tenant=tenant, source=source, table=THREADS, key=key, kind=CONFLICT,
-            reason=(f"thread {thread.thread_id!r} was written on both sides (the cloud's "
-                    f"is not what this source last left there): last write wins by "
-                    f"version, the newest checkpoint id: the "
+            reason=(f"thread {thread.thread_id!r} "
+                    + ("went back on this source (an older copy of the file, or its "
+                       "latest run deleted): the cloud's is what this source last left "
+                       "there" if ours_last else
+                       "was written on both sides (the cloud's is not what this source "
+                       "last left there)")
+                    + ": last write wins by version, the newest checkpoint id: the "
                     + (f"source's ({ours_v}) replaced the cloud's ({theirs_v}), kept here"
                        if local_wins else
                        f"cloud's ({theirs_v}) stays over the source's ({ours_v}), kept "
