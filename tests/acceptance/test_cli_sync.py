@@ -243,6 +243,31 @@ async def test_bad_input_is_a_clear_error_and_nothing_is_written(
     assert named == []  # not even the source id was written
 
 
+async def test_a_tenant_is_found_by_its_langgraph_threads_too(
+        cloud: Cloud, tmp_path: Path) -> None:
+    """A file of LangGraph threads only: another tenant is refused (exit 2, naming the
+    file's), not pushed as nothing; a tenant with threads only, beside another's
+    history, is accepted."""
+    threads = tmp_path / "threads"
+    threads.mkdir()
+    async with open_store(f"sqlite:///{threads / 'local.db'}", tenant_id=TENANT) as store:
+        await graph_step(store, "t-1", "hello")
+    args = ["sync", "--from", f"sqlite:///{threads / 'local.db'}", "--to", cloud.url,
+            "--schema", cloud.schema, "--tenant"]
+    done = meshpoint(*args, "globex", "--unsigned", cwd=tmp_path)
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 2 and "no rows of tenant 'globex'" in said, said
+    assert "its tenants: acme" in said, said
+    _, target = await both_sides(threads, cloud)
+    assert all(not rows for rows in target.values())
+    async with open_store(f"sqlite:///{threads / 'local.db'}", tenant_id="lg") as store:
+        await graph_step(store, "t-1", "hello")
+    for tenant, behind in ((TENANT, 1), ("lg", 1)):
+        code, out = run_json(*args, tenant, "--dry-run", cwd=tmp_path)
+        assert code == 0 and [t["behind"] for t in out["tables"]
+                              if t["table"] == "langgraph_threads"] == [behind], out
+
+
 async def test_follow_waits_out_an_unreachable_cloud_then_keeps_it_caught_up(
         cloud: Cloud, tmp_path: Path) -> None:
     """``--follow`` against a cloud that is not there yet (nothing listens on its port):

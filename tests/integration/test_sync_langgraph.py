@@ -239,3 +239,83 @@ async def test_threads_stored_before_the_change_sequence_existed_travel_too(
         report = await push(store, target)
         assert (report.applied, report.conflicts) == (1, [])
         assert await graph_rows(target) == await graph_rows(store)
+
+
+async def test_a_thread_whose_bytes_were_changed_in_the_file_is_quarantined_not_applied(
+        local: SqlStore, cloud: Cloud, keys: EncryptionKeys) -> None:
+    """The fingerprint is made of digests, not bytes: a row changed without its digest
+    would otherwise pass as identical, or arrive where the cloud's saver refuses it."""
+    saver = MeshpointSaver(local)
+    await say(saver, "synced", "first")
+    await say(saver, "fine", "first")
+
+    def flip(thread: str) -> Any:
+        def change(conn: Any) -> None:
+            row = conn.execute(select(graph_blobs).where(
+                graph_blobs.c.thread_id == thread).limit(1)).one()
+            data = bytes(row.data)
+            conn.execute(graph_blobs.update().where(
+                graph_blobs.c.thread_id == thread, graph_blobs.c.version == row.version,
+                graph_blobs.c.channel == row.channel).values(
+                    data=data[:-1] + bytes([data[-1] ^ 1])))
+        return change
+
+    async with cloud.open() as plain:
+        target = plain.with_history(HistoryOptions(encryption=keys))
+        await push(local, target)
+        before = await graph_rows(target)
+        await local.run(flip("synced"), write=True)  # changed after it travelled
+        await say(saver, "new", "never synced")
+        await local.run(flip("new"), write=True)  # changed before it ever travelled
+        await say(saver, "fine", "second")
+        report = await push(local, target)
+        assert (report.applied, sorted(k.split("@")[0] for k in report.quarantined)) == (
+            1, ["new", "synced"]), report
+        after = await graph_rows(target)
+        for table in GRAPH:  # the cloud's "synced" as it was, no row of "new"
+            assert {k: v for k, v in after[table.name].items() if k[1] == "synced"} == {
+                k: v for k, v in before[table.name].items() if k[1] == "synced"}
+            assert not [k for k in after[table.name] if k[1] == "new"]
+        log = await target.transaction(lambda conn: LIST_CONFLICTS.rows(
+            conn, {"p_tenant": TENANT}))
+        assert sorted((r.kind, r.row_key.split("@")[0]) for r in log) == [
+            ("quarantine", "new"), ("quarantine", "synced")]
+        assert all("agent_langgraph_blobs" in r.reason and "digest" in r.reason
+                   for r in log)
+        again = await push(local, target)  # a rerun logs nothing twice
+        assert (again.applied, again.quarantined) == (0, [])
+
+
+async def test_an_older_copy_of_the_file_put_back_never_rolls_the_cloud_back(
+        local: SqlStore, cloud: Cloud, tmp_path: Path) -> None:
+    """The cloud holds what this source last left there, but the file's thread is
+    older (a backup restored, or old rows written back by someone without a key): the
+    cloud's newer version stays, the file's in the conflict log, reported."""
+    import sqlite3
+
+    saver = MeshpointSaver(local)
+    await say(saver, "t", "first")
+    async with cloud.open() as target:
+        await push(local, target)
+        backup = sqlite3.connect(tmp_path / "old.db")
+        with sqlite3.connect(tmp_path / "local.db") as live:
+            live.backup(backup)
+        backup.close()
+        await say(saver, "t", "second")
+        assert (await push(local, target)).applied == 1
+        newer = await graph_rows(target)
+        async with open_store(f"sqlite:///{tmp_path / 'old.db'}", tenant_id=TENANT,
+                              migrate=False) as old:
+            report = await push(old, target)
+            assert (report.applied, len(report.conflicts)) == (0, 1), report
+            assert await graph_rows(target) == newer
+            log = await target.transaction(lambda conn: LIST_CONFLICTS.rows(
+                conn, {"p_tenant": TENANT}))
+            assert [r.kind for r in log] == ["conflict"]
+            assert "went back" in log[0].reason and "stays" in log[0].reason
+            assert log[0].local_row["version"] < log[0].cloud_row["version"]
+        # The live file goes on: newer than the cloud's, it is applied, no conflict.
+        await say(saver, "t", "third")
+        report = await push(local, target)
+        assert (report.applied, report.conflicts) == (1, [])
+        assert await graph_rows(target) == await graph_rows(local)

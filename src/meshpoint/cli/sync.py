@@ -157,9 +157,11 @@ async def _check_tenant(local: Any, tenant: str) -> None:
     from sqlalchemy import select, union
 
     from meshpoint.store.schema import paused_tasks
-    from meshpoint.sync.queries import TABLES
+    from meshpoint.sync.queries import GRAPH_TABLES, TABLES
 
-    held = (*TABLES.values(), paused_tasks)  # a paused task may move (--move-paused)
+    # Every table the sync reads, the saver's too (a file of LangGraph threads only has
+    # its tenants there), and the paused tasks (one may move, --move-paused).
+    held = (*TABLES.values(), *GRAPH_TABLES, paused_tasks)
 
     def tenants(conn: Any) -> list[str]:
         # Found by its primary key's first column; only a tenant that is not there

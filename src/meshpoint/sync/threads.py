@@ -12,14 +12,16 @@ What a changed thread gets in the cloud:
 
 * the same fingerprint there: nothing (``identical``);
 * no rows there, or the rows this source last left there (the fingerprint recorded in
-  ``meshpoint_sync_threads``): the cloud's thread becomes the source's, row by row
-  (rows that differ deleted, the source's inserted), ``applied``;
-* anything else: the thread was written on both sides since. **Last write wins by
-  version**: a thread's version is its newest checkpoint id (LangGraph makes them
-  UUIDv6, ordered by the time the step was written), compared as text; the larger one
-  wins, and on a tie the cloud's stays. The losing version, whole (bytes as base64,
-  encrypted ones as their ciphertext), goes to the conflict log with the winner's, as
-  a ``conflict``, and the pass reports it.
+  ``meshpoint_sync_threads``) and a version (below) not newer than the source's: the
+  cloud's thread becomes the source's, row by row (rows that differ deleted, the
+  source's inserted), ``applied``;
+* anything else: the thread was written on both sides since, or went back on the
+  source (an older copy of it put back). **Last write wins by version**: a thread's
+  version is its newest checkpoint id (LangGraph makes them UUIDv6, ordered by the
+  time the step was written), compared as text; the larger one wins, and on a tie
+  the cloud's stays. The losing version, whole (bytes as base64, encrypted ones as
+  their ciphertext), goes to the conflict log with the winner's, as a ``conflict``,
+  and the pass reports it.
 
 A thread deleted on the source (no rows left) is not deleted in the cloud, which keeps
 its own retention, as for a purge. Every body here is a synchronous function of the
@@ -36,12 +38,21 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from meshpoint.integrations.langgraph.rows import digest
 from meshpoint.sync import queries as sq
-from meshpoint.sync.apply import CONFLICT, Applied, as_row, jsonable, log
+from meshpoint.sync.apply import CONFLICT, QUARANTINE, Applied, as_row, jsonable, log
 
 #: The name the threads' cursor, reports and conflict log go by.
 THREADS = "langgraph_threads"
 _CHECKPOINTS = "agent_langgraph_checkpoints"
+#: Per saver table: the kind and the key columns its rows' digests cover (as the saver
+#: computes them).
+_DIGESTS: dict[str, tuple[bytes, tuple[str, ...]]] = {
+    _CHECKPOINTS: (b"checkpoint", ("checkpoint_ns", "checkpoint_id")),
+    "agent_langgraph_blobs": (b"blob", ("checkpoint_ns", "channel", "version")),
+    "agent_langgraph_writes": (b"write", ("checkpoint_ns", "checkpoint_id", "task_id",
+                                          "idx")),
+}
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,21 @@ def read_thread(conn: Connection, tenant: str, thread_id: str) -> Thread:
     keys = {"p_tenant": tenant, "p_thread": thread_id}
     return Thread(thread_id, {name: [as_row(r) for r in statement.rows(conn, keys)]
                               for name, statement in sq.THREAD_ROWS.items()})
+
+
+def unsound(thread: Thread) -> str | None:
+    """Why the thread cannot travel, or None: a row whose bytes do not hash to its
+    stored digest (changed or moved after the saver wrote it), which the fingerprint,
+    made of digests, would not see and a saver in the cloud would refuse to read."""
+    for table, rows in thread.rows.items():
+        kind, names = _DIGESTS[table]
+        for row in rows:
+            if digest(kind, tuple(str(row[n]) for n in names),
+                      bytes(row["data"])) != row["digest"]:
+                key = "/".join(str(row[n]) for n in names)
+                return (f"a row of {table} ({key}) does not hash to its stored digest: it "
+                        "was changed or moved after the saver wrote it")
+    return None
 
 
 def _sign(row: Mapping[str, Any]) -> str:
@@ -100,9 +126,17 @@ def apply_threads(conn: Connection, threads: Iterable[Thread], *, tenant: str,
     for thread in threads:
         if thread.empty:
             continue  # deleted on the source: the cloud keeps its own retention
+        ours = _signs(thread.rows)
+        why = unsound(thread)
+        if why is not None:  # never applied: the cloud's thread stays as it is
+            key = f"{thread.thread_id}@{fingerprint(ours)[:16]}"
+            done.quarantined.append(key)
+            log(conn, tenant=tenant, source=source, table=THREADS, key=key,
+                kind=QUARANTINE, reason=f"thread {thread.thread_id!r} not applied: {why}",
+                local={"version": version(ours), "rows": thread.rows}, cloud=None, now=now)
+            continue
         keys = {"p_tenant": tenant, "p_thread": thread.thread_id, "p_source": source}
         sq.LOCK_THREAD.rows(conn, keys)  # two files pushing one thread take turns
-        ours = _signs(thread.rows)
         theirs = _signs({name: [r._asdict() for r in statement.rows(conn, keys)]
                          for name, statement in sq.THREAD_SIGNS.items()})
         mine, cloud = fingerprint(ours), fingerprint(theirs)
@@ -112,11 +146,14 @@ def apply_threads(conn: Connection, threads: Iterable[Thread], *, tenant: str,
             _record(conn, keys, ours_v, mine, now)
             continue
         base = sq.GET_THREAD_BASE.first(conn, keys)
-        if not any(theirs.values()) or (base is not None and base.fingerprint == cloud):
+        ours_last = base is not None and base.fingerprint == cloud
+        if not any(theirs.values()) or (ours_last and ours_v >= theirs_v):
             _replace(conn, tenant, thread, ours, theirs)
             done.applied += 1
             _record(conn, keys, ours_v, mine, now)
             continue
+        # Written on both sides, or gone back on this source (an older copy of the
+        # file put back): never a newer version replaced by an older one.
         local_wins = ours_v > theirs_v
         cloud_rows = {name: [r._asdict() for r in statement.rows(conn, keys)]
                       for name, statement in sq.CLOUD_THREAD_ROWS.items()}
@@ -124,9 +161,13 @@ def apply_threads(conn: Connection, threads: Iterable[Thread], *, tenant: str,
         key = f"{thread.thread_id}@{loser[:16]}"
         done.conflicts.append(key)
         log(conn, tenant=tenant, source=source, table=THREADS, key=key, kind=CONFLICT,
-            reason=(f"thread {thread.thread_id!r} was written on both sides (the cloud's "
-                    f"is not what this source last left there): last write wins by "
-                    f"version, the newest checkpoint id: the "
+            reason=(f"thread {thread.thread_id!r} "
+                    + ("went back on this source (an older copy of the file, or its "
+                       "latest run deleted): the cloud's is what this source last left "
+                       "there" if ours_last else
+                       "was written on both sides (the cloud's is not what this source "
+                       "last left there)")
+                    + ": last write wins by version, the newest checkpoint id: the "
                     + (f"source's ({ours_v}) replaced the cloud's ({theirs_v}), kept here"
                        if local_wins else
                        f"cloud's ({theirs_v}) stays over the source's ({ours_v}), kept "
