@@ -146,6 +146,30 @@ PUT_HEAD = Statement(
         where=checkpoint_heads.c.records < _head.excluded.records),
     dialects=("postgresql",))
 
+# -- the fast path of a batch (an anomaly sends it the careful way, above) ------------
+
+_tasks = bindparam("p_tasks", type_=ARRAY(String))
+GET_HEADS = Statement(
+    "sync_get_heads", "Reads the cloud's history heads of a batch's tasks.",
+    select(*checkpoint_heads.c).where(checkpoint_heads.c.tenant_id == tenant,
+                                      checkpoint_heads.c.logical_task_id == func.any(_tasks)),
+    dialects=("postgresql",))
+GET_MARKS = Statement(
+    "sync_get_marks", "Reads the id, place, hash and signature of the cloud's records of "
+    "a batch's tasks.",
+    select(checkpoints.c.logical_task_id, checkpoints.c.seq, checkpoints.c.checkpoint_id,
+           checkpoints.c.hash, checkpoints.c.signature, checkpoints.c.key_id)
+    .where(checkpoints.c.tenant_id == tenant, checkpoints.c.logical_task_id == func.any(_tasks)),
+    dialects=("postgresql",))
+ADD_RECORD = Statement(
+    "sync_add_record", "Inserts a verified history record (a taken id or place fails the "
+    "statement: the batch is then applied chain by chain).",
+    pg_insert(checkpoints).values(_values(checkpoints)), dialects=("postgresql",))
+ADD_EVENT = Statement(
+    "sync_add_event", "Inserts an event the cloud did not hold (a taken id fails the "
+    "statement: the batch is then inserted unless taken and read back).",
+    pg_insert(events).values(_values(events)), dialects=("postgresql",))
+
 # -- the source id (local) -------------------------------------------------------------
 
 GET_SOURCE = Statement(
