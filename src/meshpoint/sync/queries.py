@@ -146,6 +146,13 @@ PUT_HEAD = Statement(
         where=checkpoint_heads.c.records < _head.excluded.records),
     dialects=("postgresql",))
 
+#: The largest rowid of each table that travels (SQLite): a follower passes as soon
+#: as it changes. Each is the end of a b-tree, read without a scan.
+WATCH = Statement(
+    "sync_watch", "Reads the largest rowid of each table that travels.",
+    select(*(select(func.max(ROWID)).select_from(t).scalar_subquery().label(name)
+             for name, t in TABLES.items())), dialects=("sqlite",))
+
 # -- the fast path of a batch (an anomaly sends it the careful way, above) ------------
 
 _tasks = bindparam("p_tasks", type_=ARRAY(String))
