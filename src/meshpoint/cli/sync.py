@@ -45,6 +45,9 @@ Schema = Annotated[str | None, typer.Option(
     "--schema", help="The cloud's PostgreSQL schema (default: the search path).")]
 #: The exit code of a pass that left conflicts or quarantined chains.
 EXIT_CONFLICTS = 3
+#: How long a one-off pass that lost the cloud mid-way keeps trying (with backoff)
+#: before it exits 1; and its longest wait between tries.
+RETRY_S, RETRY_MAX_BACKOFF_S = 60.0, 8.0
 
 
 def _defaults(config: Path | None, source: str | None, target: str | None,
@@ -183,6 +186,7 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
     checked = False
 
     async def run() -> tuple[str | None, list[Any]]:
+        from meshpoint.sync.follow import unreachable_retrying
         from meshpoint.sync.push import Syncer
 
         nonlocal checked
@@ -200,7 +204,9 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
                         jobs[table] = bar.add_task(f"syncing {table}", total=behind)
                     bar.advance(jobs[table], rows)
 
-                return await syncer.run(progress=advance)
+                return await unreachable_retrying(
+                    _say_unreachable, max_backoff_s=RETRY_MAX_BACKOFF_S,
+                    give_up_after_s=RETRY_S)(syncer.run, progress=advance)
 
     source_id, reports = run_sync(run, as_json)
     troubled = sum(len(r.conflicts) + len(r.quarantined) for r in reports)
@@ -230,6 +236,11 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
         raise typer.Exit(code=EXIT_CONFLICTS)
 
 
+def _say_unreachable(error: BaseException, wait_s: float) -> None:
+    err.print(f"[yellow]the cloud store is unreachable[/yellow] ({shown(error)}); "
+              f"next try in {wait_s:.1f} s")
+
+
 def _follow(source: str | None, target: str, tenant: str, schema: str | None,
             config: Path | None, batch: int, interval_s: float, as_json: bool) -> None:
     """``sync --follow``: a pass every ``interval_s``, one line (or JSON object) each."""
@@ -241,10 +252,6 @@ def _follow(source: str | None, target: str, tenant: str, schema: str | None,
         kept = sum(len(r.conflicts) + len(r.quarantined) for r in reports)
         console.print(f"synced: {sum(r.applied for r in reports)} row(s) applied"
                       + (f", {kept} kept aside (meshpoint sync conflicts)" if kept else ""))
-
-    def on_retry(error: BaseException, wait_s: float) -> None:
-        err.print(f"[yellow]the cloud store is unreachable[/yellow] ({shown(error)}); "
-                  f"next try in {wait_s:.1f} s")
 
     async def run() -> None:
         from meshpoint.store import open_store
@@ -258,7 +265,7 @@ def _follow(source: str | None, target: str, tenant: str, schema: str | None,
         async with _stores(source, None, tenant, schema, config) as (local, _):
             await follow(local, lambda: open_store(
                 target, tenant_id=tenant, schema=schema, migrate=False, history=history),
-                interval_s=interval_s, batch=batch, on_pass=on_pass, on_retry=on_retry)
+                interval_s=interval_s, batch=batch, on_pass=on_pass, on_retry=_say_unreachable)
 
     try:
         run_sync(run, as_json)

@@ -26,7 +26,14 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import Any
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_delay,
+    stop_never,
+    wait_exponential,
+)
 
 from meshpoint.errors import StoreUnavailableError
 from meshpoint.store import SqlStore
@@ -48,6 +55,25 @@ _CLOSE_TIMEOUT_S = 10.0
 def _log_retry(error: BaseException, wait_s: float) -> None:
     log.warning("sync: the cloud store is unreachable (%s); next try in %.1f s", error,
                 wait_s)
+
+
+def unreachable_retrying(on_retry: OnRetry, *, max_backoff_s: float,
+                         give_up_after_s: float | None = None) -> AsyncRetrying:
+    """The policy of a pass that failed because the cloud could not be reached
+    (StoreUnavailableError): tried again after a backoff doubling from 0.5 s to
+    ``max_backoff_s``, ``on_retry`` told each time; for ever, or until
+    ``give_up_after_s`` have passed (then the last error is raised)."""
+    def before_sleep(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        wait_s = state.next_action.sleep if state.next_action is not None else 0.0
+        if error is not None:
+            on_retry(error, wait_s)
+
+    return AsyncRetrying(retry=retry_if_exception_type(StoreUnavailableError),
+                         wait=wait_exponential(multiplier=0.5, max=max_backoff_s),
+                         stop=stop_never if give_up_after_s is None
+                         else stop_after_delay(give_up_after_s),
+                         before_sleep=before_sleep, reraise=True)
 
 
 class _Cloud:
@@ -87,12 +113,6 @@ async def follow(local: SqlStore, open_cloud: Callable[[], AbstractAsyncContextM
     stop = stop if stop is not None else asyncio.Event()
     cloud = _Cloud(open_cloud)
 
-    def before_sleep(state: RetryCallState) -> None:
-        error = state.outcome.exception() if state.outcome is not None else None
-        wait_s = state.next_action.sleep if state.next_action is not None else 0.0
-        if error is not None:
-            on_retry(error, wait_s)
-
     async def one_pass() -> tuple[str | None, list[TableReport]]:
         try:
             return await Syncer(local, await cloud.get(), batch=batch).run()
@@ -106,9 +126,7 @@ async def follow(local: SqlStore, open_cloud: Callable[[], AbstractAsyncContextM
     try:
         while not stop.is_set():
             seen = await mark()  # before the pass: a row committed during it starts the next
-            retrying = AsyncRetrying(retry=retry_if_exception_type(StoreUnavailableError),
-                                     wait=wait_exponential(multiplier=0.5, max=max_backoff_s),
-                                     before_sleep=before_sleep, reraise=True)
+            retrying = unreachable_retrying(on_retry, max_backoff_s=max_backoff_s)
             result: tuple[str | None, list[TableReport]] = await retrying(one_pass)
             source, reports = result
             if on_pass is not None:
