@@ -220,8 +220,13 @@ async def test_follow_waits_out_an_unreachable_cloud_then_keeps_it_caught_up(
          "--tenant", TENANT, "--follow", "--interval-s", "0.2", "--json"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proxy = None
+    first = ""
     try:
-        await asyncio.sleep(2.0)  # it tries, fails, backs off
+        # It tries, fails, backs off (the port opens only once it said so: a loaded
+        # machine may take seconds to start it).
+        assert follower.stderr is not None
+        first = await asyncio.wait_for(asyncio.to_thread(follower.stderr.readline), 120)
+        assert "unreachable" in first, first
         assert follower.poll() is None, follower.communicate()
         proxy = await asyncio.start_server(
             lambda r, w: _pipe(r, w, real.host or "127.0.0.1", real.port or 5432),
@@ -238,6 +243,7 @@ async def test_follow_waits_out_an_unreachable_cloud_then_keeps_it_caught_up(
         if follower.poll() is None:
             follower.kill()
         out, errors = follower.communicate(timeout=60)
+        errors = first + errors
         if proxy is not None:
             proxy.close()
     assert follower.returncode == 0, errors
