@@ -317,3 +317,33 @@ async def test_two_syncs_of_one_file_at_once_apply_each_row_once(
         assert not any(r.conflicts or r.quarantined for _, reports in results
                        for r in reports)
         assert await tenant_rows(one) == before
+
+
+async def test_a_record_id_the_cloud_holds_under_another_task_is_a_conflict_the_rest_applied(
+        local: SqlStore, cloud: Cloud, ran: tuple[Path, Path]) -> None:
+    """The batch's chains are inserted together, their records checked against the
+    cloud's of the same tasks first: a record id the cloud holds under another task
+    is found only by the insert, which fails; the batch then goes chain by chain,
+    the clash is logged as a conflict and every other chain is applied, verified."""
+    before = await tenant_rows(local)
+    record = next(r for r in before["agent_checkpoints"].values() if r["seq"] == 1)
+    theirs = {**record, "logical_task_id": "someone-elses-task", "hash": "0" * 64}
+    async with cloud.open(history=options(ran)) as target:
+        await target.transaction(lambda conn: conn.execute(insert(checkpoints).values(theirs)),
+                                 write=True)
+        _, reports = await Syncer(local, target).run()
+        assert reports[0].conflicts == [record["checkpoint_id"]]
+        assert not reports[0].quarantined
+        after = await tenant_rows(target)
+        task = record["logical_task_id"]
+        assert after["agent_checkpoints"][record["checkpoint_id"]] == theirs | {
+            "tenant_id": TENANT}
+        assert set(after["agent_checkpoint_heads"]) == set(
+            before["agent_checkpoint_heads"]) - {task}
+        for other in after["agent_checkpoint_heads"]:
+            assert after["agent_checkpoint_heads"][other] == before[
+                "agent_checkpoint_heads"][other]
+            report = await target.history.verify_task(other)
+            assert report.ok and report.signatures_checked, report
+        assert reports[0].applied == len([r for r in before["agent_checkpoints"].values()
+                                          if r["logical_task_id"] != task])

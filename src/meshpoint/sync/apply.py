@@ -126,61 +126,61 @@ def log(conn: Connection, *, tenant: str, source: str, table: str, key: str, kin
 
 def apply_events(conn: Connection, rows: list[dict[str, Any]], *, tenant: str,
                  source: str, now: float) -> Applied:
-    """Apply a batch of events: the cloud's rows of the batch's ids are read and
-    compared (identical or a conflict), and the others inserted in one pipelined
-    statement under a savepoint. If one of their ids was taken meanwhile (another
-    writer, between the read and the insert), the savepoint is rolled back and they
-    go the careful way (:func:`_insert_events_unless_taken`)."""
+    """Apply a batch of events. The fast way, when the cloud holds none of their ids
+    (a batch after the cursor, as a pass finds it): one pipelined insert under a
+    savepoint. If an id is taken (a rerun after a purge under the cursor, or another
+    writer's row), the savepoint is rolled back and the batch goes the careful way
+    (:func:`_apply_events_carefully`)."""
+    if not rows:
+        return Applied()
+    savepoint = conn.begin_nested()
+    try:
+        sq.ADD_EVENT.execute_many(conn, [_params(r, tenant) for r in rows])
+    except IntegrityError:
+        savepoint.rollback()
+        return _apply_events_carefully(conn, rows, tenant=tenant, source=source, now=now)
+    savepoint.commit()
+    return Applied(applied=len(rows))
+
+
+def _apply_events_carefully(conn: Connection, rows: list[dict[str, Any]], *, tenant: str,
+                            source: str, now: float) -> Applied:
+    """Apply a batch of events in three round trips: the cloud's rows of the batch's
+    ids (compared: identical or a conflict), one insert of the others (unless their id
+    was taken meanwhile), and those read back and compared (another writer's row under
+    the same id, inserted between the two, is a conflict too, never lost)."""
     done = Applied()
-    there = _cloud_events(conn, [r["event_id"] for r in rows], tenant)
+    table = events.name
+
+    def cloud_rows(ids: list[str]) -> dict[str, Any]:
+        if not ids:
+            return {}
+        return {r.event_id: r for r in sq.GET_EVENTS.rows(conn, {"p_tenant": tenant,
+                                                                 "p_ids": ids})}
+
+    there = cloud_rows([r["event_id"] for r in rows])
     missing = [r for r in rows if r["event_id"] not in there]
-    landed: dict[str, Any] = {}
     if missing:
-        savepoint = conn.begin_nested()
-        try:
-            sq.ADD_EVENT.execute_many(conn, [_params(r, tenant) for r in missing])
-        except IntegrityError:
-            savepoint.rollback()
-            landed = _insert_events_unless_taken(conn, missing, tenant)
-        else:
-            savepoint.commit()
-            done.applied += len(missing)
+        sq.PUT[table].execute_many(conn, [_params(r, tenant) for r in missing])
+    landed = cloud_rows([r["event_id"] for r in missing])
     for row in rows:
         key = row["event_id"]
         found = there.get(key)
-        if found is None:
-            if key not in landed:
-                continue  # inserted by the one statement above (counted there)
-            found = landed[key]
-            if found is not None and _same(row, found):
+        new = found is None
+        if new:
+            found = landed.get(key)
+        if found is not None and _same(row, found):
+            if new:
                 done.applied += 1
-                continue
-        elif _same(row, found):
-            done.identical += 1
+            else:
+                done.identical += 1
             continue
         done.conflicts.append(key)
-        log(conn, tenant=tenant, source=source, table=events.name, key=key, kind=CONFLICT,
+        log(conn, tenant=tenant, source=source, table=table, key=key, kind=CONFLICT,
             reason="the cloud holds another row under this id: it stays, both versions "
             "are kept here", local=row, cloud=None if found is None else found._asdict(),
             now=now)
     return done
-
-
-def _cloud_events(conn: Connection, ids: list[str], tenant: str) -> dict[str, Any]:
-    if not ids:
-        return {}
-    return {r.event_id: r for r in sq.GET_EVENTS.rows(conn, {"p_tenant": tenant,
-                                                             "p_ids": ids})}
-
-
-def _insert_events_unless_taken(conn: Connection, rows: list[dict[str, Any]],
-                                tenant: str) -> dict[str, Any]:
-    """Insert each event unless its id is taken, and read them back: the cloud's row
-    under each id (None for none), to compare (another writer's row under the same
-    id, inserted between the read and the insert, is a conflict, never lost)."""
-    sq.PUT[events.name].execute_many(conn, [_params(r, tenant) for r in rows])
-    landed = _cloud_events(conn, [r["event_id"] for r in rows], tenant)
-    return {r["event_id"]: landed.get(r["event_id"]) for r in rows}
 
 
 def apply_ended(conn: Connection, rows: Iterable[dict[str, Any]], *, tenant: str,

@@ -173,8 +173,8 @@ ADD_RECORD = Statement(
     "statement: the batch is then applied chain by chain).",
     pg_insert(checkpoints).values(_values(checkpoints)), dialects=("postgresql",))
 ADD_EVENT = Statement(
-    "sync_add_event", "Inserts an event the cloud did not hold (a taken id fails the "
-    "statement: the batch is then inserted unless taken and read back).",
+    "sync_add_event", "Inserts an event (a taken id fails the statement: the batch is then "
+    "compared with the cloud's rows, inserted unless taken and read back).",
     pg_insert(events).values(_values(events)), dialects=("postgresql",))
 
 # -- the source id (local) -------------------------------------------------------------

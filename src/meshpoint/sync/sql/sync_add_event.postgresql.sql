@@ -1,4 +1,4 @@
--- Inserts an event the cloud did not hold (a taken id fails the statement: the batch is then inserted unless taken and read back).
+-- Inserts an event (a taken id fails the statement: the batch is then compared with the cloud's rows, inserted unless taken and read back).
 INSERT INTO agent_events (
                tenant_id, event_id, agent_name, logical_task_id, event_type, step_name,
                input_data, output_data, state_snapshot, created_at_us)
