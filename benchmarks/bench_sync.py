@@ -9,7 +9,7 @@ PostgreSQL schemas, as the tenant (under row-level security):
 
 * **sync** pushes it with :class:`meshpoint.sync.push.Syncer` (batches of 500: each
   read from SQLite in one snapshot, applied in one transaction with its cursor, every
-  chain read back and verified before it stays);
+  chain verified before it stays: docs/sync.md, *How a batch is applied*);
 * **insert** inserts the same rows (records, heads, events, ended tasks), read from
   the same file, with one ``executemany`` per table and batch of 500, in one
   transaction per batch: what a copy costs with no cursor, comparison or verification.
@@ -173,15 +173,17 @@ def measure_lag(tasks: int) -> dict[str, Any]:
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             processes.append(demo)
             local = _wait_for_schema(db)
-            follower = subprocess.Popen(
-                [sys.executable, "-m", "meshpoint.cli", "sync", "--from", f"sqlite:///{db}",
-                 "--to", POSTGRES_URL, "--schema", schema, "--tenant", "default",
-                 "--follow", "--json"], cwd=where, env=env, text=True,
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            passes = Path(where) / "passes.jsonl"  # a file: a pipe not read would fill
+            with passes.open("w") as out:
+                follower = subprocess.Popen(
+                    [sys.executable, "-m", "meshpoint.cli", "sync", "--from",
+                     f"sqlite:///{db}", "--to", POSTGRES_URL, "--schema", schema,
+                     "--tenant", "default", "--follow", "--json"], cwd=where, env=env,
+                    text=True, stdout=out, stderr=subprocess.DEVNULL)
             processes.append(follower)
-            assert follower.stdout is not None
-            first = follower.stdout.readline()  # its first pass is done
-            assert first.startswith("{"), first
+            while not passes.read_text().startswith("{"):  # its first pass is done
+                assert follower.poll() is None, "the follower ended"
+                time.sleep(0.01)
             with psycopg.connect(PG_DSN, autocommit=True) as cloud:
                 seen = _poll(local, cloud, schema, demo)
             figures = json.loads(demo.communicate()[0])

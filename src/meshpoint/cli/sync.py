@@ -163,7 +163,9 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
              "--follow", help="Keep pushing, every --interval-s, retrying with backoff "
                               "while the cloud is unreachable (Ctrl-C stops).")] = False,
          interval_s: Annotated[float, typer.Option(
-             "--interval-s", min=0.01, help="Seconds between passes with --follow.")] = 10.0,
+             "--interval-s", min=0.01, help="The longest wait between passes with --follow "
+                                             "(a pass starts as soon as the local file has "
+                                             "new rows).")] = 10.0,
          as_json: AsJson = False) -> None:
     """Push the local store's history chains (records and heads), event log and
     ended-task ledger to the cloud store, exactly once: each batch is applied in one
