@@ -9,11 +9,13 @@ Modules:
 * :mod:`~meshpoint.sync.queries` — its named statements: reads of the source by rowid
   (commit order), the cloud's inserts, cursor and conflict log.
 * :mod:`~meshpoint.sync.apply` — one batch applied inside a cloud transaction: rows
-  inserted or compared, chains applied under a savepoint and verified before they stay.
+  inserted or compared, chains verified before they stay (new records after the
+  cloud's head, or the whole chain read back under a savepoint).
 * :mod:`~meshpoint.sync.push` — a pass: batches read in one source snapshot, each
   applied with its cursor in one cloud transaction; status (cursor and lag).
-* :mod:`~meshpoint.sync.follow` — a pass every interval, retried with backoff while
-  the cloud is unreachable (``sync --follow``; ``serve`` with a ``sync:`` section).
+* :mod:`~meshpoint.sync.follow` — a pass as soon as the local file has new rows (and
+  every interval), retried with backoff while the cloud is unreachable (``sync
+  --follow``; ``serve`` with a ``sync:`` section).
 
 It imports the store and the history's verification; the CLI (``meshpoint sync``,
 :mod:`meshpoint.cli.sync`) imports it. This module imports nothing: the store loads

@@ -3,19 +3,24 @@ also moves the batch's cursor (:mod:`meshpoint.sync.push` runs it).
 
 What each table's rows get:
 
-* events (immutable): inserted unless their id is taken; a taken id holding other
+* events (immutable): inserted, a batch in one statement; if an id is taken, the
+  batch is compared with the cloud's rows instead, and a taken id holding other
   content is a ``conflict``: both versions go to the conflict log, the cloud's stays.
 * ended tasks (immutable: a task ends once): inserted unless the cloud holds the
   task's end; one that says otherwise (another ``ended_at`` or agent) is logged as
   ``kept`` and the cloud's stays. The ledger is not signed, so a later end written
   into the file by someone without a key must not replace the cloud's.
 * history records (immutable, hash-chained): a record travels with its task's whole
-  chain and head, as the source's snapshot had them. Each chain is applied under a
-  savepoint and read back and verified in the cloud (hashes, links, head, snapshots,
-  and signatures with the cloud's keys) before the savepoint is released: a record
-  whose id or place is taken by other content rolls the chain back as a ``conflict``,
-  a chain that does not verify is rolled back as a ``quarantine``. Nothing already in
-  the cloud is overwritten, and nothing unverified is applied.
+  chain and head, as the source's snapshot had them. A chain that extends the
+  cloud's as it should (the records the cloud holds are the file's, by id, place,
+  hash and signature) has its new records verified after the cloud's head (hashes,
+  links, claims, columns, snapshots, signatures with the cloud's keys, its new head)
+  and inserted with the batch's other such chains in one statement. Anything else is
+  applied chain by chain under a savepoint and read back and verified in the cloud
+  before the savepoint is released: a record whose id or place is taken by other
+  content rolls the chain back as a ``conflict``, a chain that does not verify is
+  rolled back as a ``quarantine``. Nothing already in the cloud is overwritten, and
+  nothing unverified is applied.
 
 Every body here is a synchronous function of the transaction's connection; none
 commits. No I/O of its own beyond the statements it runs.
