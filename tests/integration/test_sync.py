@@ -347,3 +347,48 @@ async def test_a_record_id_the_cloud_holds_under_another_task_is_a_conflict_the_
             assert report.ok and report.signatures_checked, report
         assert reports[0].applied == len([r for r in before["agent_checkpoints"].values()
                                           if r["logical_task_id"] != task])
+
+
+async def test_a_follower_passes_as_soon_as_the_file_has_new_rows(
+        local: SqlStore, cloud: Cloud, ran: tuple[Path, Path]) -> None:
+    """Between passes the follower looks at the file (the largest rowid of each table),
+    not at the clock alone: with ten minutes between passes, a row written after the
+    first pass arrives at once, in a second pass, and the cloud store stays open."""
+    from meshpoint.sync.follow import follow
+
+    stop = asyncio.Event()
+    passes: list[list[Any]] = []
+    opened: list[int] = []
+
+    def open_cloud() -> Any:
+        opened.append(1)
+        return cloud.open(history=options(ran))
+
+    async def until(check: Any) -> None:
+        for _ in range(600):
+            if await check():
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError("the follower did not pass")
+
+    following = asyncio.create_task(follow(local, open_cloud, interval_s=600, stop=stop,
+                                           on_pass=lambda _s, r: passes.append(r)))
+    try:
+        async def first() -> bool:
+            return len(passes) == 1
+
+        await until(first)
+        event = next(iter((await tenant_rows(local))["agent_events"].values()))
+        new = {**event, "event_id": str(uuid.uuid4())}
+        await local.run(lambda conn: conn.execute(insert(events).values(new)), write=True)
+
+        async def arrived() -> bool:
+            async with cloud.open() as target:
+                return new["event_id"] in (await tenant_rows(target))["agent_events"]
+
+        await until(arrived)
+    finally:
+        stop.set()
+        await asyncio.wait_for(following, 60)
+    assert len(passes) == 2 and passes[1][1].applied == 1
+    assert len(opened) == 1
