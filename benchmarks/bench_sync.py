@@ -9,13 +9,23 @@ PostgreSQL schemas, as the tenant (under row-level security):
 
 * **sync** pushes it with :class:`meshpoint.sync.push.Syncer` (batches of 500: each
   read from SQLite in one snapshot, applied in one transaction with its cursor, every
-  chain read back and verified before it stays);
+  chain verified before it stays: docs/sync.md, *How a batch is applied*);
 * **insert** inserts the same rows (records, heads, events, ended tasks), read from
   the same file, with one ``executemany`` per table and batch of 500, in one
   transaction per batch: what a copy costs with no cursor, comparison or verification.
 
 Both count the source rows that travel (records, events, ended tasks) per second of
-wall time, reading included. A table goes to the terminal, the figures to
+wall time, reading included.
+
+Then the **lag** of ``meshpoint sync --follow`` (its defaults, as a user runs it) at the
+demo's write rate: ``meshpoint demo`` writes its SQLite file at its natural rate while
+the follower, a process of its own, pushes it to a third schema. This process polls
+both sides every 10 ms (the local file read-only, the cloud as the superuser): a row's
+lag is the time from the first poll that sees it in the file to the first that sees it
+in the cloud, so each figure is within a poll of the truth. Rows the file held before
+the follower's first pass are not counted (they waited for it to start).
+
+A table goes to the terminal, the figures to
 ``benchmarks/results/<date>-<mode>-sync.json`` (docs/sync.md, *Throughput*).
 """
 
@@ -23,6 +33,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +57,12 @@ from meshpoint.sync.push import Syncer
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_compare import PG_DSN, POSTGRES_URL, postgres_up
 
-MODES = {"quick": {"tasks": 200}, "full": {"tasks": 2000}}
+MODES = {"quick": {"tasks": 200, "demo_tasks": 200}, "full": {"tasks": 2000, "demo_tasks": 1000}}
+ROOT = Path(__file__).resolve().parents[1]
+#: The tables whose rows' lag is measured, and their keys.
+LAGGED = {"agent_checkpoints": "checkpoint_id", "agent_events": "event_id",
+          "agent_ended_tasks": "logical_task_id"}
+POLL_S = 0.01
 BATCH = 500
 TENANT = "bench"
 console = Console(width=150)
@@ -134,6 +153,115 @@ async def run(mode: dict[str, int]) -> dict[str, Any]:
             "sync_time_over_insert_time": round(sync_s / insert_s, 2)}
 
 
+def measure_lag(tasks: int) -> dict[str, Any]:
+    """The follower's lag at the demo's write rate (see the module docstring)."""
+    import psycopg
+
+    schema = f"bench_sync_follow_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    asyncio.run(_migrate(schema))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    processes: list[subprocess.Popen[str]] = []
+    try:
+        with tempfile.TemporaryDirectory() as where:
+            db = Path(where) / "demo.db"
+            demo = subprocess.Popen(
+                [sys.executable, "-m", "meshpoint.cli", "demo", "--tasks", str(tasks),
+                 "--db", str(db), "--json"], cwd=where, env=env, text=True,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            processes.append(demo)
+            local = _wait_for_schema(db)
+            passes = Path(where) / "passes.jsonl"  # a file: a pipe not read would fill
+            with passes.open("w") as out:
+                follower = subprocess.Popen(
+                    [sys.executable, "-m", "meshpoint.cli", "sync", "--from",
+                     f"sqlite:///{db}", "--to", POSTGRES_URL, "--schema", schema,
+                     "--tenant", "default", "--follow", "--json"], cwd=where, env=env,
+                    text=True, stdout=out, stderr=subprocess.DEVNULL)
+            processes.append(follower)
+            while not passes.read_text().startswith("{"):  # its first pass is done
+                assert follower.poll() is None, "the follower ended"
+                time.sleep(0.01)
+            with psycopg.connect(PG_DSN, autocommit=True) as cloud:
+                seen = _poll(local, cloud, schema, demo)
+            figures = json.loads(demo.communicate()[0])
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+            process.wait(timeout=60)
+        with psycopg.connect(PG_DSN, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    lags = sorted(cloud_at - local_at for local_at, cloud_at in seen.values())
+    span = max(t for t, _ in seen.values()) - min(t for t, _ in seen.values())
+    return {"demo_tasks": tasks, "demo_completed": figures["completed"],
+            "rows_timed": len(lags), "write_rate_rows_per_s": round(len(lags) / span),
+            "lag_p50_s": round(_quantile(lags, 0.50), 3),
+            "lag_p99_s": round(_quantile(lags, 0.99), 3), "lag_max_s": round(lags[-1], 3),
+            "poll_s": POLL_S}
+
+
+async def _migrate(schema: str) -> None:
+    await (await open_store(POSTGRES_URL, schema=schema, tenant_id="default")).close()
+
+
+def _wait_for_schema(db: Path) -> sqlite3.Connection:
+    """A read-only connection to the demo's file, once it holds the tables polled."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            if set(LAGGED) <= names and "meshpoint_sync_sources" in names:
+                return conn
+            conn.close()
+        except sqlite3.OperationalError:
+            pass
+        assert time.monotonic() < deadline, "the demo did not create its database"
+        time.sleep(0.05)
+
+
+def _poll(local: sqlite3.Connection, cloud: Any, schema: str,
+          demo: subprocess.Popen[str]) -> dict[tuple[str, str], tuple[float, float]]:
+    """Each new row's first sight in the file and in the cloud, until the demo ended
+    and the cloud holds every row the file does."""
+    after = {t: local.execute(f"SELECT coalesce(max(rowid), 0) FROM {t}").fetchone()[0]
+             for t in LAGGED}
+    pending: dict[tuple[str, str], float] = {}
+    seen: dict[tuple[str, str], tuple[float, float]] = {}
+    deadline = None
+    while True:
+        now = time.perf_counter()
+        for table, key in LAGGED.items():
+            for rowid, value in local.execute(
+                    f"SELECT rowid, {key} FROM {table} WHERE rowid > ? ORDER BY rowid",
+                    (after[table],)):
+                pending[(table, value)] = now
+                after[table] = rowid
+        local.commit()  # ends the read transaction: the next poll sees new commits
+        for table, key in LAGGED.items():
+            ids = [v for t, v in pending if t == table]
+            if not ids:
+                continue
+            landed = cloud.execute(f"SELECT {key} FROM {schema}.{table} WHERE {key} = ANY(%s)",
+                                   (ids,)).fetchall()
+            at = time.perf_counter()
+            for (value,) in landed:
+                seen[(table, value)] = (pending.pop((table, value)), at)
+        if demo.poll() is not None:
+            deadline = deadline or time.monotonic() + 120
+            if not pending:
+                return seen
+            assert time.monotonic() < deadline, f"{len(pending)} row(s) never arrived"
+        time.sleep(max(0.0, POLL_S - (time.perf_counter() - now)))
+
+
+def _quantile(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=sorted(MODES), default="quick")
@@ -148,6 +276,13 @@ def main() -> int:
                   f"|---|---|---|---|\n| {results['rows']} | {results['sync_rows_per_s']} | "
                   f"{results['insert_rows_per_s']} | {results['sync_time_over_insert_time']} |",
                   markup=False)
+    console.print(f"following `meshpoint demo --tasks {MODES[args.mode]['demo_tasks']}` ...")
+    lag = measure_lag(MODES[args.mode]["demo_tasks"])
+    results["follow"] = lag
+    console.print(f"| demo write rate, rows/s | rows timed | lag p50 s | lag p99 s | "
+                  f"lag max s |\n|---|---|---|---|---|\n| {lag['write_rate_rows_per_s']} | "
+                  f"{lag['rows_timed']} | {lag['lag_p50_s']} | {lag['lag_p99_s']} | "
+                  f"{lag['lag_max_s']} |", markup=False)
     write_results("sync", args.mode, MODES[args.mode], results, started, console)
     return 0
 

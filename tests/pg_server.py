@@ -103,6 +103,19 @@ class PrivatePostgres:
                           str(self.log), "-w", "-t", "60", "start")
         self.started = True
 
+    def down(self, mode: str = "immediate") -> None:
+        """Stop the server (``pg_ctl stop -m mode``: ``immediate`` ends every session
+        at once, as a crash would), keeping its data, to bring it :meth:`up` again."""
+        self._as_postgres(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", mode,
+                          "-w", "stop")
+        self.started = False
+
+    def up(self) -> None:
+        """Start the server again after :meth:`down`, on the same port."""
+        self._as_postgres(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-l",
+                          str(self.log), "-w", "-t", "60", "start")
+        self.started = True
+
     def stop(self) -> None:
         try:
             if self.started:

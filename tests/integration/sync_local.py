@@ -38,10 +38,12 @@ SYNCED = {checkpoints: ("checkpoint_id",), checkpoint_heads: ("logical_task_id",
           graph_writes: ("thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx")}
 
 
-def local_config(where: Path, *, tenant: str = TENANT) -> tuple[Path, Path]:
+def local_config(where: Path, *, tenant: str = TENANT, key_id: str = "k1"
+                 ) -> tuple[Path, Path]:
     """A local mesh config (SQLite file, signed and encrypted history, event logs on)
     and the cloud's verifier config fragment's public key file; returns (config,
-    public key PEM path)."""
+    public key PEM path). ``key_id``: the signing key's id (two stores that sync into
+    one cloud need two)."""
     key = Ed25519PrivateKey.generate()
     seed = base64.b64encode(key.private_bytes(
         serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
@@ -56,7 +58,7 @@ def local_config(where: Path, *, tenant: str = TENANT) -> tuple[Path, Path]:
 store: {{url: "sqlite:///{where / 'local.db'}", tenant: {tenant}}}
 broker: memory://
 history:
-  signing: {{active: k1, keys: {{k1: "file:{where / 'k1.seed'}"}}}}
+  signing: {{active: {key_id}, keys: {{{key_id}: "file:{where / 'k1.seed'}"}}}}
   encryption: {{keyring: "{where / 'keyring.json'}"}}
 agents:
   coordinator:

@@ -317,3 +317,78 @@ async def test_two_syncs_of_one_file_at_once_apply_each_row_once(
         assert not any(r.conflicts or r.quarantined for _, reports in results
                        for r in reports)
         assert await tenant_rows(one) == before
+
+
+async def test_a_record_id_the_cloud_holds_under_another_task_is_a_conflict_the_rest_applied(
+        local: SqlStore, cloud: Cloud, ran: tuple[Path, Path]) -> None:
+    """The batch's chains are inserted together, their records checked against the
+    cloud's of the same tasks first: a record id the cloud holds under another task
+    is found only by the insert, which fails; the batch then goes chain by chain,
+    the clash is logged as a conflict and every other chain is applied, verified."""
+    before = await tenant_rows(local)
+    record = next(r for r in before["agent_checkpoints"].values() if r["seq"] == 1)
+    theirs = {**record, "logical_task_id": "someone-elses-task", "hash": "0" * 64}
+    async with cloud.open(history=options(ran)) as target:
+        await target.transaction(lambda conn: conn.execute(insert(checkpoints).values(theirs)),
+                                 write=True)
+        _, reports = await Syncer(local, target).run()
+        assert reports[0].conflicts == [record["checkpoint_id"]]
+        assert not reports[0].quarantined
+        after = await tenant_rows(target)
+        task = record["logical_task_id"]
+        assert after["agent_checkpoints"][record["checkpoint_id"]] == theirs | {
+            "tenant_id": TENANT}
+        assert set(after["agent_checkpoint_heads"]) == set(
+            before["agent_checkpoint_heads"]) - {task}
+        for other in after["agent_checkpoint_heads"]:
+            assert after["agent_checkpoint_heads"][other] == before[
+                "agent_checkpoint_heads"][other]
+            report = await target.history.verify_task(other)
+            assert report.ok and report.signatures_checked, report
+        assert reports[0].applied == len([r for r in before["agent_checkpoints"].values()
+                                          if r["logical_task_id"] != task])
+
+
+async def test_a_follower_passes_as_soon_as_the_file_has_new_rows(
+        local: SqlStore, cloud: Cloud, ran: tuple[Path, Path]) -> None:
+    """Between passes the follower looks at the file (the largest rowid of each table),
+    not at the clock alone: with ten minutes between passes, a row written after the
+    first pass arrives at once, in a second pass, and the cloud store stays open."""
+    from meshpoint.sync.follow import follow
+
+    stop = asyncio.Event()
+    passes: list[list[Any]] = []
+    opened: list[int] = []
+
+    def open_cloud() -> Any:
+        opened.append(1)
+        return cloud.open(history=options(ran))
+
+    async def until(check: Any) -> None:
+        for _ in range(600):
+            if await check():
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError("the follower did not pass")
+
+    following = asyncio.create_task(follow(local, open_cloud, interval_s=600, stop=stop,
+                                           on_pass=lambda _s, r: passes.append(r)))
+    try:
+        async def first() -> bool:
+            return len(passes) == 1
+
+        await until(first)
+        event = next(iter((await tenant_rows(local))["agent_events"].values()))
+        new = {**event, "event_id": str(uuid.uuid4())}
+        await local.run(lambda conn: conn.execute(insert(events).values(new)), write=True)
+
+        async def arrived() -> bool:
+            async with cloud.open() as target:
+                return new["event_id"] in (await tenant_rows(target))["agent_events"]
+
+        await until(arrived)
+    finally:
+        stop.set()
+        await asyncio.wait_for(following, 60)
+    assert len(passes) == 2 and passes[1][1].applied == 1
+    assert len(opened) == 1

@@ -15,6 +15,7 @@ import pytest
 import rfc8785
 from sqlalchemy import delete, insert, select, update
 
+from meshpoint.history.planning import HistoryOptions
 from meshpoint.store import SqlStore, open_store
 from meshpoint.store.schema import checkpoint_heads, checkpoints, ended_tasks, events
 from meshpoint.sync.push import Syncer
@@ -124,3 +125,77 @@ async def test_a_second_file_claiming_the_first_ones_source_id_skips_nothing(
     for name in ("agent_checkpoints", "agent_events", "agent_ended_tasks"):
         assert set(ours[name]) | set(theirs[name]) == set(after[name]), name
     assert all(not (r.conflicts or r.quarantined) for r in reports + again)
+
+
+
+def _extend(last: dict[str, Any]) -> dict[str, Any]:
+    """A record chained after ``last`` as the public format says (right claims,
+    hash and columns), unsigned."""
+    data = copy.deepcopy(dict(last["data"]))
+    new_id = str(uuid.uuid4())
+    data["metadata"] = {**data["metadata"], "checkpoint_id": new_id, "seq": last["seq"] + 1}
+    data["recovery"] = {**data["recovery"], "last_successful_state": last["checkpoint_id"]}
+    data["compliance"]["parent_hash"] = last["hash"]
+    digest = hashlib.sha256(bytes.fromhex(last["hash"]) + rfc8785.dumps(data)).hexdigest()
+    return {**last, "checkpoint_id": new_id, "seq": last["seq"] + 1, "data": data,
+            "hash": digest, "parent_id": last["checkpoint_id"], "signature": None,
+            "key_id": None}
+
+
+async def _append(local: SqlStore, task: str, record: dict[str, Any]) -> None:
+    def write(conn: Any) -> None:
+        conn.execute(insert(checkpoints).values(record))
+        conn.execute(update(checkpoint_heads).where(
+            checkpoint_heads.c.tenant_id == local.tenant_id,
+            checkpoint_heads.c.logical_task_id == task).values(
+            records=record["seq"], head_id=record["checkpoint_id"], head_hash=record["hash"],
+            signature=None, key_id=None))
+
+    await local.run(write, write=True)
+
+
+async def test_a_chain_extended_in_the_file_arrives_as_its_new_records_only(
+        local: SqlStore, cloud: Cloud, ran: tuple[Path, Path]) -> None:
+    """Checked as a cloud without keys checks (hashes, links, claims, columns, head):
+    a record appended to a synced chain is applied after the cloud's head, alone."""
+    async with cloud.open() as target:
+        await Syncer(local, target).run()
+        before = await tenant_rows(target)
+        task = sorted(before["agent_checkpoint_heads"])[0]
+        last = max((r for r in before["agent_checkpoints"].values()
+                    if r["logical_task_id"] == task), key=lambda r: r["seq"])
+        await _append(local, task, _extend(last))
+        _, reports = await Syncer(local, target).run()
+        assert (reports[0].applied, reports[0].identical) == (1, last["seq"]), reports[0]
+        assert not (reports[0].conflicts or reports[0].quarantined)
+        assert await tenant_rows(target) == await tenant_rows(local)
+        unkeyed = target.with_history(HistoryOptions(check_signatures=False))
+        assert (await unkeyed.history.verify_task(task)).ok
+
+async def test_a_synced_record_rewritten_in_the_file_before_a_new_one_is_a_conflict(
+        local: SqlStore, cloud: Cloud, ran: tuple[Path, Path]) -> None:
+    """A chain the cloud holds is extended by its new records only once the file's
+    copies of the records the cloud has are found the same (id, place, hash,
+    signature). One rewritten in the file (hash and signature replaced), a valid
+    record chained after the chain's last, is a conflict: nothing of the chain is
+    applied (checked as a cloud without keys, which the new record alone would pass)."""
+    async with cloud.open() as target:
+        await Syncer(local, target).run()
+        before = await tenant_rows(target)
+        task = sorted(before["agent_checkpoint_heads"])[0]
+        chain = sorted((r for r in before["agent_checkpoints"].values()
+                        if r["logical_task_id"] == task), key=lambda r: r["seq"])
+        first = chain[0]
+        await local.run(lambda conn: conn.execute(update(checkpoints).where(
+            checkpoints.c.checkpoint_id == first["checkpoint_id"]).values(
+            hash="f" * 64, signature=None, key_id=None)), write=True)
+        await _append(local, task, _extend(chain[-1]))
+        _, reports = await Syncer(local, target).run()
+        assert reports[0].conflicts == [first["checkpoint_id"]], reports[0]
+        assert reports[0].applied == 0
+        after = await tenant_rows(target)
+        assert after["agent_checkpoints"] == before["agent_checkpoints"]
+        assert after["agent_checkpoint_heads"] == before["agent_checkpoint_heads"]
+        conflict = (await _log(target, "conflict"))[first["checkpoint_id"]]
+        assert conflict.local_row["hash"] == "f" * 64
+        assert conflict.cloud_row["hash"] == first["hash"]

@@ -50,6 +50,9 @@ Unsigned = Annotated[bool, typer.Option(
                        "no history.signing key).")]
 #: The exit code of a pass that left conflicts or quarantined chains.
 EXIT_CONFLICTS = 3
+#: How long a one-off pass that lost the cloud mid-way keeps trying (with backoff)
+#: before it exits 1; and its longest wait between tries.
+RETRY_S, RETRY_MAX_BACKOFF_S = 60.0, 8.0
 
 
 def _check_keys(config: Path | None, unsigned: bool) -> bool:
@@ -190,7 +193,9 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
              "--follow", help="Keep pushing, every --interval-s, retrying with backoff "
                               "while the cloud is unreachable (Ctrl-C stops).")] = False,
          interval_s: Annotated[float, typer.Option(
-             "--interval-s", min=0.01, help="Seconds between passes with --follow.")] = 10.0,
+             "--interval-s", min=0.01, help="The longest wait between passes with --follow "
+                                             "(a pass starts as soon as the local file has "
+                                             "new rows).")] = 10.0,
          move_paused: Annotated[bool, typer.Option(
              "--move-paused", help="After the pass, hand paused tasks (waiting on peers "
                                    "or for approval) to the cloud, whose instances "
@@ -232,6 +237,7 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
     moves: list[Any] = []
 
     async def run() -> tuple[str | None, list[Any]]:
+        from meshpoint.sync.follow import unreachable_retrying
         from meshpoint.sync.push import Syncer
 
         nonlocal checked
@@ -254,7 +260,9 @@ def sync(ctx: typer.Context, source: From = None, target: To = None,
                         jobs[table] = bar.add_task(f"syncing {table}", total=behind)
                     bar.advance(jobs[table], rows)
 
-                done = await syncer.run(progress=advance)
+                done: tuple[str | None, list[Any]] = await unreachable_retrying(
+                    _say_unreachable, max_backoff_s=RETRY_MAX_BACKOFF_S,
+                    give_up_after_s=RETRY_S)(syncer.run, progress=advance)
             if mover is not None:
                 moves.extend(await mover.move(plans))
             return done
@@ -317,6 +325,11 @@ def _print_moves(moves: list[Any], dry_run: bool) -> None:
     console.print(table if moves else "no paused task to move")
 
 
+def _say_unreachable(error: BaseException, wait_s: float) -> None:
+    err.print(f"[yellow]the cloud store is unreachable[/yellow] ({shown(error)}); "
+              f"next try in {wait_s:.1f} s")
+
+
 def _follow(source: str | None, target: str, tenant: str, schema: str | None,
             config: Path | None, batch: int, interval_s: float, as_json: bool,
             unsigned: bool) -> None:
@@ -330,10 +343,6 @@ def _follow(source: str | None, target: str, tenant: str, schema: str | None,
         console.print(f"synced: {sum(r.applied for r in reports)} row(s) applied"
                       + (f", {kept} kept aside (meshpoint sync conflicts)" if kept else ""))
 
-    def on_retry(error: BaseException, wait_s: float) -> None:
-        err.print(f"[yellow]the cloud store is unreachable[/yellow] ({shown(error)}); "
-                  f"next try in {wait_s:.1f} s")
-
     async def run() -> None:
         from meshpoint.store import open_store
         from meshpoint.sync.follow import follow
@@ -346,7 +355,7 @@ def _follow(source: str | None, target: str, tenant: str, schema: str | None,
         async with _stores(source, None, tenant, schema, config) as (local, _):
             await follow(local, lambda: open_store(
                 target, tenant_id=tenant, schema=schema, migrate=False, history=history),
-                interval_s=interval_s, batch=batch, on_pass=on_pass, on_retry=on_retry,
+                interval_s=interval_s, batch=batch, on_pass=on_pass, on_retry=_say_unreachable,
                 unsigned=unsigned)
 
     try:

@@ -403,7 +403,7 @@ class SyncConfig(_Strict):
     to: str
     #: Its PostgreSQL schema; unset: the search path.
     schema_name: str | None = Field(default=None, alias="schema")
-    #: Seconds between passes.
+    #: The longest wait between passes (a pass starts as soon as the file has new rows).
     interval_s: float = Field(default=10.0, gt=0)
     #: Source rows per cloud transaction.
     batch: int = Field(default=500, ge=1, le=10_000)

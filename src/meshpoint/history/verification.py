@@ -222,15 +222,20 @@ def checked_snapshot(record: StoredRecord, *,
 def verify_chain(task_id: str, records: Sequence[StoredRecord], head: StoredHead | None,
                  options: HistoryOptions, *, snapshots: bool = False,
                  columns: bool = True,
-                 max_inflate: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> ChainReport:
+                 max_inflate: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+                 after: tuple[int, str] | None = None) -> ChainReport:
     """Walk a task's records (in ``seq`` order) against its head (see ChainReport);
     with ``snapshots`` (the records were read with their snapshots), each record's
     snapshot is checked against the hash its document names too (inflated to
     ``max_inflate`` bytes at most). With ``columns``, the columns read with the
     records and the head are checked against what the documents say (a restore,
-    which uses none of them, walks without)."""
+    which uses none of them, walks without). ``after`` (a seq and its record's hash,
+    already verified: a sync extending a chain the cloud holds) makes ``records``
+    the chain's records after that one only."""
     expected_seq = 1 if head is None else head.pruned_through + 1
     parent = GENESIS if head is None else head.pruned_hash
+    if after is not None:
+        expected_seq, parent = after[0] + 1, after[1]
     last_good = expected_seq - 1
 
     def bad(kind: Literal["corrupt", "broken"], record: StoredRecord | None,

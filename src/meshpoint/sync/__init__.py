@@ -10,14 +10,16 @@ Modules:
 * :mod:`~meshpoint.sync.queries` — its named statements: reads of the source by rowid
   (commit order), the cloud's inserts, cursor and conflict log.
 * :mod:`~meshpoint.sync.apply` — one batch applied inside a cloud transaction: rows
-  inserted or compared, chains applied under a savepoint and verified before they stay.
+  inserted or compared, chains verified before they stay (new records after the
+  cloud's head, or the whole chain read back under a savepoint).
 * :mod:`~meshpoint.sync.threads` — the LangGraph saver's threads: a changed thread
   compared by fingerprint, applied row by row, last write wins by version when it was
   written on both sides.
 * :mod:`~meshpoint.sync.push` — a pass: batches read in one source snapshot, each
   applied with its cursor in one cloud transaction; status (cursor and lag).
-* :mod:`~meshpoint.sync.follow` — a pass every interval, retried with backoff while
-  the cloud is unreachable (``sync --follow``; ``serve`` with a ``sync:`` section).
+* :mod:`~meshpoint.sync.follow` — a pass as soon as the local file has new rows (and
+  every interval), retried with backoff while the cloud is unreachable (``sync
+  --follow``; ``serve`` with a ``sync:`` section).
 * :mod:`~meshpoint.sync.move_tables` — the ledger of paused tasks moved to the cloud
   (migration 0017), registered with the store.
 * :mod:`~meshpoint.sync.move_queries` — the move's named statements: a task's live

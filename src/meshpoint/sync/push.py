@@ -126,6 +126,15 @@ class _Batch:
     last: int  # the rowid of its last row
     chains: list[Chain]
     threads: list[Thread] = field(default_factory=list)
+    last_key: str = ""  # the key of its last row, as the cursor remembers it
+
+
+@dataclass(frozen=True)
+class _Cursor:
+    """A cursor as a batch applied in this pass left it (the cloud's row, known)."""
+
+    position: int
+    position_key: str
 
 
 class Syncer:
@@ -239,7 +248,6 @@ class Syncer:
         if progress is not None:
             progress(table, 0, report.behind)
         while True:
-            cursor = await self._cursor(source, table)
             batch = await self.local.transaction(
                 functools.partial(self._read, table=table, cursor=cursor),
                 doing=f"reading {table} to sync")
@@ -251,11 +259,17 @@ class Syncer:
                     functools.partial(self._apply, source=source, table=table, batch=batch),
                     write=True, doing=f"applying a batch of {table}")
             except _CursorMoved:
+                cursor = await self._cursor(source, table)
                 continue
             report.take(done)
             report.position = batch.last
             if progress is not None:
                 progress(table, len(batch.rows), report.behind)
+            if len(batch.rows) < self.batch:
+                return report  # the table's last rows in the batch's snapshot
+            # Where this transaction left the cursor (another sync that moves it
+            # meanwhile makes the next batch's check fail, and it is read again).
+            cursor = _Cursor(batch.last, batch.last_key)
 
     def _read(self, conn: Connection, table: str, cursor: Any) -> _Batch:
         """The next batch after ``cursor``, in one snapshot of the source (with the
@@ -278,8 +292,10 @@ class Syncer:
                 chains.append(Chain(task, [as_row(r) for r in
                                            sq.CHAIN_ROWS.rows(conn, task_keys)],
                                     None if head is None else as_row(head)))
+        last_key = (_key_text({k: rows[-1][k] for k in sq.KEYS.get(table, ("thread_id",))})
+                    if rows else "")
         return _Batch(start, rows, int(raw[-1].sync_rowid) if raw else start, chains,
-                      threads)
+                      threads, last_key)
 
     def _apply(self, conn: Connection, source: str, table: str, batch: _Batch) -> Applied:
         keys = {"p_tenant": self.tenant, "p_source": source, "p_table": table}
@@ -300,12 +316,9 @@ class Syncer:
                                 now=now)
         else:
             done = apply_ended(conn, batch.rows, tenant=self.tenant, source=source, now=now)
-        last = batch.rows[-1]
         sq.PUT_CURSOR.rowcount(conn, {
-            **keys, "p_position": batch.last, "p_position_key": _key_text(
-                {k: last[k] for k in sq.KEYS.get(table, ("thread_id",))}),
-            "p_rows": len(batch.rows),
-            "p_now": now})
+            **keys, "p_position": batch.last, "p_position_key": batch.last_key,
+            "p_rows": len(batch.rows), "p_now": now})
         return done
 
 

@@ -167,6 +167,40 @@ PUT_HEAD = Statement(
         where=checkpoint_heads.c.records < _head.excluded.records),
     dialects=("postgresql",))
 
+#: The largest rowid of each table that travels (SQLite): a follower passes as soon
+#: as it changes. Each is the end of a b-tree, read without a scan.
+WATCH = Statement(
+    "sync_watch", "Reads the largest rowid of each table that travels, and the largest "
+    "change sequence number of LangGraph threads.",
+    select(*(select(func.max(ROWID)).select_from(t).scalar_subquery().label(name)
+             for name, t in TABLES.items()),
+           select(func.max(sync_thread_changes.c.change_seq)).scalar_subquery()
+           .label("langgraph_threads")), dialects=("sqlite",))
+
+# -- the fast path of a batch (an anomaly sends it the careful way, above) ------------
+
+_tasks = bindparam("p_tasks", type_=ARRAY(String))
+GET_HEADS = Statement(
+    "sync_get_heads", "Reads the cloud's history heads of a batch's tasks.",
+    select(*checkpoint_heads.c).where(checkpoint_heads.c.tenant_id == tenant,
+                                      checkpoint_heads.c.logical_task_id == func.any(_tasks)),
+    dialects=("postgresql",))
+GET_MARKS = Statement(
+    "sync_get_marks", "Reads the id, place, hash and signature of the cloud's records of "
+    "a batch's tasks.",
+    select(checkpoints.c.logical_task_id, checkpoints.c.seq, checkpoints.c.checkpoint_id,
+           checkpoints.c.hash, checkpoints.c.signature, checkpoints.c.key_id)
+    .where(checkpoints.c.tenant_id == tenant, checkpoints.c.logical_task_id == func.any(_tasks)),
+    dialects=("postgresql",))
+ADD_RECORD = Statement(
+    "sync_add_record", "Inserts a verified history record (a taken id or place fails the "
+    "statement: the batch is then applied chain by chain).",
+    pg_insert(checkpoints).values(_values(checkpoints)), dialects=("postgresql",))
+ADD_EVENT = Statement(
+    "sync_add_event", "Inserts an event (a taken id fails the statement: the batch is then "
+    "compared with the cloud's rows, inserted unless taken and read back).",
+    pg_insert(events).values(_values(events)), dialects=("postgresql",))
+
 # -- the source id (local) -------------------------------------------------------------
 
 GET_SOURCE = Statement(
