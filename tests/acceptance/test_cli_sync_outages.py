@@ -291,8 +291,12 @@ async def test_two_local_stores_syncing_into_one_tenant_at_once_land_their_union
     assert len(set(sources)) == 2
     for source, side, report in zip(sources, sides, reports, strict=True):
         mine = {c.table_name: c for c in cursors if c.source_id == source}
-        assert sorted(mine) == sorted(t["table"] for t in report["tables"])
-        for t in report["tables"]:
+        # These files hold no LangGraph thread: none travelled, no cursor for them.
+        tables = [t for t in report["tables"] if t["table"] != "langgraph_threads"]
+        assert [t["applied"] for t in report["tables"]
+                if t["table"] == "langgraph_threads"] == [0]
+        assert sorted(mine) == sorted(t["table"] for t in tables)
+        for t in tables:
             assert mine[t["table"]].rows_applied == len(side[t["table"]]) == t["applied"]
             assert mine[t["table"]].position == t["position"]
     chains = len(after["agent_checkpoint_heads"])

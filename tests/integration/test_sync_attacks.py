@@ -159,13 +159,13 @@ async def test_a_chain_extended_in_the_file_arrives_as_its_new_records_only(
     """Checked as a cloud without keys checks (hashes, links, claims, columns, head):
     a record appended to a synced chain is applied after the cloud's head, alone."""
     async with cloud.open() as target:
-        await Syncer(local, target).run()
+        await Syncer(local, target, unsigned=True).run()
         before = await tenant_rows(target)
         task = sorted(before["agent_checkpoint_heads"])[0]
         last = max((r for r in before["agent_checkpoints"].values()
                     if r["logical_task_id"] == task), key=lambda r: r["seq"])
         await _append(local, task, _extend(last))
-        _, reports = await Syncer(local, target).run()
+        _, reports = await Syncer(local, target, unsigned=True).run()
         assert (reports[0].applied, reports[0].identical) == (1, last["seq"]), reports[0]
         assert not (reports[0].conflicts or reports[0].quarantined)
         assert await tenant_rows(target) == await tenant_rows(local)
@@ -180,7 +180,7 @@ async def test_a_synced_record_rewritten_in_the_file_before_a_new_one_is_a_confl
     record chained after the chain's last, is a conflict: nothing of the chain is
     applied (checked as a cloud without keys, which the new record alone would pass)."""
     async with cloud.open() as target:
-        await Syncer(local, target).run()
+        await Syncer(local, target, unsigned=True).run()
         before = await tenant_rows(target)
         task = sorted(before["agent_checkpoint_heads"])[0]
         chain = sorted((r for r in before["agent_checkpoints"].values()
@@ -190,7 +190,7 @@ async def test_a_synced_record_rewritten_in_the_file_before_a_new_one_is_a_confl
             checkpoints.c.checkpoint_id == first["checkpoint_id"]).values(
             hash="f" * 64, signature=None, key_id=None)), write=True)
         await _append(local, task, _extend(chain[-1]))
-        _, reports = await Syncer(local, target).run()
+        _, reports = await Syncer(local, target, unsigned=True).run()
         assert reports[0].conflicts == [first["checkpoint_id"]], reports[0]
         assert reports[0].applied == 0
         after = await tenant_rows(target)
