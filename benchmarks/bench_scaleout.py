@@ -338,6 +338,15 @@ def main() -> None:
         console.print(f"[yellow]skipping the scale-out benchmark: {missing}. Start the "
                       f"services with `make services`.[/yellow]")
         return
+    if "dbos" in sides:
+        try:
+            ensure_env()
+        except (OSError, subprocess.CalledProcessError) as error:
+            console.print(f"[yellow]no DBOS side: its environment could not be made "
+                          f"({error})[/yellow]")
+            sides.remove("dbos")
+            if not sides:
+                return
     counts = [int(n) for n in args.coordinators.split(",")]
     plan = ([(1, args.latency_tasks, 1)] if args.latency_tasks else []) + [
         (n, args.tasks, args.window) for n in counts]
