@@ -13,13 +13,20 @@ the 3 peers, so it pauses once (a checkpoint), and its join is claimed 3 times
 * completed tasks per second, and claims (resolutions) per second;
 * pause-to-resume p50/p99, pooled from every coordinator process (each writes its
   samples when it is stopped with SIGTERM), and the checkpoint write p50/p99;
+* CPU per task: user + system CPU of every serve process (coordinators and peers;
+  not the client) over the tasks, divided by the tasks;
+* beside it, unless ``--sides meshpoint``, DBOS Transact on the same workload: a
+  durable workflow fanning out to three steps and joining, on the same PostgreSQL (a
+  schema of its own), the same number of worker processes dequeuing from one queue, the
+  same window (``benchmarks/_dbos_side.py``; DBOS runs from a virtual environment of
+  its own under ``~/.cache/meshpoint``, made on first use). The two sides alternate;
 * the ceiling: pgbench running a single-statement ``DELETE ... RETURNING`` by
   primary key on a table shaped like ``agent_peer_sub_tasks``, with as many
   clients as there are coordinator processes. A claim does more (it records the
   result, advances the join and may take the lease in the same transaction), so
   the ratio says how close to the raw database the runtime gets.
 
-Results go to a table on the terminal and to ``benchmarks/results/<date>-scaleout.json``.
+Results go to tables on the terminal and to ``benchmarks/results/<date>-full-scaleout.json``.
 Needs PostgreSQL and NATS (``make services``); without them it says so and exits 0.
 """
 
@@ -29,20 +36,22 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+
+from _dbos_side import DBOS_VERSION, READY, cpu_seconds, ensure_env
+from _results import write_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.cluster
 
@@ -54,7 +63,6 @@ from meshpoint.runtime import Client
 from meshpoint.runtime.stats import percentile
 from meshpoint.store import open_store
 
-RESULTS = Path(__file__).parent / "results"
 # The same server as the other benchmarks (bench_claims takes its pgbench ceiling
 # from here), so MESHPOINT_BENCH_POSTGRES_URL moves them all.
 POSTGRES_URL = os.environ.get("MESHPOINT_BENCH_POSTGRES_URL", os.environ.get(
@@ -91,7 +99,8 @@ def services_missing() -> str | None:
     return None
 
 
-async def drive(namespace: str, tasks: int, window: int, progress: Progress) -> dict[str, Any]:
+async def drive(namespace: str, tasks: int, window: int, pids: list[int],
+                progress: Progress) -> dict[str, Any]:
     broker = await NatsBroker.connect(NATS_URL)
     latencies: list[float] = []
     job = progress.add_task(f"tasks answered ({namespace})", total=tasks)
@@ -111,13 +120,15 @@ async def drive(namespace: str, tasks: int, window: int, progress: Progress) -> 
                     failed += answer.status.state.value != "completed"
                     progress.advance(job)
 
+            cpu_before = cpu_seconds(pids)
             started = loop.time()
             await asyncio.gather(*(one(n) for n in range(tasks)))
             seconds = loop.time() - started
+            cpu = cpu_seconds(pids) - cpu_before
     finally:
         await broker.close()
         progress.remove_task(job)
-    return {"seconds": seconds, "failed": failed,
+    return {"seconds": seconds, "failed": failed, "cpu_s": cpu,
             "end_to_end_ms": {"p50": percentile(latencies, 50),
                               "p99": percentile(latencies, 99)}}
 
@@ -133,7 +144,8 @@ def run_mesh(coordinators: int, tasks: int, window: int, workdir: Path,
     cluster.migrate()
     try:
         cluster.start({"coordinator": coordinators, **{p: 1 for p in PEERS}})
-        figures = asyncio.run(drive(namespace, tasks, window, progress))
+        pids = [proc.popen.pid for proc in cluster.procs]
+        figures = asyncio.run(drive(namespace, tasks, window, pids, progress))
     finally:
         codes = cluster.stop()
         psql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
@@ -149,14 +161,58 @@ def run_mesh(coordinators: int, tasks: int, window: int, workdir: Path,
     writes = [s for st in stats for s in st["checkpoint_ms"]["samples"]]
     rate = tasks / figures["seconds"]
     return {
-        "coordinators": coordinators, "tasks": tasks, "window": window,
+        "side": "meshpoint", "coordinators": coordinators, "tasks": tasks, "window": window,
         "failed": figures["failed"],
+        "cpu_ms_per_task": round(figures["cpu_s"] * 1000 / tasks, 2),
         "seconds": round(figures["seconds"], 2), "tasks_per_s": round(rate, 1),
         "claims_per_s": round(rate * len(PEERS), 1),
         "pause_resume_ms": {"p50": percentile(pause, 50), "p99": percentile(pause, 99)},
         "checkpoint_ms": {"p50": percentile(writes, 50), "p99": percentile(writes, 99)},
         "end_to_end_ms": figures["end_to_end_ms"],
         "clean_exits": sum(1 for c in codes.values() if c == 0), "processes": len(codes),
+    }
+
+
+def run_dbos(workers: int, tasks: int, window: int, workdir: Path, poll_s: float,
+             progress: Progress) -> dict[str, Any]:
+    """DBOS Transact on the same workload: ``workers`` DBOS processes dequeuing from one
+    queue, a driver keeping ``window`` workflows in flight (``_dbos_side.py``)."""
+    python = str(ensure_env())
+    side = str(Path(__file__).with_name("_dbos_side.py"))
+    schema = f"dbos_bench{uuid.uuid4().hex[:8]}"
+    common = ["--url", POSTGRES_URL, "--schema", schema, "--poll-s", str(poll_s)]
+    procs: list[subprocess.Popen[bytes]] = []
+    job = progress.add_task(f"DBOS, {workers} worker(s), {tasks} tasks", total=None)
+    try:
+        for n in range(workers):  # the first one alone: it migrates the schema
+            log = (workdir / f"{schema}-w{n}.log").open("wb")
+            proc = subprocess.Popen([python, side, "worker", *common, "--executor", f"w{n}"],
+                                    stdout=subprocess.PIPE, stderr=log)
+            procs.append(proc)
+            assert proc.stdout is not None
+            if not proc.stdout.readline().decode().startswith(READY):
+                raise RuntimeError(f"a DBOS worker did not start: see {log.name}")
+        done = subprocess.run(
+            [python, side, "drive", *common, "--tasks", str(tasks), "--window", str(window),
+             "--pids", ",".join(str(p.pid) for p in procs)],
+            capture_output=True, text=True, timeout=max(600, tasks))
+        if done.returncode:
+            raise RuntimeError(f"the DBOS driver failed:\n{done.stderr[-2000:]}")
+        figures = json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        for proc in procs:
+            proc.terminate()
+        codes = [proc.wait(60) for proc in procs]
+        progress.remove_task(job)
+        psql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    rate = tasks / figures["seconds"]
+    return {
+        "side": "dbos", "coordinators": workers, "tasks": tasks, "window": window,
+        "failed": figures["failed"],
+        "cpu_ms_per_task": round(figures["cpu_s"] * 1000 / tasks, 2),
+        "seconds": round(figures["seconds"], 2), "tasks_per_s": round(rate, 1),
+        "end_to_end_ms": figures["end_to_end_ms"],
+        "clean_exits": sum(1 for c in codes if c == 0), "processes": len(codes),
     }
 
 
@@ -197,55 +253,130 @@ def pgbench_ceiling(clients: list[int], seconds: int, rows: int) -> dict[int, fl
     return tps
 
 
+def span(values: list[float], digits: int = 1) -> str:
+    """One figure, or the range of the rounds' figures."""
+    low, high = min(values), max(values)
+    return f"{low:,.{digits}f}" if low == high else f"{low:,.{digits}f}-{high:,.{digits}f}"
+
+
+def pair(runs: list[dict[str, Any]], key: str) -> str:
+    return " / ".join(span([r[key][q] for r in runs]) if all(r[key][q] is not None
+                                                                  for r in runs) else "-"
+                      for q in ("p50", "p99"))
+
+
+def mesh_table(runs: list[dict[str, Any]], ceiling: dict[int, float]) -> Table:
+    table = Table(title=f"meshpoint serve processes on PostgreSQL + NATS, fan-out 3, "
+                        f"{os.cpu_count()} cores")
+    for column in ("coordinator processes", "tasks in flight", "tasks/s", "claims/s",
+                   "CPU ms / task", "pgbench DELETE tps", "claims / pgbench",
+                   "pause-to-resume p50/p99 ms", "checkpoint p50/p99 ms",
+                   "end-to-end p50/p99 ms"):
+        table.add_column(column, justify="right")
+    for run in runs:
+        tps = ceiling.get(run["coordinators"])
+        if tps:
+            run["pgbench_tps"] = tps
+            run["claims_vs_pgbench"] = round(run["claims_per_s"] / tps, 3)
+        table.add_row(str(run["coordinators"]), str(run["window"]), f"{run['tasks_per_s']:.1f}",
+                      f"{run['claims_per_s']:.1f}", f"{run['cpu_ms_per_task']:.1f}",
+                      f"{tps:.0f}" if tps else "-",
+                      f"{run['claims_vs_pgbench']:.1%}" if tps else "-",
+                      pair([run], "pause_resume_ms"), pair([run], "checkpoint_ms"),
+                      pair([run], "end_to_end_ms"))
+    return table
+
+
+def versus_table(runs: list[dict[str, Any]]) -> Table:
+    """meshpoint beside DBOS, each cell the range over the rounds, with the ratios."""
+    table = Table(title=f"meshpoint beside DBOS Transact {DBOS_VERSION}: the same fan-out-3 "
+                        f"workload on one PostgreSQL")
+    for column in ("processes", "in flight", "meshpoint tasks/s", "DBOS tasks/s",
+                   "tasks/s ratio", "meshpoint CPU ms/task", "DBOS CPU ms/task",
+                   "CPU ratio", "meshpoint p50/p99 ms", "DBOS p50/p99 ms"):
+        table.add_column(column, justify="right")
+    keys = sorted({(r["window"], r["coordinators"]) for r in runs})
+    for window, n in keys:
+        mesh = [r for r in runs if r["side"] == "meshpoint" and
+                (r["window"], r["coordinators"]) == (window, n)]
+        dbos = [r for r in runs if r["side"] == "dbos" and
+                (r["window"], r["coordinators"]) == (window, n)]
+        if not mesh or not dbos:
+            continue
+        rate = [m["tasks_per_s"] / d["tasks_per_s"] for m, d in zip(mesh, dbos, strict=False)]
+        cpu = [m["cpu_ms_per_task"] / d["cpu_ms_per_task"] for m, d in zip(mesh, dbos,
+                                                                             strict=False)]
+        table.add_row(str(n), str(window), span([r["tasks_per_s"] for r in mesh]),
+                      span([r["tasks_per_s"] for r in dbos]), span(rate, 2),
+                      span([r["cpu_ms_per_task"] for r in mesh]),
+                      span([r["cpu_ms_per_task"] for r in dbos]), span(cpu, 2),
+                      pair(mesh, "end_to_end_ms"), pair(dbos, "end_to_end_ms"))
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=600)
     parser.add_argument("--window", type=int, default=64, help="tasks in flight at once")
-    parser.add_argument("--coordinators", default="1,2,4")
-    parser.add_argument("--pgbench-seconds", type=int, default=5)
+    parser.add_argument("--coordinators", default="1,2,4",
+                        help="coordinator processes (DBOS: worker processes) per run")
+    parser.add_argument("--sides", default="meshpoint,dbos",
+                        help="meshpoint, dbos or both (they alternate)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="each run this many times; tables show the range")
+    parser.add_argument("--dbos-poll-s", type=float, default=0.01,
+                        help="DBOS queue polling interval (its default is 1 s)")
+    parser.add_argument("--pgbench-seconds", type=int, default=5, help="0: no ceiling")
     parser.add_argument("--latency-tasks", type=int, default=100,
                         help="tasks sent one at a time to 1 coordinator (unloaded latency)")
     args = parser.parse_args()
+    sides = [side.strip() for side in args.sides.split(",") if side.strip()]
+    if not sides or set(sides) - {"meshpoint", "dbos"}:
+        parser.error(f"--sides takes meshpoint, dbos or both, not {args.sides!r}")
     missing = services_missing()
     if missing:
         console.print(f"[yellow]skipping the scale-out benchmark: {missing}. Start the "
                       f"services with `make services`.[/yellow]")
         return
+    if "dbos" in sides:
+        try:
+            ensure_env()
+        except (OSError, subprocess.CalledProcessError) as error:
+            console.print(f"[yellow]no DBOS side: its environment could not be made "
+                          f"({error})[/yellow]")
+            sides.remove("dbos")
+            if not sides:
+                return
     counts = [int(n) for n in args.coordinators.split(",")]
+    plan = ([(1, args.latency_tasks, 1)] if args.latency_tasks else []) + [
+        (n, args.tasks, args.window) for n in counts]
     runs = []
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp, Progress(console=console) as progress:
-        if args.latency_tasks:
-            runs.append(run_mesh(1, args.latency_tasks, 1, Path(tmp), progress))
-        for n in counts:
-            runs.append(run_mesh(n, args.tasks, args.window, Path(tmp), progress))
-    console.print("pgbench ceiling ...")
-    ceiling = pgbench_ceiling(sorted({1, *counts}), args.pgbench_seconds, rows=300_000)
-
-    def pair(ms: dict[str, float | None]) -> str:
-        return " / ".join("-" if v is None else f"{v:.1f}" for v in (ms["p50"], ms["p99"]))
-
-    table = Table(title=f"meshpoint serve processes on PostgreSQL + NATS, fan-out 3, "
-                        f"{os.cpu_count()} cores")
-    for column in ("coordinator processes", "tasks in flight", "tasks/s", "claims/s",
-                   "pgbench DELETE tps", "claims / pgbench", "pause-to-resume p50/p99 ms",
-                   "checkpoint p50/p99 ms", "end-to-end p50/p99 ms"):
-        table.add_column(column, justify="right")
-    for run in runs:
-        run["pgbench_tps"] = ceiling[run["coordinators"]]
-        run["claims_vs_pgbench"] = round(run["claims_per_s"] / run["pgbench_tps"], 3)
-        table.add_row(str(run["coordinators"]), str(run["window"]), f"{run['tasks_per_s']:.1f}",
-                      f"{run['claims_per_s']:.1f}", f"{run['pgbench_tps']:.0f}",
-                      f"{run['claims_vs_pgbench']:.1%}", pair(run["pause_resume_ms"]),
-                      pair(run["checkpoint_ms"]), pair(run["end_to_end_ms"]))
-    console.print(table)
-    RESULTS.mkdir(exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%SZ")
-    out = RESULTS / f"{stamp}-scaleout.json"
-    out.write_text(json.dumps({
-        "when": stamp, "cores": os.cpu_count(), "python": platform.python_version(),
-        "postgres": psql("SHOW server_version"), "runs": runs,
-        "pgbench_tps": ceiling}, indent=2))
-    console.print(f"written to {out}")
+        for _ in range(args.rounds):
+            for n, tasks, window in plan:
+                for side in sides:
+                    if side == "meshpoint":
+                        runs.append(run_mesh(n, tasks, window, Path(tmp), progress))
+                    else:
+                        runs.append(run_dbos(n, tasks, window, Path(tmp), args.dbos_poll_s,
+                                             progress))
+    ceiling: dict[int, float] = {}
+    if args.pgbench_seconds and "meshpoint" in sides:
+        console.print("pgbench ceiling ...")
+        ceiling = pgbench_ceiling(sorted({1, *counts}), args.pgbench_seconds, rows=300_000)
+    mesh = [r for r in runs if r["side"] == "meshpoint"]
+    if mesh:
+        console.print(mesh_table(mesh, ceiling))
+    if len(sides) == 2:
+        console.print(versus_table(runs))
+    for run in (r for r in runs if r["side"] == "dbos"):
+        console.print(f"DBOS, {run['coordinators']} worker(s), {run['window']} in flight: "
+                      f"{run['tasks_per_s']:.1f} tasks/s, {run['cpu_ms_per_task']:.1f} ms "
+                      f"CPU/task, p50/p99 {pair([run], 'end_to_end_ms')} ms")
+    write_results("scaleout", "full", {**vars(args), "dbos": DBOS_VERSION,
+                                       "postgres": psql("SHOW server_version")},
+                  {"runs": runs, "pgbench_tps": ceiling}, started, console)
     if any(run["failed"] or run["clean_exits"] != run["processes"] for run in runs):
         console.print("[red]some tasks failed or a process did not exit cleanly[/red]")
         sys.exit(2)

@@ -488,3 +488,30 @@ async def test_retention_purges_ended_chains_and_what_stays_verifies(
         pruned_through=3, pruned_hash=third.hash))
     report = await signed.history.verify_task("keep-2")
     assert not report.ok and "its head" in (report.reason or ""), report
+
+
+async def test_a_lease_holders_end_with_its_agent_is_the_bodys_end(store: SqlStore) -> None:
+    """Ended by its lease holder with the agent's name (on PostgreSQL, one statement),
+    a task ends as the portable body ends it: no live row, the end in the ledger, the
+    last record chained and verifying. Another's lease is refused with nothing
+    changed; a wrong agent name only costs the one statement (the body ends it)."""
+    for task in ("t1", "t2"):
+        await store.checkpoint_task(fan_out(task, peers=1), AGENT)
+        await store.resolve_peer_sub_task(f"{task}/sub-0", "x", lease_owner="a")
+    first = (await store.restore_task("t1", lease_owner="a")).context
+    before = await snapshot(store)
+    with pytest.raises(LeaseNotHeldError):
+        await store.cleanup_task("t1", lease_owner="b", ctx=first, agent_name=AGENT)
+    assert await snapshot(store) == before
+    await store.cleanup_task("t1", lease_owner="a", ctx=first, agent_name=AGENT)
+    second = (await store.restore_task("t2", lease_owner="a")).context
+    await store.cleanup_task("t2", lease_owner="a", ctx=second, agent_name="another-agent",
+                             outcome="failed")
+    assert set((await store.live_row_counts()).values()) == {0}
+    assert [await store.task_known(t, AGENT) for t in ("t1", "t2")] == [True, True]
+    for task, outcome in (("t1", "completed"), ("t2", "failed")):
+        report = await store.history.verify_task(task)
+        assert report.ok and report.records == 2
+        phases = [r.execution_state.phase
+                  for r in await store.history.get_checkpoint_history(task)]
+        assert phases == [outcome, "waiting_peers"]

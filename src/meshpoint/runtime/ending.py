@@ -89,7 +89,8 @@ class Endings:
             if run.lease_owner is not None or run.maybe_stored:
                 record_ending(ctx, OUTCOMES[state], text)
                 await self.scope.store.cleanup_task(ctx.task_id, lease_owner=run.lease_owner,
-                                                    outcome=OUTCOMES[state], ctx=ctx)
+                                                    outcome=OUTCOMES[state], ctx=ctx,
+                                                    agent_name=self.scope.agent_name)
         except (LeaseNotHeldError, UnknownTaskError):
             pass
         except StoreError as error:

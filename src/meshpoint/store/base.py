@@ -303,14 +303,17 @@ class Store(Transactional, Protocol):
 
     async def cleanup_task(self, task_id: str, *, lease_owner: str | None = None,
                            outcome: str = "completed",
-                           ctx: TaskExecutionContext | None = None) -> None:
+                           ctx: TaskExecutionContext | None = None,
+                           agent_name: str | None = None) -> None:
         """Delete every live row of a task (it completed, failed, was canceled or
         expired: ``outcome``), and remember that it ended, so that a late copy of its
         request cannot store it again. With the checkpoint history on, the same
         transaction appends the task's last record (its final state from ``ctx``, if
         given) and marks its history ended. UnknownTaskError for an unknown task; with
         ``lease_owner``, only that lease holder may do it (LeaseNotHeldError
-        otherwise)."""
+        otherwise). ``agent_name``, the task's agent if the caller knows it, lets a
+        lease holder's end be one statement on PostgreSQL (a wrong one only costs
+        that)."""
         ...
 
     async def task_known(self, task_id: str, agent_name: str) -> bool:

@@ -314,6 +314,7 @@ class Breakers:
     async def state(self, agent_name: str) -> BreakerState:
         """The agent's breaker as stored (closed if it never failed)."""
         check_id("agent_name", agent_name)
-        return _state(await self.tx.read(
-            f"reading the breaker of agent {agent_name!r}",
-            lambda conn: rq.READ_BREAKER.first(conn, self.tx.keys(p_agent=agent_name))))
+        # One statement (on PostgreSQL, without BEGIN and COMMIT): every resume reads it.
+        rows = await self.tx.statement(rq.READ_BREAKER, {"p_agent": agent_name},
+                                       doing=f"reading the breaker of agent {agent_name!r}")
+        return _state(rows[0] if rows else None)

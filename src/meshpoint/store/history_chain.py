@@ -163,10 +163,7 @@ def finalize(conn: Connection, keys: dict[str, Any], *, agent_name: str, outcome
     deletes its live rows: chained to ``head`` (what its context knows), or else to
     the stored head, read here. ``final`` is its last checkpoint document, if its
     context was at hand; without it the record keeps the task's retention policy."""
-    doc: dict[str, Any] = dict(final) if final is not None else {}
-    if "history" in doc:  # the end is written whatever the context holds
-        doc["history"] = sound_annotations(doc["history"], f"the end of task "
-                                           f"{keys['p_task']!r}")
+    doc = None
     if head is None:
         head_row, last = stored_last(conn, keys)
         if head_row is None:
@@ -178,6 +175,22 @@ def finalize(conn: Connection, keys: dict[str, Any], *, agent_name: str, outcome
             # The policy its last record carries (hashed), not the head's column: a
             # policy written into a column would otherwise be signed into the end.
             doc = {"history": {"retention_policy": said_policy(last.document)}}
+    write_record(conn, end_record(keys, agent_name=agent_name, outcome=outcome, final=final,
+                                  head=head, now=now, options=options, doc=doc))
+
+
+def end_record(keys: dict[str, Any], *, agent_name: str, outcome: str,
+               final: Mapping[str, Any] | None, head: HistoryHead, now: float,
+               options: HistoryOptions, doc: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
+    """The parameters of a task's last record (see :func:`finalize`), chained to
+    ``head``: ``keys`` with the agent, the clock's reading and the ``p_rec_*`` ones.
+    Its document is ``doc``, or else ``final``."""
+    if doc is None:
+        doc = dict(final) if final is not None else {}
+        if "history" in doc:  # the end is written whatever the context holds
+            doc["history"] = sound_annotations(doc["history"], f"the end of task "
+                                               f"{keys['p_task']!r}")
     planned = plan_record(
         tenant_id=keys["p_tenant"], task_id=keys["p_task"], agent_name=agent_name,
         status=outcome, phase=outcome, doc=doc, context_sha256=None,
@@ -185,5 +198,5 @@ def finalize(conn: Connection, keys: dict[str, Any], *, agent_name: str, outcome
         final["session_events_persisted"] + len(final["session_events"]),
         head=head, now=now, options=options, compress_threshold=1 << 30,
         snapshot_context=None)
-    write_record(conn, {**keys, "p_agent": agent_name, "p_now": now,
-                        **record_params(planned, outcome=outcome)})
+    return {**keys, "p_agent": agent_name, "p_now": now,
+            **record_params(planned, outcome=outcome)}

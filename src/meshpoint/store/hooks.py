@@ -57,6 +57,13 @@ class FastPaths:
         why); raise SQLAlchemy's ``HistoryIntegrityError`` if a key is taken."""
         return PORTABLE
 
+    async def cleanup(self, params: dict[str, Any]) -> int | Portable:
+        """End a task for the holder of its lease (``p_owner``) as
+        :meth:`SqlStore.cleanup_task <meshpoint.store.sqlstore.SqlStore.cleanup_task>`
+        does, its last history record planned (``p_rec_*``); PORTABLE, with nothing
+        written, if the portable body would refuse it or must read the history's head."""
+        return PORTABLE
+
     async def resolve_one(self, params: Callable[[], dict[str, Any]],
                           lease_owner: str | None,
                           sealer: Sealer) -> Resolution | Portable | None:

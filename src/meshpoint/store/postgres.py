@@ -6,9 +6,10 @@ the network through SQLAlchemy's greenlet bridge. Reads run REPEATABLE READ, REA
 ONLY, so several SELECTs see one snapshot; a transaction that loses a deadlock or
 serialization check is retried whole by the store.
 
-The pause boundary's operations (a first checkpoint, a resolution, a restore) are
-each one statement (:mod:`meshpoint.store.postgres_queries`), chained through
-data-modifying CTEs or subqueries, and run natively: :class:`PostgresFastPaths`
+The pause boundary's operations (a first checkpoint, a resolution, a restore, a
+resumed task's end) are each one statement
+(:mod:`meshpoint.store.postgres_queries`), chained through data-modifying CTEs or
+subqueries, and run natively: :class:`PostgresFastPaths`
 awaits asyncpg on a pooled connection of its own (:meth:`PostgresDatabase.native`),
 with no BEGIN and COMMIT around a statement that is atomic by itself. Every
 statement is a network round trip, and round trips are most of what a pause costs
@@ -47,6 +48,7 @@ from meshpoint.store.engine import Database, translate
 from meshpoint.store.hooks import PORTABLE, FastPaths, Portable
 from meshpoint.store.postgres_migration_lock import take_migration_lock
 from meshpoint.store.postgres_queries import (
+    CLEANUP,
     FIRST_CHECKPOINT,
     JSON_TEXT,
     RECHECKPOINT,
@@ -108,6 +110,15 @@ class PostgresFastPaths(FastPaths):
             if getattr(error.orig, "sqlstate", None) == "22012":
                 return PORTABLE
             raise
+
+    async def cleanup(self, params: dict[str, Any]) -> int | Portable:
+        try:
+            await self._fetch(CLEANUP[params["p_history"]], params)
+        except exc.DBAPIError as error:
+            if getattr(error.orig, "sqlstate", None) == "22012":  # refused: rolled back
+                return PORTABLE
+            raise
+        return 1
 
     async def resolve_one(self, params: Callable[[], dict[str, Any]],
                           lease_owner: str | None,

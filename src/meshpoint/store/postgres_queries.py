@@ -1,6 +1,6 @@
 """PostgreSQL's one-statement fast paths, as named statements (see
-:mod:`meshpoint.store.statement`): a first checkpoint, a re-checkpoint, a resolution
-and a restore, each chained through data-modifying CTEs or subqueries, with and
+:mod:`meshpoint.store.statement`): a first checkpoint, a re-checkpoint, a resolution,
+a restore and a task's end, each chained through data-modifying CTEs or subqueries, with and
 without the history. :class:`~meshpoint.store.postgres.PostgresFastPaths` runs them;
 ``make sql`` renders them into ``store/sql/`` (``pg_*.postgresql.sql``).
 """
@@ -177,6 +177,50 @@ RECHECKPOINT = {
     False: Statement(
         "pg_recheckpoint_no_history", "pg_recheckpoint without the history record.",
         _recheckpoint(False), dialects=ONLY)}
+
+
+def _cleanup(history: bool) -> Any:
+    """delete_task_sub_tasks, delete_task_invocations, delete_task_events,
+    delete_task_of_owner (of agent p_agent too), record_ended and, with the history,
+    the task's last record (the end of finalize), chained through data-modifying CTEs.
+    The children are deleted first, as the portable body deletes them (the lock order
+    of resolvers, see queries.py): the task row's delete counts the rows they
+    returned, which runs them to completion before it. If the task row was not
+    deleted (its lease is not held, the task is unknown or another agent's), or the
+    record did not move the head, the statement fails by a division by zero and is
+    rolled back whole: the portable body then says why."""
+    def count(cte: Any) -> Any:
+        return select(func.count()).select_from(cte).scalar_subquery()
+
+    old_subs = delete(S).where(q.OF_TASK[S]).returning(S.c.sub_task_id).cte("old_sub_tasks")
+    old_invs = (delete(I).where(q.OF_TASK[I]).returning(I.c.invocation_id)
+                .cte("old_invocations"))
+    old_events = delete(E).where(q.OF_TASK[E]).returning(E.c.seq).cte("old_events")
+    gone = (delete(T).where(q.TASK_KEY, T.c.owner == q.owner, T.c.agent_name == q.agent,
+                            count(old_subs) + count(old_invs) + count(old_events) >= 0)
+            .returning(T.c.agent_name).cte("gone"))
+    done = select(gone.c.agent_name).exists()
+    ended = (insert(q.N).from_select(["tenant_id", "logical_task_id", "agent_name", "ended_at"],
+                                     select(q.tenant, q.task, q.agent, q.now)
+                                     .where(~q.ENDED, done))
+             .returning(q.N.c.logical_task_id).cte("ended"))
+    deleted_or_fail = (literal(1) / cast(done, Integer)).label("deleted_or_fail")
+    ctes = (old_subs, old_invs, old_events, gone, ended)
+    if not history:
+        return select(deleted_or_fail).add_cte(*ctes)
+    record, head, moved = _record_inserts(done)
+    return (select(deleted_or_fail, head_moved_or_fail(done, moved))
+            .add_cte(*ctes, record, head, moved))
+
+
+CLEANUP = {
+    True: Statement(
+        "pg_cleanup", "Ends a task in one statement for its lease holder: its sub-tasks, "
+        "invocations and events deleted, then its row, its end recorded in the ledger and "
+        "its last history record written.", _cleanup(True), dialects=ONLY),
+    False: Statement(
+        "pg_cleanup_no_history", "pg_cleanup without the history record.", _cleanup(False),
+        dialects=ONLY)}
 
 
 def _resolve_one() -> Any:

@@ -50,7 +50,9 @@ from meshpoint.store.checks import check_id, check_lease, check_timeout
 from meshpoint.store.deadlines import Deadlines
 from meshpoint.store.engine import Database, translate
 from meshpoint.store.history_chain import (
+    NO_RECORD,
     HeadMovedError,
+    end_record,
     finalize,
     stored_head_of,
     write_record,
@@ -528,8 +530,11 @@ class SqlStore(Store):
 
     async def cleanup_task(self, task_id: str, *, lease_owner: str | None = None,
                            outcome: str = "completed",
-                           ctx: TaskExecutionContext | None = None) -> None:
+                           ctx: TaskExecutionContext | None = None,
+                           agent_name: str | None = None) -> None:
         check_id("task_id", task_id)
+        if agent_name is not None:
+            check_id("agent_name", agent_name)
         if outcome not in END_PHASES:
             raise InvalidArgumentError(f"outcome must be one of {END_PHASES}, got {outcome!r}")
         if ctx is not None and ctx.task_id != task_id:
@@ -537,6 +542,18 @@ class SqlStore(Store):
         keys = self._tx.keys(p_task=task_id, p_owner=lease_owner)
         final = None if ctx is None or not self._history.enabled else ctx.checkpoint_delta()
         head = None if ctx is None else ctx.history_head
+        doing = f"cleaning up task {task_id!r}"
+        if lease_owner is not None and agent_name is not None and (
+                not self._history.enabled or (final is not None and head is not None)):
+            # A lease holder's end, in one statement where the dialect has one.
+            now = self._clock()
+            params = ({**keys, "p_agent": agent_name, "p_now": now, **NO_RECORD}
+                      if head is None or final is None else
+                      end_record(keys, agent_name=agent_name, outcome=outcome, final=final,
+                                 head=head, now=now, options=self._history))
+            if not isinstance(await self._tx.retried(doing, lambda: self._fast.cleanup(params)),
+                              Portable):
+                return
 
         children = (q.DELETE_TASK_SUB_TASKS, q.DELETE_TASK_INVOCATIONS, q.DELETE_TASK_EVENTS)
 
@@ -562,7 +579,7 @@ class SqlStore(Store):
                 finalize(conn, keys, agent_name=deleted.agent_name, outcome=outcome,
                          final=final, head=head, now=self._clock(), options=self._history)
 
-        await self._tx.write(f"cleaning up task {task_id!r}", body)
+        await self._tx.write(doing, body)
 
     async def forget_ended_tasks(self, agent_name: str, *, older_than_s: float) -> int:
         check_id("agent_name", agent_name)
