@@ -319,3 +319,43 @@ async def test_an_older_copy_of_the_file_put_back_never_rolls_the_cloud_back(
         report = await push(local, target)
         assert (report.applied, report.conflicts) == (1, [])
         assert await graph_rows(target) == await graph_rows(local)
+
+
+async def test_a_checkpoint_dated_ahead_of_the_clock_is_quarantined_not_a_version_that_wins(
+        local: SqlStore, cloud: Cloud) -> None:
+    """A thread's version is its newest checkpoint id, a time-ordered UUID. One dated
+    in the future (forged by someone who can write the file, its digest recomputed as
+    the public format says) would win every later comparison: it is quarantined,
+    nothing of the thread applied, and so is an id that is not a time-ordered UUID."""
+    from meshpoint.integrations.langgraph.rows import digest
+
+    saver = MeshpointSaver(local)
+    await say(saver, "t", "first")
+    await say(saver, "u", "first")
+    async with cloud.open() as target:
+        await push(local, target)
+        before = await graph_rows(target)
+
+        def forge(thread: str, new_id: str) -> Any:
+            def write(conn: Any) -> None:
+                row = conn.execute(select(graph_checkpoints).where(
+                    graph_checkpoints.c.thread_id == thread).order_by(
+                    graph_checkpoints.c.checkpoint_id.desc()).limit(1)).one()._asdict()
+                row.update(checkpoint_id=new_id, parent_checkpoint_id=row["checkpoint_id"],
+                           continues=row["checkpoint_id"],
+                           digest=digest(b"checkpoint", (row["checkpoint_ns"], new_id),
+                                         bytes(row["data"])))
+                conn.execute(graph_checkpoints.insert().values(**row))
+            return write
+
+        await local.run(forge("t", "ffffffff-ffff-6fff-8fff-ffffffffffff"), write=True)
+        await local.run(forge("u", "zz-not-a-uuid"), write=True)
+        report = await push(local, target)
+        assert (report.applied, sorted(k.split("@")[0] for k in report.quarantined)) == (
+            0, ["t", "u"]), report
+        assert await graph_rows(target) == before
+        log = await target.transaction(lambda conn: LIST_CONFLICTS.rows(
+            conn, {"p_tenant": TENANT}))
+        reasons = {r.row_key.split("@")[0]: r.reason for r in log}
+        assert "ahead of this sync's clock" in reasons["t"], reasons
+        assert "not a time-ordered UUID" in reasons["u"], reasons

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -74,10 +75,48 @@ def read_thread(conn: Connection, tenant: str, thread_id: str) -> Thread:
                               for name, statement in sq.THREAD_ROWS.items()})
 
 
-def unsound(thread: Thread) -> str | None:
+#: How far ahead of the sync's clock a checkpoint id's time may be (clocks differ).
+CLOCK_SKEW_S = 300.0
+#: The Gregorian epoch of UUID times (1582-10-15), in 100 ns ticks before 1970.
+_UUID_EPOCH_TICKS = 0x01B21DD213814000
+
+
+def id_time(checkpoint_id: str) -> float | None:
+    """The time (seconds since 1970) a time-ordered UUID (versions 1, 6 and 7; LangGraph
+    makes version 6) was made at, or None if ``checkpoint_id`` is not one."""
+    try:
+        value = uuid.UUID(checkpoint_id)
+    except ValueError:
+        return None
+    number = value.int
+    if value.version == 6:
+        ticks = ((number >> 96) << 28) | (((number >> 80) & 0xFFFF) << 12) | (
+            (number >> 64) & 0x0FFF)
+    elif value.version == 1:
+        ticks = value.time
+    elif value.version == 7:
+        return (number >> 80) / 1000.0
+    else:
+        return None
+    return (ticks - _UUID_EPOCH_TICKS) / 1e7
+
+
+def unsound(thread: Thread, now: float) -> str | None:
     """Why the thread cannot travel, or None: a row whose bytes do not hash to its
     stored digest (changed or moved after the saver wrote it), which the fingerprint,
-    made of digests, would not see and a saver in the cloud would refuse to read."""
+    made of digests, would not see and a saver in the cloud would refuse to read; or a
+    checkpoint id that is not a time-ordered UUID, or whose time is ahead of ``now``
+    (by more than :data:`CLOCK_SKEW_S`): the thread's version, which would win every
+    later comparison (a forged one, or a file from a clock gone wrong)."""
+    for row in thread.rows.get(_CHECKPOINTS, ()):
+        made = id_time(str(row["checkpoint_id"]))
+        if made is None:
+            return (f"checkpoint {str(row['checkpoint_id'])[:80]!r} is not a time-ordered "
+                    "UUID, as LangGraph makes them")
+        if made > now + CLOCK_SKEW_S:
+            return (f"checkpoint {row['checkpoint_id']} is dated {made - now:.0f} s ahead "
+                    "of this sync's clock: as the thread's version it would win every "
+                    "later comparison")
     for table, rows in thread.rows.items():
         kind, names = _DIGESTS[table]
         for row in rows:
@@ -127,7 +166,7 @@ def apply_threads(conn: Connection, threads: Iterable[Thread], *, tenant: str,
         if thread.empty:
             continue  # deleted on the source: the cloud keeps its own retention
         ours = _signs(thread.rows)
-        why = unsound(thread)
+        why = unsound(thread, now)
         if why is not None:  # never applied: the cloud's thread stays as it is
             key = f"{thread.thread_id}@{fingerprint(ours)[:16]}"
             done.quarantined.append(key)
