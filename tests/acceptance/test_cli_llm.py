@@ -123,9 +123,10 @@ def test_serve_runs_a_model_of_one_s_own_and_prints_the_url_alone(
         assert (argv[argv.index("-m") + 1], argv[argv.index("--alias") + 1]) == (
             str(mine), "Mine-1B.Q4")
         process.send_signal(signal.SIGINT)
-        _, said = process.communicate(timeout=30)
+        _, said = process.communicate(timeout=90)  # the stand-in stopped: 15 s at most
     finally:
         process.kill()
+        process.communicate()  # reaped, its pipes closed (the next test's warnings)
     assert process.returncode == 0
     told = " ".join(said.split())
     assert f"model: {{kind: openai, name: Mine-1B.Q4, base_url: {url}, tool_mode: json}}" \
@@ -140,9 +141,10 @@ def test_a_server_that_dies_is_reported_with_its_log(cache: Path) -> None:
         ready = json.loads(process.stdout.readline())
         with pytest.raises(OSError):
             get(ready["base_url"].removesuffix("/v1") + "/quit")
-        out, _ = process.communicate(timeout=30)
+        out, _ = process.communicate(timeout=90)
     finally:
         process.kill()
+        process.communicate()
     assert process.returncode == 1
     problem = json.loads(out)
     assert "llama-server exited with 7" in problem["error"]
