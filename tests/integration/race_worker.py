@@ -162,6 +162,10 @@ async def _fence(plan: FencePlan, barrier: Any) -> None:
 
         store._fast.cleanup = counted  # type: ignore[method-assign]
         for task in plan.tasks:
+            if barrier is None:  # ending alone, until killed
+                await store.cleanup_task(task, lease_owner="h1", ctx=ctxs[task],
+                                         agent_name="coordinator")
+                continue
             barrier.wait()  # both processes act on this task at once
             await asyncio.sleep(rng.uniform(0, 0.002))
             try:

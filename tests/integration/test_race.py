@@ -185,3 +185,56 @@ async def test_a_holders_one_statement_end_against_a_take_over_of_its_expired_le
               f"{len(ended)} ended by their holder, {len(took)} taken over")
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("backend", [  # SQLite ends them all before the first look
+    pytest.param(name, marks=pytest.mark.postgres)
+    for name in ("postgres", "postgres-portable")], indirect=True)
+async def test_a_holder_killed_while_ending_its_tasks_leaves_each_ended_or_whole(
+        empty_database: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
+    """A process ending its tasks one after another (one statement each on
+    PostgreSQL) is killed (SIGKILL) mid-way: every task is either ended whole (no
+    row, in the ledger, its chain ending with its end) or untouched (every child
+    row, its chain as it was), and every chain verifies."""
+    import asyncio
+    import os
+    import signal
+
+    from tests.integration.test_store import fan_out
+
+    url, options = empty_database
+    tasks = [f"t{n}" for n in range(150)]
+    store: SqlStore = await open_store(url, **options)
+    try:
+        for task in tasks:
+            await store.checkpoint_task(fan_out(task, peers=2), AGENT)
+            for n in range(2):
+                await store.resolve_peer_sub_task(f"{task}/sub-{n}", "x", lease_owner="h1",
+                                                  lease_ttl_s=300)
+        plan = race_worker.FencePlan("end", url, options, tasks, str(tmp_path / "end.json"))
+        worker = multiprocessing.get_context("spawn").Process(
+            target=race_worker.run_fence, args=(plan, None))
+        worker.start()
+        for _ in range(1200):  # until a tenth of them ended (at most 2 minutes)
+            if (await row_counts(store))["agent_ended_tasks"] >= len(tasks) // 10:
+                break
+            await asyncio.sleep(0.1)
+        os.kill(worker.pid or 0, signal.SIGKILL)
+        worker.join(timeout=30)
+        assert worker.exitcode == -signal.SIGKILL, "the process ended before it was killed"
+        counts = await row_counts(store)
+        ended = counts["agent_ended_tasks"]
+        assert 0 < ended < len(tasks)
+        whole = len(tasks) - ended
+        assert counts == {**dict.fromkeys(counts, 0), "agent_paused_tasks": whole,
+                          "agent_peer_sub_tasks": 2 * whole,
+                          "agent_parallel_invocations": whole,
+                          "agent_session_events": whole, "agent_ended_tasks": ended,
+                          "agent_checkpoints": len(tasks) + ended,
+                          "agent_checkpoint_heads": len(tasks)}, counts
+        for task in tasks:
+            report = await store.history.verify_task(task)
+            assert report.ok and report.records in (1, 2), (task, report)
+        print(f"\nkilled while ending on {store.dialect}: {ended} ended, {whole} whole")
+    finally:
+        await store.close()
