@@ -53,7 +53,13 @@ async def _resume(store: SqlStore, me: str, resolution: Resolution, report: Work
     for call, value in ordered[1:]:
         if value != {"answer": f"{task_id}/{call}"} and value.get("status") != "timeout":
             report.bad_results.append(task_id)
-    await store.cleanup_task(task_id, lease_owner=me)
+    if int(task_id.rpartition("-")[2]) % 2:
+        # As the runtime ends a task: its context and agent named (one statement on
+        # PostgreSQL); the others through the body.
+        await store.cleanup_task(task_id, lease_owner=me, ctx=restored.context,
+                                 agent_name="coordinator")
+    else:
+        await store.cleanup_task(task_id, lease_owner=me)
     report.resumed.append(task_id)
 
 
@@ -119,3 +125,66 @@ async def _sweep(store: SqlStore, plan: WorkerPlan, report: WorkerReport, *, lim
 def run(plan: WorkerPlan, barrier: Any) -> None:
     """Process entry point."""
     asyncio.run(_main(plan, barrier))
+
+
+# -- test_race.py's fence race: a lease holder's end against a take-over ----------------
+
+@dataclass
+class FencePlan:
+    role: str  # "end": the holder h1 ends each task; "take": h2 takes each over
+    url: str
+    options: dict[str, Any]
+    tasks: list[str]
+    out_path: str
+
+
+async def _fence(plan: FencePlan, barrier: Any) -> None:
+    import time
+
+    from meshpoint.errors import LeaseNotHeldError
+
+    # The taker's clock runs ahead: for it, h1's lease has expired.
+    ahead = 1000.0 if plan.role == "take" else 0.0
+    outcomes: dict[str, str] = {}
+    async with open_store(plan.url, migrate=False, pool_size=2,
+                          clock=lambda: time.time() + ahead, **plan.options) as store:
+        ctxs = {task: (await store.restore_task(task, lease_owner="h1")).context
+                for task in plan.tasks} if plan.role == "end" else {}
+        rng = random.Random(plan.role)
+        one_statement = store._fast.cleanup
+        fast_ends: list[str] = []
+
+        async def counted(params: dict[str, Any]) -> Any:
+            done = await one_statement(params)
+            if isinstance(done, int):
+                fast_ends.append(params["p_task"])
+            return done
+
+        store._fast.cleanup = counted  # type: ignore[method-assign]
+        for task in plan.tasks:
+            if barrier is None:  # ending alone, until killed
+                await store.cleanup_task(task, lease_owner="h1", ctx=ctxs[task],
+                                         agent_name="coordinator")
+                continue
+            barrier.wait()  # both processes act on this task at once
+            await asyncio.sleep(rng.uniform(0, 0.002))
+            try:
+                if plan.role == "end":
+                    await store.cleanup_task(task, lease_owner="h1", ctx=ctxs[task],
+                                             agent_name="coordinator")
+                    outcomes[task] = "ended"
+                else:
+                    lease = await store.recovery.take_over_task(task, "h2", 30,
+                                                                agent_name="coordinator")
+                    outcomes[task] = "held" if lease is None else "took"
+            except LeaseNotHeldError:
+                outcomes[task] = "refused"
+            except UnknownTaskError:
+                outcomes[task] = "gone"
+    with open(plan.out_path, "w") as out:
+        json.dump({"outcomes": outcomes, "fast_ends": fast_ends}, out)
+
+
+def run_fence(plan: FencePlan, barrier: Any) -> None:
+    """Process entry point of the fence race."""
+    asyncio.run(_fence(plan, barrier))

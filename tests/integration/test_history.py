@@ -14,6 +14,7 @@ from sqlalchemy import delete, select, update
 
 from meshpoint import TaskExecutionContext
 from meshpoint.errors import (
+    CheckpointConflictError,
     HistoryIntegrityError,
     InvalidArgumentError,
     KeyMissingError,
@@ -515,3 +516,44 @@ async def test_a_lease_holders_end_with_its_agent_is_the_bodys_end(store: SqlSto
         phases = [r.execution_state.phase
                   for r in await store.history.get_checkpoint_history(task)]
         assert phases == [outcome, "waiting_peers"]
+
+
+async def test_a_holders_one_statement_end_is_signed_encrypted_and_fenced_by_its_head(
+        store: SqlStore) -> None:
+    """The last record a lease holder's end writes (one statement on PostgreSQL) is
+    signed, its head too, and its encrypted fields never rest in plain text. Ended
+    from a stale view of its chain (the head moved on since), the end is refused
+    whole (CheckpointConflictError, on every path): no row deleted, no ledger entry, no record on
+    the stale head; from the current view it is written."""
+    keys = SigningKeys.generate("k1")
+    ring = EncryptionKeys.generate("default")
+    fields = ("recovery.continuation_prompt",)
+    kept = store.with_history(HistoryOptions(signing=keys, encryption=ring,
+                                             encrypt_fields=fields))
+    for task in ("t1", "t2"):
+        ctx = fan_out(task, peers=1)
+        ctx.history = {"record": {"recovery": {"continuation_prompt": "the secret plan"}}}
+        await kept.checkpoint_task(ctx, AGENT)
+        await kept.resolve_peer_sub_task(f"{task}/sub-0", "x", lease_owner="a")
+    ctx = (await kept.restore_task("t1", lease_owner="a")).context
+    await kept.cleanup_task("t1", lease_owner="a", ctx=ctx, agent_name=AGENT)
+    report = await kept.history.verify_task("t1")
+    assert report.ok and report.records == 2, report
+    last = (await kept.history.get_checkpoint_history("t1"))[0]
+    assert last.execution_state.phase == "completed" and last.compliance.key_id == "k1"
+    assert last.recovery.continuation_prompt == "the secret plan"
+    assert "the secret plan" not in repr(await snapshot(store))
+    # t2's holder ends it from a stale view: its chain moved on since (a mid-turn
+    # checkpoint from a later copy of its context).
+    stale = (await kept.restore_task("t2", lease_owner="a")).context
+    ctx = (await kept.restore_task("t2", lease_owner="a")).context
+    ctx.append_session_event({"role": "model", "text": "more"})
+    await kept.checkpoint_task(ctx, AGENT, status="working", lease_owner="a", holder="a")
+    before = await snapshot(store)
+    with pytest.raises(CheckpointConflictError, match="moved on"):
+        await kept.cleanup_task("t2", lease_owner="a", ctx=stale, agent_name=AGENT)
+    assert await snapshot(store) == before
+    await kept.cleanup_task("t2", lease_owner="a", ctx=ctx, agent_name=AGENT)
+    report = await kept.history.verify_task("t2")
+    assert report.ok and report.records == 3, report
+    assert set((await store.live_row_counts()).values()) == {0}

@@ -122,3 +122,119 @@ async def test_smaller_races_with_other_interleavings(
         empty_database: tuple[str, dict[str, Any]], tmp_path: Path, seed: int) -> None:
     url, options = empty_database
     await run_race(url, options, tmp_path, tasks=60, peers=4, processes=4, seed=seed)
+
+
+async def test_a_holders_one_statement_end_against_a_take_over_of_its_expired_lease(
+        empty_database: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
+    """The fence of a task's end, raced by two processes task by task: the holder
+    (h1) ends each task (with its agent's name and context: one statement on
+    PostgreSQL) while another (h2), for whom h1's lease has expired, takes it over
+    (a ``recovering`` record in the same transaction). Exactly one wins each task;
+    the loser changes nothing: an ended task has no row left and its chain ends
+    with its end, a task taken over keeps every child row and its chain ends with
+    the take-over; every chain verifies (no record on a stale head)."""
+    from tests.integration.test_store import fan_out
+
+    url, options = empty_database
+    tasks = [f"t{n}" for n in range(40)]
+    store: SqlStore = await open_store(url, **options)
+    try:
+        for task in tasks:
+            await store.checkpoint_task(fan_out(task, peers=2), AGENT)
+            for n in range(2):
+                await store.resolve_peer_sub_task(f"{task}/sub-{n}", "x", lease_owner="h1",
+                                                  lease_ttl_s=30)
+        spawn = multiprocessing.get_context("spawn")
+        barrier = spawn.Barrier(2)
+        plans = [race_worker.FencePlan(role, url, options, tasks,
+                                       str(tmp_path / f"{role}.json"))
+                 for role in ("end", "take")]
+        workers = [spawn.Process(target=race_worker.run_fence, args=(plan, barrier))
+                   for plan in plans]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=240)
+        assert [w.exitcode for w in workers] == [0, 0], "a racing process failed"
+        end_report, take_report = (json.loads(Path(plan.out_path).read_text())
+                                   for plan in plans)
+        ends, takes = end_report["outcomes"], take_report["outcomes"]
+        ended = {t for t in tasks if ends[t] == "ended"}
+        took = {t for t in tasks if takes[t] == "took"}
+        assert ended | took == set(tasks) and not ended & took, (ends, takes)
+        assert all(ends[t] == "refused" for t in took), ends
+        assert all(takes[t] == "gone" for t in ended), takes
+        # Each end the holder won was the one statement where the store has it.
+        assert set(end_report["fast_ends"]) == (ended if store.fast_paths and
+                                                 store.dialect == "postgresql" else set())
+        counts = await row_counts(store)
+        assert counts == {**dict.fromkeys(counts, 0), "agent_paused_tasks": len(took),
+                          "agent_peer_sub_tasks": 2 * len(took),
+                          "agent_parallel_invocations": len(took),
+                          "agent_session_events": len(took),
+                          "agent_ended_tasks": len(ended),
+                          "agent_checkpoints": 2 * len(tasks),
+                          "agent_checkpoint_heads": len(tasks)}, counts
+        for task in tasks:
+            report = await store.history.verify_task(task)
+            assert report.ok and report.records == 2, (task, report)
+            last = (await store.history.get_checkpoint_history(task))[0]
+            assert last.execution_state.phase == (
+                "completed" if task in ended else "recovering"), task
+        print(f"\nfence race on {store.dialect} (fast paths {store.fast_paths}): "
+              f"{len(ended)} ended by their holder, {len(took)} taken over")
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("backend", [  # SQLite ends them all before the first look
+    pytest.param(name, marks=pytest.mark.postgres)
+    for name in ("postgres", "postgres-portable")], indirect=True)
+async def test_a_holder_killed_while_ending_its_tasks_leaves_each_ended_or_whole(
+        empty_database: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
+    """A process ending its tasks one after another (one statement each on
+    PostgreSQL) is killed (SIGKILL) mid-way: every task is either ended whole (no
+    row, in the ledger, its chain ending with its end) or untouched (every child
+    row, its chain as it was), and every chain verifies."""
+    import asyncio
+    import os
+    import signal
+
+    from tests.integration.test_store import fan_out
+
+    url, options = empty_database
+    tasks = [f"t{n}" for n in range(150)]
+    store: SqlStore = await open_store(url, **options)
+    try:
+        for task in tasks:
+            await store.checkpoint_task(fan_out(task, peers=2), AGENT)
+            for n in range(2):
+                await store.resolve_peer_sub_task(f"{task}/sub-{n}", "x", lease_owner="h1",
+                                                  lease_ttl_s=300)
+        plan = race_worker.FencePlan("end", url, options, tasks, str(tmp_path / "end.json"))
+        worker = multiprocessing.get_context("spawn").Process(
+            target=race_worker.run_fence, args=(plan, None))
+        worker.start()
+        for _ in range(1200):  # until a tenth of them ended (at most 2 minutes)
+            if (await row_counts(store))["agent_ended_tasks"] >= len(tasks) // 10:
+                break
+            await asyncio.sleep(0.1)
+        os.kill(worker.pid or 0, signal.SIGKILL)
+        worker.join(timeout=30)
+        assert worker.exitcode == -signal.SIGKILL, "the process ended before it was killed"
+        counts = await row_counts(store)
+        ended = counts["agent_ended_tasks"]
+        assert 0 < ended < len(tasks)
+        whole = len(tasks) - ended
+        assert counts == {**dict.fromkeys(counts, 0), "agent_paused_tasks": whole,
+                          "agent_peer_sub_tasks": 2 * whole,
+                          "agent_parallel_invocations": whole,
+                          "agent_session_events": whole, "agent_ended_tasks": ended,
+                          "agent_checkpoints": len(tasks) + ended,
+                          "agent_checkpoint_heads": len(tasks)}, counts
+        for task in tasks:
+            report = await store.history.verify_task(task)
+            assert report.ok and report.records in (1, 2), (task, report)
+        print(f"\nkilled while ending on {store.dialect}: {ended} ended, {whole} whole")
+    finally:
+        await store.close()

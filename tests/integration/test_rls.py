@@ -564,3 +564,57 @@ async def test_runtime_roles_granted_at_once_from_many_processes_all_take(
             await owner.close()
         await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
         await pg_drop_roles(*roles, if_exists=True)  # a failed grant made none
+
+
+async def test_the_one_statement_paths_keep_to_their_tenant_on_a_shared_connection(
+        acme: SqlStore) -> None:
+    """A lease's renewal, the breaker's read and a lease holder's end each run as one
+    statement outside any transaction (no BEGIN, no SET LOCAL around them): under row
+    security, as the runtime role, on the one pooled connection two tenants share,
+    with the same task ids and lease owners in both. Each takes its fast path (a
+    refusal would hide behind the portable body), touches its tenant's rows only,
+    and leaves no tenant set on the connection."""
+    globex = acme.for_tenant("globex")
+    taken: list[object] = []
+    fast = acme._fast
+    cleanup = fast.cleanup
+
+    async def spied(params: dict[str, Any]) -> Any:
+        taken.append(await cleanup(params))
+        return taken[-1]
+
+    fast.cleanup = spied  # type: ignore[method-assign]
+    for store in (acme, globex):
+        await store.checkpoint_task(fan_out("t1", peers=2), AGENT)
+        for n in range(2):
+            await store.resolve_peer_sub_task(f"t1/sub-{n}", "x", lease_owner="i-1")
+    await globex.breakers.note(AGENT, "failure", owner="i-1", failures=3,
+                               window_s=60, cooldown_s=60)
+    assert (await globex.breakers.state(AGENT)).failures == 1
+    assert (await acme.breakers.state(AGENT)).failures == 0  # globex's row unseen
+    ctx = (await acme.restore_task("t1", lease_owner="i-1")).context
+    lease = await acme.renew_resume_lease("t1", "i-1", 30)
+    assert lease is not None
+    globex_before = await raw(acme, "SELECT version, lease_expires_at FROM "
+                                    "agent_paused_tasks", "globex")
+    await acme.cleanup_task("t1", lease_owner="i-1", ctx=ctx, agent_name=AGENT)
+    assert taken == [1], "the one-statement end was refused under row security"
+    setting = await raw(acme, "SELECT coalesce(current_setting('meshpoint.tenant_id', "
+                              "true), '') AS tenant")
+    assert setting[0].tenant == ""  # the function's setting ended with its statement
+    assert await raw(acme, "SELECT * FROM agent_paused_tasks", "acme") == []
+    assert await raw(acme, "SELECT version, lease_expires_at FROM agent_paused_tasks",
+                     "globex") == globex_before
+    for table, count in (("agent_peer_sub_tasks", 2), ("agent_parallel_invocations", 1),
+                         ("agent_session_events", 1), ("agent_checkpoints", 1)):
+        assert len(await raw(acme, f"SELECT * FROM {table}", "globex")) == count, table
+        assert len(await raw(acme, f"SELECT * FROM {table}", "acme")) == (
+            2 if table == "agent_checkpoints" else 0), table
+    assert (await acme.history.verify_task("t1")).ok
+    assert await globex.history.get_checkpoint_history("t1") != []
+    # globex's task is still its holder's: its end, as one statement, ends it alone.
+    ctx = (await globex.restore_task("t1", lease_owner="i-1")).context
+    await globex.cleanup_task("t1", lease_owner="i-1", ctx=ctx, agent_name=AGENT)
+    assert taken == [1, 1]
+    assert (await globex.history.verify_task("t1")).ok
+    assert await raw(acme, "SELECT * FROM agent_ended_tasks", "globex") != []

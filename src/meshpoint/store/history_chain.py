@@ -10,11 +10,12 @@ are :mod:`meshpoint.store.history_queries`'; the record is planned by
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, exc
 
 from meshpoint.errors import CheckpointConflictError
 from meshpoint.history.costs import spent, spent_by_source
@@ -33,6 +34,7 @@ from meshpoint.history.verification import (
     said_policy,
 )
 from meshpoint.store import history_queries as hq
+from meshpoint.store.engine import is_unique_violation
 from meshpoint.store.rows import HeadRow, RecordRow
 
 #: The parameters of a checkpoint that writes no record.
@@ -86,6 +88,22 @@ def write_record(conn: Connection, params: dict[str, Any]) -> None:
 class HeadMovedError(CheckpointConflictError):
     """A record's parent is no longer its chain's head (see :func:`write_record`):
     planned again on the head as stored now, the record may be written."""
+
+
+@contextmanager
+def seq_taken_as_moved(task_id: str) -> Iterator[None]:
+    """A task's end whose record's seq is taken (its chain moved on since its
+    context was restored) raises HeadMovedError, on either dialect and path, not the
+    unique key's own message."""
+    try:
+        yield
+    except exc.IntegrityError as error:
+        if not is_unique_violation(error):
+            raise
+        raise HeadMovedError(
+            f"the history of task {task_id!r} moved on since its context was restored "
+            "(its end record's seq is taken): the end was not written; restore the "
+            "task and end it again") from None
 
 
 def stored_record(row: RecordRow) -> StoredRecord:
@@ -175,8 +193,10 @@ def finalize(conn: Connection, keys: dict[str, Any], *, agent_name: str, outcome
             # The policy its last record carries (hashed), not the head's column: a
             # policy written into a column would otherwise be signed into the end.
             doc = {"history": {"retention_policy": said_policy(last.document)}}
-    write_record(conn, end_record(keys, agent_name=agent_name, outcome=outcome, final=final,
-                                  head=head, now=now, options=options, doc=doc))
+    with seq_taken_as_moved(keys["p_task"]):
+        write_record(conn, end_record(keys, agent_name=agent_name, outcome=outcome,
+                                      final=final, head=head, now=now, options=options,
+                                      doc=doc))
 
 
 def end_record(keys: dict[str, Any], *, agent_name: str, outcome: str,

@@ -54,6 +54,7 @@ from meshpoint.store.history_chain import (
     HeadMovedError,
     end_record,
     finalize,
+    seq_taken_as_moved,
     stored_head_of,
     write_record,
 )
@@ -551,8 +552,12 @@ class SqlStore(Store):
                       if head is None or final is None else
                       end_record(keys, agent_name=agent_name, outcome=outcome, final=final,
                                  head=head, now=now, options=self._history))
-            if not isinstance(await self._tx.retried(doing, lambda: self._fast.cleanup(params)),
-                              Portable):
+
+            async def one_statement() -> int | Portable:
+                with seq_taken_as_moved(task_id):
+                    return await self._fast.cleanup(params)
+
+            if not isinstance(await self._tx.retried(doing, one_statement), Portable):
                 return
 
         children = (q.DELETE_TASK_SUB_TASKS, q.DELETE_TASK_INVOCATIONS, q.DELETE_TASK_EVENTS)
