@@ -108,6 +108,34 @@ async def _both_sides(where: Path, cloud: Cloud) -> tuple[Any, Any]:
         return await tenant_rows(local), await tenant_rows(target)
 
 
+async def _lock_cursors(cloud: Cloud) -> Any:
+    """A connection (the schema's owner) holding the cursor table in ACCESS EXCLUSIVE
+    mode, in an open transaction: every read of a cursor waits until it closes."""
+    import asyncpg
+
+    dsn = make_url(cloud.owner_url).set(drivername="postgresql").render_as_string(
+        hide_password=False)
+    gate = await asyncpg.connect(dsn, timeout=10)
+    await gate.execute("BEGIN")
+    await gate.execute(f"LOCK TABLE {cloud.schema}.{sync_cursors.name} "
+                       "IN ACCESS EXCLUSIVE MODE")
+    return gate
+
+
+async def _until_waiting(gate: Any, cloud: Cloud, count: int, syncs: list[Any]) -> None:
+    """Until ``count`` sessions wait for the lock ``gate`` holds (within 120 s)."""
+    deadline = time.monotonic() + 120
+    while True:
+        waiting = await gate.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::regclass",
+            f"{cloud.schema}.{sync_cursors.name}")
+        if waiting >= count:
+            return
+        assert all(s.poll() is None for s in syncs), [s.communicate() for s in syncs]
+        assert time.monotonic() < deadline, f"{waiting} sync(s) reached the cloud"
+        await asyncio.sleep(0.05)
+
+
 def _sync(where: Path, cloud: Cloud, *more: str) -> list[str]:
     return [sys.executable, "-m", "meshpoint.cli", "sync", "--from",
             f"sqlite:///{where / 'local.db'}", "--to", cloud.url, "--schema", cloud.schema,
@@ -249,10 +277,17 @@ async def test_two_local_stores_syncing_into_one_tenant_at_once_land_their_union
         (where / "local.db").write_bytes((made / "local.db").read_bytes())
         wheres.append(where)
     verifier = cloud.verifier(tmp_path, {"k1": two_stores[0][1], "k2": two_stores[1][1]})
+    # Both start at once whatever the machine's load: the cursor table is locked until
+    # both syncs wait on it (their first cloud statement reads their cursor).
+    gate = await _lock_cursors(cloud)
     syncs = [subprocess.Popen(_sync(where, cloud, "--batch", "5", "--config", str(verifier),
                                     "--json"), cwd=where, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for where in wheres]
     try:
+        try:
+            await _until_waiting(gate, cloud, 2, syncs)
+        finally:
+            await gate.close()  # the lock goes with its transaction
         overlapped = False
         while all(s.poll() is None for s in syncs):
             applied = await _rows_applied(cloud)
