@@ -48,10 +48,23 @@ TASKS = 100 * KILLS
 
 
 class Cloud:
+    """A cloud schema migrated by its owner, and the runtime role's URL."""
+
     def __init__(self, owner_url: str, schema: str, role: str) -> None:
         self.owner_url, self.schema, self.role = owner_url, schema, role
         self.url = make_url(owner_url).set(username=role).render_as_string(
             hide_password=False)
+
+    def open(self) -> Any:
+        return open_store(self.url, schema=self.schema, tenant_id=TENANT, migrate=False)
+
+    def verifier(self, where: Path, keys: dict[str, Path]) -> Path:
+        """A cloud config whose ``history.signing`` holds the local stores' public keys."""
+        config = where / "cloud.yaml"
+        named = ", ".join(f"{k}: 'file:{v}'" for k, v in keys.items())
+        store = json.dumps({"url": self.url, "schema": self.schema, "tenant": TENANT})
+        config.write_text(f"store: {store}\nhistory:\n  signing: {{keys: {{{named}}}}}\n")
+        return config
 
 
 @pytest.fixture

@@ -14,8 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,34 +25,18 @@ from sqlalchemy.engine import make_url
 from meshpoint.store import open_store
 from meshpoint.store.postgres_tenancy import grant_runtime_role
 from meshpoint.sync.tables import sync_cursors
+from tests.acceptance import test_cli_sync
 from tests.acceptance.test_cli_history import meshpoint
-from tests.conftest import fresh_pg_schema, pg_drop_roles, pg_execute_async, service_missing
+from tests.conftest import service_missing
 from tests.integration.sync_local import TENANT, local_config, run_tasks, tenant_rows
 from tests.pg_server import PrivatePostgres, why_not_available
+
+cloud = test_cli_sync.cloud  # the fixture: a fresh schema, a runtime role granted on it
+Cloud = test_cli_sync.Cloud
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = "cloud"
-
-
-class Cloud:
-    """A cloud schema migrated by its owner, and the runtime role's URL."""
-
-    def __init__(self, owner_url: str, schema: str, role: str) -> None:
-        self.owner_url, self.schema, self.role = owner_url, schema, role
-        self.url = make_url(owner_url).set(username=role).render_as_string(
-            hide_password=False)
-
-    def open(self) -> Any:
-        return open_store(self.url, schema=self.schema, tenant_id=TENANT, migrate=False)
-
-    def verifier(self, where: Path, keys: dict[str, Path]) -> Path:
-        """A cloud config whose ``history.signing`` holds the local stores' public keys."""
-        config = where / "cloud.yaml"
-        named = ", ".join(f"{k}: 'file:{v}'" for k, v in keys.items())
-        store = json.dumps({"url": self.url, "schema": self.schema, "tenant": TENANT})
-        config.write_text(f"store: {store}\nhistory:\n  signing: {{keys: {{{named}}}}}\n")
-        return config
 
 
 # -- PostgreSQL restarted mid-sync ---------------------------------------------------------
@@ -246,30 +229,15 @@ def two_stores(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, Pat
     return made
 
 
-@pytest.fixture
-async def shared_cloud(postgres_url: str) -> AsyncIterator[Cloud]:
-    schema = await fresh_pg_schema()
-    role = f"mp_sync_{uuid.uuid4().hex[:10]}"
-    owner = await open_store(postgres_url, schema=schema)
-    try:
-        await grant_runtime_role(owner, role)
-        yield Cloud(postgres_url, schema, role)
-    finally:
-        await owner.close()
-        await pg_execute_async(f"DROP SCHEMA {schema} CASCADE")
-        await pg_drop_roles(role)
-
-
 @pytest.mark.xdist_group("pg_roles")
 @pytest.mark.parametrize("round_", range(3))
 async def test_two_local_stores_syncing_into_one_tenant_at_once_land_their_union(
-        two_stores: list[tuple[Path, Path]], shared_cloud: Cloud, tmp_path: Path,
+        two_stores: list[tuple[Path, Path]], cloud: Cloud, tmp_path: Path,
         round_: int) -> None:
     """Two ``meshpoint sync`` processes, one per local file, started together and seen
     both mid-sync at once (each has committed a batch, neither has ended): the cloud
     ends with the union of the files' rows, exactly; each source's cursors count its
     own rows and stand at its own last rows; no conflict, quarantine or kept end."""
-    cloud = shared_cloud
     wheres = []
     for n, (made, _) in enumerate(two_stores):
         where = tmp_path / f"store{n}"
