@@ -116,16 +116,22 @@ def read_chain(conn: Connection, keys: dict[str, Any]
                ) -> tuple[list[StoredRecord], HeadRow | None]:
     """A task's records, oldest first, each with its snapshot and the columns that
     copy its document, and its head."""
-    records = [replace(stored_record(RecordRow(*row[:len(RecordRow._fields)])),
-                       snapshot=None if row.snapshot is None else bytes(row.snapshot),
-                       snapshot_encoding=row.snapshot_encoding,
-                       columns=RecordColumns(
-                           agent_name=row.agent_name, agent_type=row.agent_type,
-                           iteration=row.iteration, phase=row.phase,
-                           parent_id=row.parent_id, retention_policy=row.retention_policy,
-                           created_at=row.created_at))
-               for row in hq.GET_CHAIN.rows(conn, keys)]
+    records = [whole_record(row._asdict()) for row in hq.GET_CHAIN.rows(conn, keys)]
     return records, hq.GET_HEAD.first(conn, keys)
+
+
+def whole_record(row: Mapping[str, Any]) -> StoredRecord:
+    """A record row of ``agent_checkpoints`` with its snapshot and the columns that copy
+    its document (the store's, or one a sync brings), as :func:`verify_chain` takes it."""
+    snapshot = row["snapshot"]
+    return replace(stored_record(RecordRow(*(row[k] for k in RecordRow._fields))),
+                   snapshot=None if snapshot is None else bytes(snapshot),
+                   snapshot_encoding=row["snapshot_encoding"],
+                   columns=RecordColumns(
+                       agent_name=row["agent_name"], agent_type=row["agent_type"],
+                       iteration=row["iteration"], phase=row["phase"],
+                       parent_id=row["parent_id"], retention_policy=row["retention_policy"],
+                       created_at=row["created_at"]))
 
 
 def stored_head(row: HeadRow) -> StoredHead:

@@ -40,13 +40,8 @@ from sqlalchemy.util.concurrency import await_, in_greenlet
 
 from meshpoint._json import Undecodable
 from meshpoint.history.planning import HistoryOptions
-from meshpoint.history.verification import (
-    ChainReport,
-    RecordColumns,
-    StoredRecord,
-    verify_chain,
-)
-from meshpoint.store.history_chain import read_chain, stored_head
+from meshpoint.history.verification import ChainReport, verify_chain
+from meshpoint.store.history_chain import read_chain, stored_head, whole_record
 from meshpoint.store.rows import HeadRow
 from meshpoint.store.schema import checkpoints, ended_tasks, events
 from meshpoint.sync import queries as sq
@@ -298,26 +293,11 @@ def _new_records(chain: Chain, cloud_head: Any, cloud_marks: dict[int, Any], *,
         same = (cloud_head is not None and cloud_head.head_id == head["head_id"]
                 and cloud_head.head_hash == head["head_hash"])
         return [] if same else None
-    report = _verify(chain.task_id, [_stored(r, tenant) for r in new],
+    report = _verify(chain.task_id, [whole_record({**r, "tenant_id": tenant}) for r in new],
                      stored_head(HeadRow._make(tenant if k == "tenant_id" else head[k]
                                                for k in HeadRow._fields)),
                      options, snapshots=True, max_inflate=max_inflate, after=after)
     return new if report.ok else None
-
-
-def _stored(row: dict[str, Any], tenant: str) -> StoredRecord:
-    """A source record as the cloud will store it, for :func:`verify_chain`."""
-    return StoredRecord(
-        tenant_id=tenant, checkpoint_id=row["checkpoint_id"], task_id=row["logical_task_id"],
-        seq=row["seq"], document=row["data"], hash=row["hash"], signature=row["signature"],
-        key_id=row["key_id"],
-        snapshot=None if row["snapshot"] is None else bytes(row["snapshot"]),
-        snapshot_encoding=row["snapshot_encoding"],
-        columns=RecordColumns(agent_name=row["agent_name"], agent_type=row["agent_type"],
-                              iteration=row["iteration"], phase=row["phase"],
-                              parent_id=row["parent_id"],
-                              retention_policy=row["retention_policy"],
-                              created_at=row["created_at"]))
 
 
 def _insert_verified(conn: Connection, fast: list[tuple[Chain, list[dict[str, Any]]]],

@@ -280,24 +280,12 @@ LAST_THREAD_CHANGE = Statement(
     "LangGraph threads.",
     select(func.coalesce(func.max(_C.change_seq), 0)).where(_C.tenant_id == tenant),
     dialects=("sqlite",))
-#: Per saver table: a thread's rows, whole (the source's).
-THREAD_ROWS = {t.name: Statement(
-    f"sync_thread_rows_{t.name.removeprefix('agent_langgraph_')}",
-    f"Reads a LangGraph thread's rows of {t.name}, whole.",
-    select(*t.c).where(t.c.tenant_id == tenant, t.c.thread_id == _thread),
-    dialects=("sqlite",)) for t in GRAPH_TABLES}
 #: Per saver table: a thread's rows without their bytes (``digest`` stands for them).
 THREAD_SIGNS = {t.name: Statement(
     f"sync_thread_signs_{t.name.removeprefix('agent_langgraph_')}",
     f"Reads a LangGraph thread's rows of {t.name} without their bytes.",
     select(*(c for c in t.c if c.name != "data"))
     .where(t.c.tenant_id == tenant, t.c.thread_id == _thread),
-    dialects=("postgresql",)) for t in GRAPH_TABLES}
-#: Per saver table: a thread's rows, whole (the cloud's, to keep a losing version).
-CLOUD_THREAD_ROWS = {t.name: Statement(
-    f"sync_cloud_thread_rows_{t.name.removeprefix('agent_langgraph_')}",
-    f"Reads the cloud's rows of a LangGraph thread in {t.name}, whole.",
-    select(*t.c).where(t.c.tenant_id == tenant, t.c.thread_id == _thread),
     dialects=("postgresql",)) for t in GRAPH_TABLES}
 DELETE_THREAD_ROW = {t.name: Statement(
     f"sync_delete_thread_row_{t.name.removeprefix('agent_langgraph_')}",

@@ -39,6 +39,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from meshpoint.integrations.langgraph import queries as lq
 from meshpoint.integrations.langgraph.rows import digest
 from meshpoint.sync import queries as sq
 from meshpoint.sync.apply import CONFLICT, QUARANTINE, Applied, as_row, jsonable, log
@@ -72,7 +73,7 @@ def read_thread(conn: Connection, tenant: str, thread_id: str) -> Thread:
     """A thread's rows, whole, from the source (in the caller's read transaction)."""
     keys = {"p_tenant": tenant, "p_thread": thread_id}
     return Thread(thread_id, {name: [as_row(r) for r in statement.rows(conn, keys)]
-                              for name, statement in sq.THREAD_ROWS.items()})
+                              for name, statement in lq.THREAD_ROWS.items()})
 
 
 #: How far ahead of the sync's clock a checkpoint id's time may be (clocks differ).
@@ -195,7 +196,7 @@ def apply_threads(conn: Connection, threads: Iterable[Thread], *, tenant: str,
         # file put back): never a newer version replaced by an older one.
         local_wins = ours_v > theirs_v
         cloud_rows = {name: [r._asdict() for r in statement.rows(conn, keys)]
-                      for name, statement in sq.CLOUD_THREAD_ROWS.items()}
+                      for name, statement in lq.THREAD_ROWS.items()}
         loser = cloud if local_wins else mine
         key = f"{thread.thread_id}@{loser[:16]}"
         done.conflicts.append(key)
