@@ -225,6 +225,20 @@ async def test_list_reads_the_agents_tasks_from_the_store(mesh_file: Path) -> No
         assert other["result"].get("tasks", []) == []
 
 
+async def decided_trip(http: httpx.AsyncClient, url: str, decision: str) -> Any:
+    """A trip sent to the coordinator at ``url`` (it pauses on its tool), then its
+    pending call decided (``approve`` or ``deny``) by a message on the task: the task
+    that call returns."""
+    task = (await rpc(http, url, "message/send",
+                      {"message": text_message("Trip: flights")}))["result"]
+    assert task["status"]["state"] == "input-required"
+    [call] = pending_of(task)
+    return (await rpc(http, url, "message/send", {"message": {
+        "kind": "message", "role": "user", "messageId": f"m-{decision}",
+        "taskId": task["id"], "parts": [{"kind": "data", "data": {
+            "decision": decision, "call_id": call["call_id"]}}]}}))["result"]
+
+
 async def test_a_send_wakes_on_what_its_gateway_hears_not_at_its_next_read(
         mesh_file: Path) -> None:
     """A ``message/send`` waits for the task to end or pause by reading the store again,
@@ -238,15 +252,7 @@ async def test_a_send_wakes_on_what_its_gateway_hears_not_at_its_next_read(
                           {"message": text_message("flights to Rome")}))["result"]
         assert sent["status"]["state"] == "completed"
         assert sent["artifacts"][0]["name"] == "flights answer"
-        url = f"{base}/agents/coordinator/"
-        task = (await rpc(http, url, "message/send",
-                          {"message": text_message("Trip: flights")}))["result"]
-        assert task["status"]["state"] == "input-required"
-        [call] = pending_of(task)
-        done = (await rpc(http, url, "message/send", {"message": {
-            "kind": "message", "role": "user", "messageId": "m-no", "taskId": task["id"],
-            "parts": [{"kind": "data", "data": {"decision": "deny",
-                                                "call_id": call["call_id"]}}]}}))["result"]
+        done = await decided_trip(http, f"{base}/agents/coordinator/", "deny")
         assert done["status"]["state"] == "completed"
         assert all(not mesh._hearing for mesh in opened[-1].values())  # none left behind
 
@@ -267,15 +273,7 @@ async def test_a_task_ended_by_its_history_waits_for_the_answer_its_gateway_hear
                     await asyncio.sleep(1.5)
                 await note(agent, task_id, kind, body, **options)
             mesh.log.note = late  # type: ignore[method-assign]
-        url = f"{base}/agents/coordinator/"
-        task = (await rpc(http, url, "message/send",
-                          {"message": text_message("Trip: flights")}))["result"]
-        assert task["status"]["state"] == "input-required"
-        [call] = pending_of(task)
-        done = (await rpc(http, url, "message/send", {"message": {
-            "kind": "message", "role": "user", "messageId": "m-yes", "taskId": task["id"],
-            "parts": [{"kind": "data", "data": {"decision": "approve",
-                                                "call_id": call["call_id"]}}]}}))["result"]
+        done = await decided_trip(http, f"{base}/agents/coordinator/", "approve")
         assert done["status"]["state"] == "completed"
         assert done.get("artifacts"), done
 
