@@ -124,6 +124,17 @@ async def test_smaller_races_with_other_interleavings(
     await run_race(url, options, tmp_path, tasks=60, peers=4, processes=4, seed=seed)
 
 
+async def _answered_by_h1(store: SqlStore, tasks: list[str], *, lease_ttl_s: float) -> None:
+    """Each task paused on two peers, both answered by h1, which holds its lease."""
+    from tests.integration.test_store import fan_out
+
+    for task in tasks:
+        await store.checkpoint_task(fan_out(task, peers=2), AGENT)
+        for n in range(2):
+            await store.resolve_peer_sub_task(f"{task}/sub-{n}", "x", lease_owner="h1",
+                                              lease_ttl_s=lease_ttl_s)
+
+
 async def test_a_holders_one_statement_end_against_a_take_over_of_its_expired_lease(
         empty_database: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
     """The fence of a task's end, raced by two processes task by task: the holder
@@ -133,17 +144,12 @@ async def test_a_holders_one_statement_end_against_a_take_over_of_its_expired_le
     the loser changes nothing: an ended task has no row left and its chain ends
     with its end, a task taken over keeps every child row and its chain ends with
     the take-over; every chain verifies (no record on a stale head)."""
-    from tests.integration.test_store import fan_out
 
     url, options = empty_database
     tasks = [f"t{n}" for n in range(40)]
     store: SqlStore = await open_store(url, **options)
     try:
-        for task in tasks:
-            await store.checkpoint_task(fan_out(task, peers=2), AGENT)
-            for n in range(2):
-                await store.resolve_peer_sub_task(f"{task}/sub-{n}", "x", lease_owner="h1",
-                                                  lease_ttl_s=30)
+        await _answered_by_h1(store, tasks, lease_ttl_s=30)
         spawn = multiprocessing.get_context("spawn")
         barrier = spawn.Barrier(2)
         plans = [race_worker.FencePlan(role, url, options, tasks,
@@ -200,17 +206,12 @@ async def test_a_holder_killed_while_ending_its_tasks_leaves_each_ended_or_whole
     import os
     import signal
 
-    from tests.integration.test_store import fan_out
 
     url, options = empty_database
     tasks = [f"t{n}" for n in range(150)]
     store: SqlStore = await open_store(url, **options)
     try:
-        for task in tasks:
-            await store.checkpoint_task(fan_out(task, peers=2), AGENT)
-            for n in range(2):
-                await store.resolve_peer_sub_task(f"{task}/sub-{n}", "x", lease_owner="h1",
-                                                  lease_ttl_s=300)
+        await _answered_by_h1(store, tasks, lease_ttl_s=300)
         plan = race_worker.FencePlan("end", url, options, tasks, str(tmp_path / "end.json"))
         worker = multiprocessing.get_context("spawn").Process(
             target=race_worker.run_fence, args=(plan, None))
