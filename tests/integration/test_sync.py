@@ -113,12 +113,13 @@ async def test_a_local_store_arrives_row_by_row_and_every_chain_verifies_in_the_
         for task_id in before["agent_checkpoint_heads"]:
             report = await target.history.verify_task(task_id)
             assert report.ok and report.signatures_checked, report
-        # Encrypted fields travelled as ciphertext: no request text rests in clear.
+        # Encrypted fields travelled as ciphertext: no request text rests in clear
+        # ("Trip N: ...": with its space, which no base64 or hex of a ciphertext holds).
         records = before["agent_checkpoints"].values()
-        assert all("Trip" not in repr(r["data"]) for r in records)
+        assert all("Trip " not in repr(r["data"]) for r in records)
         assert any(_holds_envelope(r["data"]) for r in records)
         logged = (await tenant_rows(target))["agent_events"].values()
-        assert all("Trip" not in repr(r) for r in logged)
+        assert all("Trip " not in repr(r) for r in logged)
         assert any(_holds_envelope(r["input_data"]) for r in logged)
 
         # A rerun changes nothing, cursors and conflict log included.
