@@ -22,10 +22,12 @@ run has every task hand off to a fresh-context iteration between two fan-outs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import re
 import shutil
+import sqlite3
 import subprocess
 import time
 import uuid
@@ -207,6 +209,9 @@ async def test_kill_9_chaos_answers_every_task_exactly_once(
         check_exactly_once(figures, cluster)
         assert all(code == 0 for code in codes.values()), (codes, cluster.logs())
         assert set((await live_rows(url, schema)).values()) == {0}
+        if variant == "sqlite":  # the file itself, after the kills and checkpoints
+            with contextlib.closing(sqlite3.connect(tmp_path / "mesh.db")) as conn:
+                assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     finally:
         await forget_namespace(nats_url, namespace)
         if schema is not None:

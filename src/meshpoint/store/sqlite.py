@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -42,13 +43,7 @@ from meshpoint.store.engine import Database
 R = TypeVar("R")
 #: Key of the execution option that selects SQLite's BEGIN mode.
 SQLITE_BEGIN = "meshpoint_sqlite_begin"
-#: Log size (4 KiB pages) at which a commit checkpoints SQLite's WAL itself: only if
-#: the :class:`WalCheckpointer` thread has fallen behind (SQLite's default is 1,000).
-WAL_AUTOCHECKPOINT_PAGES = 16_384
-#: Frames (pages) in SQLite's WAL past which the :class:`WalCheckpointer` makes the
-#: next writer start the log over (16 MiB of 4 KiB pages).
-WAL_RESTART_FRAMES = 4_096
-#: Size a restarted WAL file is cut back to (SQLite's ``journal_size_limit``).
+#: Size a WAL file started over is cut back to (SQLite's ``journal_size_limit``).
 WAL_SIZE_LIMIT_BYTES = 64 << 20
 #: Address space SQLite may map for reads (not memory it allocates).
 SQLITE_MMAP_BYTES = 1 << 30
@@ -86,9 +81,7 @@ def open_sqlite(url: URL, *, busy_timeout_s: float, schema: str | None,
     inline = create_engine(
         url, poolclass=QueuePool, pool_size=1, max_overflow=0, pool_timeout=0,
         connect_args={"timeout": 0, "check_same_thread": False}, **json_codec)
-    # It never copies the WAL into the database inside a commit either: that is
-    # the checkpointer thread's job (and the worker connections' safety net).
-    _install_hooks(inline, memory=False, busy_timeout_s=0, autocheckpoint_pages=0)
+    _install_hooks(inline, memory=False, busy_timeout_s=0)
     return SqliteDatabase(engine, workers=pool_size, inline=inline,
                           wal_checkpointer=WalCheckpointer(str(url.database)))
 
@@ -106,7 +99,7 @@ class SqliteDatabase(Database):
     busy for the transaction's own work (reading a page not yet in the OS cache
     included), as with any short computation. The inline connection never runs a
     WAL checkpoint inside a commit, and while the checkpointer's :class:`WriteGate`
-    is closed for a RESTART, write transactions go to a worker thread and wait there.
+    is closed for a checkpoint, write transactions go to a worker thread and wait there.
 
     Cancelling the awaiting task does not interrupt a transaction already on its
     thread: it commits or rolls back as if nobody had cancelled.
@@ -127,7 +120,7 @@ class SqliteDatabase(Database):
         self._inline_conn: Connection | None = None
         self._inline_busy = threading.Lock()
         # Write transactions of this process pass the checkpointer's gate, so that it
-        # can hold them back for a RESTART (see WalCheckpointer).
+        # can hold them back for a checkpoint (see WalCheckpointer).
         self._gate = WriteGate() if wal_checkpointer is None else wal_checkpointer.gate
 
     def _transaction(self, body: Callable[[Connection], R], write: bool) -> R:
@@ -144,7 +137,7 @@ class SqliteDatabase(Database):
             return False, None  # another thread is using the inline connection
         if write and not self._gate.try_enter():
             self._inline_busy.release()
-            return False, None  # a RESTART is due: the worker thread waits for it
+            return False, None  # a checkpoint is under way: the worker thread waits for it
         try:
             conn = self._inline_conn
             if conn is None or conn.closed or conn.invalidated:
@@ -186,25 +179,27 @@ class SqliteDatabase(Database):
 
 
 class WriteGate:
-    """Lets one process's SQLite write transactions and its :class:`WalCheckpointer`'s
-    RESTART take turns.
+    """Lets one process's SQLite write transactions and its :class:`WalCheckpointer`
+    take turns.
 
-    A RESTART must find no writer at all. Back-to-back writes of one process leave
-    it gaps of microseconds between a commit and the next BEGIN, which SQLite's busy
-    handler, polling every few milliseconds, rarely hits, and the log grew without
+    A checkpoint runs with the write lock held. Back-to-back writes of one process
+    leave gaps of microseconds between a commit and the next BEGIN, which SQLite's
+    busy handler, polling every few milliseconds, rarely hits: the log grew without
     bound on a loaded machine. So the checkpointer *closes* the gate: write
     transactions not yet begun wait for it to open again (the inline path hands
-    them to a worker thread, which waits here),
-    those already running finish, and the RESTART then competes only with other
-    processes' writers. Each of those holds SQLite's lock for one transaction, and
-    once the RESTART has the lock their busy timeouts queue them behind it.
-    Read transactions never pass the gate: a RESTART lets new readers in.
+    them to a worker thread, which waits here), those already running finish, and
+    the checkpointer then competes for the lock only with other processes' writers.
+    Each of those holds it for one transaction, and once the checkpointer has it
+    their busy timeouts queue them behind it. Read transactions never pass the gate.
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._writers = 0  # write transactions of this process under way
         self._closed = False
+        #: Write transactions that have passed the gate (the checkpointer skips a
+        #: pass when none has since its last).
+        self.writes = 0
         #: Write transactions waiting for the gate to open (for tests and stats).
         self.held = 0
 
@@ -220,6 +215,7 @@ class WriteGate:
         """Count out a write transaction that :meth:`try_enter` let in."""
         with self._cond:
             self._writers -= 1
+            self.writes += 1
             if not self._writers:
                 self._cond.notify_all()
 
@@ -256,77 +252,95 @@ class WriteGate:
 
 class WalCheckpointer:
     """Copies SQLite's write-ahead log into the database file off the write path,
-    and keeps the log short.
+    with the write lock held, and so keeps the log short.
 
-    SQLite's automatic checkpoint runs inside whichever commit fills the log past
-    1,000 pages, and that commit pays for the copy (docs/store.md, *Performance*).
-    Connections therefore raise the automatic threshold to a safety net
-    (:data:`WAL_AUTOCHECKPOINT_PAGES`), and this thread runs a PASSIVE checkpoint,
-    which never waits for readers or writers, every ``interval_s`` on a connection
-    of its own. sqlite3 releases the GIL while it copies, so the event loop runs on.
-    Several processes may each run one: SQLite lets one checkpoint run at a time.
+    Every checkpoint of a file database runs here: connections turn SQLite's
+    automatic checkpoint off (it ran inside whichever commit filled the log, and
+    that commit paid for the copy: docs/store.md, *Performance*). Every
+    ``interval_s``, if this process wrote since its last pass, this thread closes
+    the :class:`WriteGate`, takes the write lock on one connection of its own
+    (``BEGIN IMMEDIATE``) and copies the log on another (a PASSIVE checkpoint),
+    then lets writers go. Several processes may each run one; they take turns at
+    the lock. sqlite3 releases the GIL while it copies, so the event loop runs on.
 
-    A PASSIVE checkpoint copies the log but never rewinds it: SQLite starts the log
-    over only when a writer begins while every frame is already copied, which a
-    steady stream of writes never allows (the writes made during the copy are always
-    left), so the log grew by every write, and every read and commit slowed as its
-    index grew. So when the log holds ``restart_frames`` frames or more after a PASSIVE pass
-    that copied them all (none is pinned by a reader, which a RESTART would wait
-    for), this thread runs a RESTART checkpoint behind a closed :class:`WriteGate`: it
-    waits for this process's writers to finish (other processes' for the write
-    lock), copies the few frames written since the PASSIVE pass, and makes the next
-    writer start the log over. Writers wait for it that long. Connections cut a
-    restarted log file back to :data:`WAL_SIZE_LIMIT_BYTES`.
+    Why the write lock. SQLite before 3.51.3 has the *WAL-reset bug*
+    (https://sqlite.org/wal.html#walresetbug): a checkpoint that runs while another
+    connection commits the transaction that starts the log over may record frames
+    as copied that were not, and the database file is then corrupt. Copying while
+    writers commit is what a PASSIVE checkpoint does; this one ran several times a
+    second in every process of a mesh, and a 300-task run killing processes on one
+    file once read "database disk image is malformed". With the lock held no
+    commit runs during any checkpoint, whichever SQLite Python links.
+
+    It also keeps the log short. With no write during the copy, the copy takes
+    every frame that no older reader still reads, and the next writer then starts
+    the log over from its beginning (SQLite does so only when every frame is
+    copied; a PASSIVE checkpoint among steady writes never copied them all, and
+    the log grew by every write). Connections cut a log file that was started over
+    back to :data:`WAL_SIZE_LIMIT_BYTES`.
     """
 
-    def __init__(self, path: str, *, interval_s: float = 0.25,
-                 restart_frames: int = WAL_RESTART_FRAMES) -> None:
+    def __init__(self, path: str, *, interval_s: float = 0.25, lock_timeout_s: float = 0.2,
+                 idle_pass_s: float = 5.0) -> None:
         self._path = path
         self._interval_s = interval_s
-        self._restart_frames = restart_frames
+        self._lock_timeout_s = lock_timeout_s
+        # Other processes' frames are copied by their own checkpointers; a pass is
+        # still made now and then without writes of this one, for a process that
+        # wrote and exited while others only read.
+        self._idle_pass_s = idle_pass_s
         self._stop = threading.Event()
         self.passes = 0  # passes made, whatever they did (for tests and stats)
-        self.restarts = 0  # RESTART checkpoints that completed (for tests and stats)
+        self.checkpoints = 0  # checkpoints run with the write lock held
+        self.copied_all = 0  # of those, the ones that copied every frame of the log
         self.gate = WriteGate()  # passed by the write transactions of this process
         self._thread = threading.Thread(target=self._run, name="meshpoint-wal-checkpoint",
                                         daemon=True)
         self._thread.start()
 
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self._path, timeout=self._lock_timeout_s,
+                               isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA wal_autocheckpoint=0")
+        return conn
+
     def _run(self) -> None:
-        # Short waits: a RESTART that cannot start soon (a long write transaction of
-        # this process, another process's writer or reader) is tried again on the
-        # next pass rather than holding writers back behind it.
-        conn = sqlite3.connect(self._path, timeout=0.2, isolation_level=None,
-                               check_same_thread=False)
+        # Short waits: a lock that cannot be had soon (a long write transaction of
+        # this process, another process's writer) is tried again on the next pass
+        # rather than holding writers back behind it.
+        lock, copier = self._connect(), self._connect()
+        seen, last = -1, time.monotonic()
         try:
             while not self._stop.wait(self._interval_s):
-                with contextlib.suppress(sqlite3.Error):  # busy or locked: next time
-                    self._pass(conn)
+                writes = self.gate.writes
+                if writes != seen or time.monotonic() - last >= self._idle_pass_s:
+                    with contextlib.suppress(sqlite3.Error):  # busy or locked: next time
+                        self._pass(lock, copier)
+                        seen, last = writes, time.monotonic()
                 self.passes += 1
         finally:
-            conn.close()
+            lock.close()
+            copier.close()
 
-    def _pass(self, conn: sqlite3.Connection) -> None:
-        _busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        # Frames left uncopied mean a reader still uses them: a RESTART would wait for
-        # it with writers held back, so not this pass.
-        if frames >= self._restart_frames and copied == frames:
-            with self.gate.closed(timeout_s=0.1) as idle:
-                if not idle:
-                    return
-                busy, _frames, _copied = conn.execute(
-                    "PRAGMA wal_checkpoint(RESTART)").fetchone()
-            self.restarts += not busy
+    def _pass(self, lock: sqlite3.Connection, copier: sqlite3.Connection) -> None:
+        with self.gate.closed(timeout_s=0.1) as idle:
+            if not idle:
+                raise sqlite3.OperationalError("writes of this process under way")
+            lock.execute("BEGIN IMMEDIATE")
+            try:
+                _busy, frames, copied = copier.execute(
+                    "PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            finally:
+                lock.execute("ROLLBACK")
+        self.checkpoints += 1
+        self.copied_all += frames == copied
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
 
 
-
-
-def _install_hooks(engine: Engine, *, memory: bool, busy_timeout_s: float,
-                          autocheckpoint_pages: int = WAL_AUTOCHECKPOINT_PAGES) -> None:
+def _install_hooks(engine: Engine, *, memory: bool, busy_timeout_s: float) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Take BEGIN away from pysqlite's legacy transaction control: we emit our own.
@@ -337,7 +351,7 @@ def _install_hooks(engine: Engine, *, memory: bool, busy_timeout_s: float,
             # NORMAL in WAL mode: a commit survives a crash of any process; only a
             # power loss may drop the last transactions (never corrupts the file).
             cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute(f"PRAGMA wal_autocheckpoint={autocheckpoint_pages}")
+            cursor.execute("PRAGMA wal_autocheckpoint=0")  # the WalCheckpointer's job
             cursor.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
             # Reads through the OS page cache, shared by every connection and process,
             # instead of each connection's own small cache, which a large database
