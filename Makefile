@@ -3,6 +3,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Python writes its bytecode caches (gitignored) even where PYTHONDONTWRITEBYTECODE is set,
+# as on CI machines: otherwise each of the suite's hundreds of Python processes compiles
+# meshpoint from source (0.1-0.5 s of CPU each), and each pytest worker its tests (6 s).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo demo-llm llm test lint bench sql services clean
 
