@@ -126,6 +126,9 @@ class NatsBroker(Broker):
         self.user = user
         #: What the server refused this user lately (subject -> its error), oldest first.
         self._denied: dict[str, str] = {}
+        # A publish under way, by lowercased subject: told of the server's refusal at
+        # once, rather than when its acknowledgement times out.
+        self._refusals: dict[str, asyncio.Future[str]] = {}
         #: An ephemeral queue -> the unguessable name of its consumer on the server.
         self._ephemeral: dict[str, str] = {}
         self.js: JetStreamContext = nc.jetstream(timeout=5.0)
@@ -187,6 +190,9 @@ class NatsBroker(Broker):
             if "permissions violation" in text:
                 subject = text.rsplit(" to ", 1)[-1].strip("'\" ")
                 broker._denied[subject] = text.removeprefix("nats: ").split(" to ", 1)[0]
+                waiting = broker._refusals.get(subject)
+                if waiting is not None and not waiting.done():
+                    waiting.set_result(broker._denied[subject])
                 while len(broker._denied) > 256:
                     broker._denied.pop(next(iter(broker._denied)))
 
@@ -352,17 +358,29 @@ class NatsBroker(Broker):
             # out on reconnect even after we reported it failed.
             raise nats.errors.ConnectionReconnectingError
         stream = await self._ensure_stream(namespace)
-        self._denied.pop(subject.lower(), None)
+        key = subject.lower()
+        self._denied.pop(key, None)
+        refusal = self._refusals[key] = asyncio.get_running_loop().create_future()
+        publishing = asyncio.ensure_future(
+            self.js.publish(subject, data, headers=headers, timeout=2.0))
         try:
-            await self.js.publish(subject, data, headers=headers, timeout=2.0)
+            await asyncio.wait((publishing, refusal), return_when=asyncio.FIRST_COMPLETED)
+            if not publishing.done():  # the server refused it: no acknowledgement comes
+                self._denied.pop(key, None)
+                raise BrokerPermissionError(self._refused(refusal.result(), subject))
+            await publishing
         except nats.js.errors.NoStreamResponseError:
             self._streams.discard(stream)  # deleted under us: create it again
             raise
         except (nats.errors.TimeoutError, TimeoutError):
-            refused = self._denied.pop(subject.lower(), None)
+            refused = self._denied.pop(key, None)
             if refused is not None:
                 raise BrokerPermissionError(self._refused(refused, subject)) from None
             raise
+        finally:
+            publishing.cancel()
+            if self._refusals.get(key) is refusal:
+                del self._refusals[key]
 
     def _denial(self, prefix: str) -> str | None:
         """The latest refused subject starting with ``prefix`` (as the server named it,
