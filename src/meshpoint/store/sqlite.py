@@ -315,17 +315,19 @@ class WalCheckpointer:
                 writes = self.gate.writes
                 if writes != seen or time.monotonic() - last >= self._idle_pass_s:
                     with contextlib.suppress(sqlite3.Error):  # busy or locked: next time
-                        self._pass(lock, copier)
-                        seen, last = writes, time.monotonic()
+                        if self._pass(lock, copier):
+                            seen, last = writes, time.monotonic()
                 self.passes += 1
         finally:
             lock.close()
             copier.close()
 
-    def _pass(self, lock: sqlite3.Connection, copier: sqlite3.Connection) -> None:
+    def _pass(self, lock: sqlite3.Connection, copier: sqlite3.Connection) -> bool:
+        """One checkpoint with the write lock held; False if this process's writes
+        under way did not finish soon (tried again next pass)."""
         with self.gate.closed(timeout_s=0.1) as idle:
             if not idle:
-                raise sqlite3.OperationalError("writes of this process under way")
+                return False
             lock.execute("BEGIN IMMEDIATE")
             try:
                 _busy, frames, copied = copier.execute(
@@ -334,6 +336,7 @@ class WalCheckpointer:
                 lock.execute("ROLLBACK")
         self.checkpoints += 1
         self.copied_all += frames == copied
+        return True
 
     def stop(self) -> None:
         self._stop.set()
