@@ -391,3 +391,43 @@ async def test_drain_lets_the_handlers_in_hand_finish_and_takes_nothing_new(
     await eventually(lambda: later.payloads == [b"after the drain began"])
     await asyncio.sleep(1.2)  # a window past the ack wait: the finished one stays gone
     assert later.payloads == [b"after the drain began"]
+
+
+
+@pytest.mark.nats
+async def test_a_nats_member_takes_a_backlog_several_messages_a_request(
+        nats_url: str, ns: str) -> None:
+    """Each pull request asks for as many messages as the member has free slots: a
+    backlog comes in a few requests, never more in hand than ``max_in_flight``."""
+    from meshpoint.broker.nats import NatsBroker
+    from meshpoint.broker.nats_members import Member
+
+    broker = await NatsBroker.connect(nats_url, pull_expires_s=0.5)
+    try:
+        sent = [f"job-{n}".encode() for n in range(64)]
+        for data in sent:
+            await broker.publish(f"{ns}.jobs", data)
+        seen: list[bytes] = []
+        in_hand = most = 0
+
+        async def handler(delivery: Delivery) -> None:
+            nonlocal in_hand, most
+            in_hand += 1
+            most = max(most, in_hand)
+            await asyncio.sleep(0.01)
+            in_hand -= 1
+            seen.append(delivery.message.data)
+            await delivery.ack()
+
+        member = await broker.subscribe(f"{ns}.jobs", "workers", handler,
+                                        ConsumerOptions(max_in_flight=8))
+        assert isinstance(member, Member)
+        await eventually(lambda: len(seen) >= 64)
+        await asyncio.sleep(0.6)  # past a pull's expiry: nothing comes twice
+        assert Counter(seen) == Counter(sent)
+        assert most <= 8
+        # 64 messages, at most 8 a request: one request a message would be 64.
+        assert member.requests < 32
+    finally:
+        await broker.delete_namespace(ns)
+        await broker.close()

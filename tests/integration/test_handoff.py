@@ -224,6 +224,13 @@ class Killer:
 
     def __init__(self, mesh: Mesh, point: str) -> None:
         self.mesh, self.point, self.kills = mesh, point, 0
+        self.chosen = False
+
+    def first(self) -> bool:
+        """True once: chosen before any await, so that the next iteration's handoff,
+        which may begin before the first one's publish returns, is not taken for it."""
+        chosen, self.chosen = self.chosen, True
+        return not chosen
 
     async def die(self, instance_id: str | None = None, task_id: str | None = None) -> None:
         self.kills += 1
@@ -236,7 +243,8 @@ class Killer:
         broker, publish = self.mesh.broker, self.mesh.broker.publish
 
         async def publishing(subject: str, data: bytes, *args: Any, **kwargs: Any) -> None:
-            handoff = ".agent.handoff." in subject and not self.kills
+            handoff = ".agent.handoff." in subject and \
+                self.point in ("after_commit", "after_publish") and self.first()
             task_id = json.loads(data)["task_id"] if handoff else None
             if handoff and self.point == "after_commit":
                 await self.die(task_id=task_id)

@@ -14,7 +14,8 @@ How the contract maps onto JetStream:
   the subscription's subject, with explicit acks and the queue's ``ack_wait_s``.
   A durable queue is a durable consumer (delivering from the start of the stream, so
   messages published before its first member wait for it); the members of a queue,
-  in any process, pull from the same consumer and so compete. An ephemeral queue is
+  in any process, pull from the same consumer and so compete, each asking for as
+  many messages as it has free slots. An ephemeral queue is
   a named consumer that starts at new messages, is deleted when its last member in
   this process stops, and by the server after ``ephemeral_inactive_s`` without pulls
   (its process died).

@@ -20,7 +20,9 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSubscription
 from nats.js import JetStreamContext
+from nats.js.api import DEFAULT_PREFIX, Header, StatusCode
 
 from meshpoint.broker.base import (
     DEAD_LETTER_DELIVERIES,
@@ -45,6 +47,12 @@ TRANSIENT = (asyncio.TimeoutError, nats.errors.TimeoutError, nats.errors.Connect
              OSError)
 #: How often an idle member checks that its consumer still exists on the server.
 CONSUMER_CHECK_S = 5.0
+#: The most messages one pull request asks for (and so takes from the queue's other
+#: members at once).
+PULL_BATCH = 16
+#: Statuses that end a pull request with nothing wrong: no messages, the request
+#: expired.
+QUIET_STATUSES = (StatusCode.NO_MESSAGES, StatusCode.REQUEST_TIMEOUT)
 
 
 class QueueOwner(Protocol):
@@ -116,8 +124,9 @@ class NatsDelivery(Delivery):
 
 
 class Member(Subscription):
-    """One member of a queue: pulls one message at a time, only when it has a free
-    slot and a connection, and handles up to ``max_in_flight`` at once."""
+    """One member of a queue: pulls only when it has a free slot and a connection,
+    as many messages as it has free slots (up to ``PULL_BATCH``) in one request, and
+    handles up to ``max_in_flight`` at once."""
 
     def __init__(self, broker: QueueOwner, stream: str, consumer: str, subject: str,
                  handler: Handler, options: ConsumerOptions, dead_letter_subject: str) -> None:
@@ -131,53 +140,140 @@ class Member(Subscription):
         self.slots = asyncio.Semaphore(options.max_in_flight)
         self.in_flight: set[asyncio.Task[None]] = set()
         self.loop_task: asyncio.Task[None] | None = None
-        self.pull: JetStreamContext.PullSubscription | None = None
+        #: Where the consumer delivers this member's messages, and its subscription.
+        self.inbox = ""
+        self.sub: NatsSubscription | None = None
+        self.next_subject = f"{DEFAULT_PREFIX}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        #: The pull request under way (its outcome once ended) and the slots it holds
+        #: for messages yet to come.
+        self.request: asyncio.Future[str | None] | None = None
+        self.reserved = 0
+        #: Pull requests made (the number of the one under way ends its reply subject).
+        self.requests = 0
+        #: Messages brought that this member will not handle, to give back.
+        self.unwanted: list[Msg] = []
         self.pulling = True
         self.stopped = False
         self.checked_at = 0.0
 
     async def start(self) -> None:
-        self.pull = await self.broker.js.pull_subscribe_bind(consumer=self.consumer,
-                                                             stream=self.stream)
+        self.inbox = self.broker.nc.new_inbox()
+        self.sub = await self.broker.nc.subscribe(f"{self.inbox}.*", cb=self._delivered)
         self.loop_task = asyncio.create_task(self._take(), name=f"member of {self.consumer}")
 
     async def _take(self) -> None:
-        assert self.pull is not None
+        """Ask the consumer for as many messages as this member has free slots (up to
+        ``PULL_BATCH``), one request at a time, each lingering up to the broker's
+        ``pull_expires_s``; :meth:`_delivered` hands each message to its handler as it
+        comes. Under load one request brings several messages; idle, it is one
+        request a ``pull_expires_s``."""
+        loop = asyncio.get_running_loop()
         pause = 0.05
         while self.pulling:
             await self.slots.acquire()
+            if not self.pulling:  # a drain began while this member waited for a slot
+                self.slots.release()
+                return
+            wanted = 1
+            while wanted < PULL_BATCH and not self.slots.locked():
+                await self.slots.acquire()  # free: returns without waiting
+                wanted += 1
             if not self.broker.nc.is_connected:
                 # A pull request made now would be buffered and sent on reconnect, late.
-                self.slots.release()
+                self._release(wanted)
                 await asyncio.sleep(0.1)
                 continue
+            self.reserved = wanted
+            self.request = ended = loop.create_future()
+            self.requests += 1
+            expires = self.broker.pull_expires_s
             try:
-                msgs = await self.pull.fetch(1, timeout=self.broker.pull_expires_s)
-            except (TimeoutError, nats.errors.TimeoutError):
-                self.slots.release()
-                # Pulls from a consumer the server no longer has just time out: look
-                # for it now and then while idle.
-                now = asyncio.get_running_loop().time()
-                if now - self.checked_at >= CONSUMER_CHECK_S:
-                    self.checked_at = now
-                    await self._recreate_if_lost()
-                continue
+                await self.broker.nc.publish(
+                    self.next_subject, b'{"batch":%d,"expires":%d}' % (
+                        wanted, int(expires * 1e9) - 100_000),
+                    reply=f"{self.inbox}.{self.requests}")
+                with contextlib.suppress(TimeoutError):
+                    # The server ends the request (the batch filled, or a status when
+                    # it expires); past that, the request was lost (a reconnect).
+                    await asyncio.wait_for(asyncio.shield(ended), expires + 0.5)
             except BaseException as error:
-                self.slots.release()
+                self._end_request(None)
                 if isinstance(error, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
                     raise
                 await self._recover(error, pause)
                 pause = min(2.0, pause * 2)
                 continue
-            pause = 0.05
-            if not self.pulling:  # a drain began while this pull was out: give it back
-                self.slots.release()
-                with contextlib.suppress(*TRANSIENT, nats.errors.Error):
-                    await msgs[0].nak()
-                return
-            task = asyncio.create_task(self._handle(msgs[0]))
-            self.in_flight.add(task)
-            task.add_done_callback(self.in_flight.discard)
+            self._end_request(None)
+            await self._give_back()
+            outcome = ended.result()
+            if outcome is None or outcome == "ok" or outcome in QUIET_STATUSES:
+                pause = 0.05
+                if outcome != "ok":
+                    # Pulls from a consumer the server no longer has just time out:
+                    # look for it now and then while idle.
+                    now = loop.time()
+                    if now - self.checked_at >= CONSUMER_CHECK_S:
+                        self.checked_at = now
+                        await self._recreate_if_lost()
+                continue
+            # A conflict (the consumer deleted, too many waiting pulls) or JetStream
+            # unavailable: wait, then look for the consumer.
+            await self._recover(nats.js.errors.APIError(description=str(outcome)), pause)
+            pause = min(2.0, pause * 2)
+
+    async def _give_back(self) -> None:
+        """Nak the messages this member will not handle, for another member to take."""
+        unwanted, self.unwanted = self.unwanted, []
+        for msg in unwanted:
+            with contextlib.suppress(*TRANSIENT, nats.errors.Error):
+                await msg.nak()
+
+    def _release(self, slots: int) -> None:
+        for _ in range(slots):
+            self.slots.release()
+
+    def _end_request(self, outcome: str | None) -> None:
+        """End the pull request under way, if any, with ``outcome`` ("ok": its batch
+        came; a status: the server ended it; None: given up on), giving back the
+        slots it held for messages that did not come."""
+        request, self.request = self.request, None
+        if request is None:
+            return
+        self._release(self.reserved)
+        self.reserved = 0
+        if not request.done():
+            request.set_result(outcome)
+
+    async def _delivered(self, msg: Msg) -> None:
+        """A message, or a status ending a pull request, on this member's inbox."""
+        headers = msg.headers or {}
+        status = headers.get(Header.STATUS)
+        if status is not None:
+            # A status comes to the reply subject of its request: one that ends the
+            # request under way (not a heartbeat, nor a late status of a request
+            # given up on) ends it.
+            if self.request is not None and status != StatusCode.CONTROL_MESSAGE and \
+                    msg.subject == f"{self.inbox}.{self.requests}":
+                self._end_request(status if status != StatusCode.CONFLICT
+                                  else f"{status} {headers.get(Header.DESCRIPTION, '')}")
+            return
+        if self.pulling and self.reserved > 0:
+            self.reserved -= 1
+        elif self.pulling and not self.slots.locked():
+            # A message of a request given up on (a reconnect lost its status), or
+            # more than the one under way asked for: a slot is free for it.
+            await self.slots.acquire()  # free: returns without waiting
+        else:
+            # A drain began while the request was out, or no slot is free: given back
+            # once the request ended (given back now, the request would bring it
+            # again).
+            self.unwanted.append(msg)
+            return
+        task = asyncio.create_task(self._handle(msg))
+        self.in_flight.add(task)
+        task.add_done_callback(self.in_flight.discard)
+        if self.request is not None and self.reserved == 0:
+            self._end_request("ok")
 
     async def _recover(self, error: BaseException, pause: float) -> None:
         """A pull failed: wait, and re-create the queue if the server lost it (an
@@ -258,12 +354,14 @@ class Member(Subscription):
             self.loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.loop_task
-        if self.pull is not None:
-            # No interest left in the pull's inbox: the server hands a pending pull
-            # request nothing more.
+        self._end_request(None)
+        if self.sub is not None:
+            # No interest left in the inbox: the server hands a pending pull request
+            # nothing more.
             with contextlib.suppress(Exception):
-                await self.pull.unsubscribe()
-            self.pull = None
+                await self.sub.unsubscribe()
+            self.sub = None
+        await self._give_back()
 
     async def stop(self) -> None:
         if self.stopped:
