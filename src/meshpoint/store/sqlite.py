@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
 import threading
 import time
@@ -250,6 +251,42 @@ class WriteGate:
                 self._cond.notify_all()
 
 
+class WalSync:
+    """Flushes the write-ahead log to disk before a checkpoint takes the write lock.
+
+    With ``synchronous=NORMAL`` commits do not sync: the log's new frames are in the
+    page cache, and the checkpoint's first step syncs them, with the lock held, so
+    writers waited for the flush of everything written since the last pass (a 10-step
+    turn's p99 on SQLite tripled). Synced here first, the checkpoint's own sync has
+    only what was written since. The file is opened once, read-only, and kept open:
+    closing a descriptor of a file releases every POSIX lock this process holds on
+    it (SQLite keeps its locks on the database and ``-shm`` files, not the log), and
+    it is opened again when the log was deleted and made anew."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._fd: int | None = None
+        self._inode = -1
+        self.syncs = 0  # flushes made (for tests)
+
+    def sync(self) -> None:
+        try:
+            inode = os.stat(self._path).st_ino
+            if inode != self._inode:
+                self.close()
+                self._fd, self._inode = os.open(self._path, os.O_RDONLY), inode
+            assert self._fd is not None
+            os.fsync(self._fd)
+            self.syncs += 1
+        except OSError:
+            pass  # no log yet, or gone: SQLite's own sync does it
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class WalCheckpointer:
     """Copies SQLite's write-ahead log into the database file off the write path,
     with the write lock held, and so keeps the log short.
@@ -257,7 +294,8 @@ class WalCheckpointer:
     Every checkpoint of a file database runs here: connections turn SQLite's
     automatic checkpoint off (it ran inside whichever commit filled the log, and
     that commit paid for the copy: docs/store.md, *Performance*). Every
-    ``interval_s``, if this process wrote since its last pass, this thread closes
+    ``interval_s``, if this process wrote since its last pass, this thread flushes
+    the log (:class:`WalSync`), closes
     the :class:`WriteGate`, takes the write lock on one connection of its own
     (``BEGIN IMMEDIATE``) and copies the log on another (a PASSIVE checkpoint),
     then lets writers go. Several processes may each run one; they take turns at
@@ -294,6 +332,7 @@ class WalCheckpointer:
         self.checkpoints = 0  # checkpoints run with the write lock held
         self.copied_all = 0  # of those, the ones that copied every frame of the log
         self.gate = WriteGate()  # passed by the write transactions of this process
+        self.wal = WalSync(f"{path}-wal")
         self._thread = threading.Thread(target=self._run, name="meshpoint-wal-checkpoint",
                                         daemon=True)
         self._thread.start()
@@ -321,10 +360,12 @@ class WalCheckpointer:
         finally:
             lock.close()
             copier.close()
+            self.wal.close()
 
     def _pass(self, lock: sqlite3.Connection, copier: sqlite3.Connection) -> bool:
         """One checkpoint with the write lock held; False if this process's writes
         under way did not finish soon (tried again next pass)."""
+        self.wal.sync()
         with self.gate.closed(timeout_s=0.1) as idle:
             if not idle:
                 return False
