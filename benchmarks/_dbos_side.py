@@ -58,6 +58,30 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / TICKS
 
 
+class ServerCpu:
+    """user + system CPU seconds of every process named ``name`` (PostgreSQL's server
+    and its backends are all ``postgres``) from now on; a backend that starts in
+    between counts from its start, one that exits in between is missed (both sides
+    keep their pools' connections open)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.before = self.by_pid()
+
+    def by_pid(self) -> dict[int, float]:
+        found = {}
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and (entry / "comm").read_text().strip() == self.name:
+                    found[int(entry.name)] = cpu_seconds([int(entry.name)])
+            except OSError:
+                continue
+        return found
+
+    def since(self) -> float:
+        return sum(cpu - self.before.get(pid, 0.0) for pid, cpu in self.by_pid().items())
+
+
 def percentile(samples: list[float], pct: float) -> float | None:
     if not samples:
         return None
@@ -145,14 +169,16 @@ async def drive(url: str, schema: str, tasks: int, window: int, pids: list[int],
 
     polling = asyncio.create_task(poller())
     cpu_before = cpu_seconds(pids)
+    postgres = ServerCpu("postgres")
     started = loop.time()
     await asyncio.gather(*(one(n) for n in range(tasks)))
     seconds = loop.time() - started
     cpu = cpu_seconds(pids) - cpu_before
+    postgres_cpu = postgres.since()
     done_all = True
     await polling
     client.destroy()
-    return {"seconds": seconds, "failed": failed, "cpu_s": cpu,
+    return {"seconds": seconds, "failed": failed, "cpu_s": cpu, "postgres_cpu_s": postgres_cpu,
             "end_to_end_ms": {"p50": percentile(latencies, 50),
                               "p99": percentile(latencies, 99)}}
 

@@ -50,7 +50,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from _dbos_side import DBOS_VERSION, READY, cpu_seconds, ensure_env
+from _dbos_side import DBOS_VERSION, READY, ServerCpu, cpu_seconds, ensure_env
 from _results import write_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.cluster
@@ -68,7 +68,7 @@ from meshpoint.store import open_store
 POSTGRES_URL = os.environ.get("MESHPOINT_BENCH_POSTGRES_URL", os.environ.get(
     "MESHPOINT_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"))
 NATS_URL = os.environ.get("MESHPOINT_TEST_NATS_URL", "nats://127.0.0.1:4222")
-console = Console(width=150)  # the table has 8 columns
+console = Console(width=170)  # the tables have 11 columns
 
 
 def psql(sql: str) -> str:
@@ -121,14 +121,17 @@ async def drive(namespace: str, tasks: int, window: int, pids: list[int],
                     progress.advance(job)
 
             cpu_before = cpu_seconds(pids)
+            postgres, nats_server = ServerCpu("postgres"), ServerCpu("nats-server")
             started = loop.time()
             await asyncio.gather(*(one(n) for n in range(tasks)))
             seconds = loop.time() - started
             cpu = cpu_seconds(pids) - cpu_before
+            postgres_cpu, nats_cpu = postgres.since(), nats_server.since()
     finally:
         await broker.close()
         progress.remove_task(job)
     return {"seconds": seconds, "failed": failed, "cpu_s": cpu,
+            "postgres_cpu_s": postgres_cpu, "nats_cpu_s": nats_cpu,
             "end_to_end_ms": {"p50": percentile(latencies, 50),
                               "p99": percentile(latencies, 99)}}
 
@@ -164,6 +167,8 @@ def run_mesh(coordinators: int, tasks: int, window: int, workdir: Path,
         "side": "meshpoint", "coordinators": coordinators, "tasks": tasks, "window": window,
         "failed": figures["failed"],
         "cpu_ms_per_task": round(figures["cpu_s"] * 1000 / tasks, 2),
+        "postgres_cpu_ms_per_task": round(figures["postgres_cpu_s"] * 1000 / tasks, 2),
+        "nats_cpu_ms_per_task": round(figures["nats_cpu_s"] * 1000 / tasks, 2),
         "seconds": round(figures["seconds"], 2), "tasks_per_s": round(rate, 1),
         "claims_per_s": round(rate * len(PEERS), 1),
         "pause_resume_ms": {"p50": percentile(pause, 50), "p99": percentile(pause, 99)},
@@ -210,6 +215,7 @@ def run_dbos(workers: int, tasks: int, window: int, workdir: Path, poll_s: float
         "side": "dbos", "coordinators": workers, "tasks": tasks, "window": window,
         "failed": figures["failed"],
         "cpu_ms_per_task": round(figures["cpu_s"] * 1000 / tasks, 2),
+        "postgres_cpu_ms_per_task": round(figures["postgres_cpu_s"] * 1000 / tasks, 2),
         "seconds": round(figures["seconds"], 2), "tasks_per_s": round(rate, 1),
         "end_to_end_ms": figures["end_to_end_ms"],
         "clean_exits": sum(1 for c in codes if c == 0), "processes": len(codes),
@@ -269,7 +275,8 @@ def mesh_table(runs: list[dict[str, Any]], ceiling: dict[int, float]) -> Table:
     table = Table(title=f"meshpoint serve processes on PostgreSQL + NATS, fan-out 3, "
                         f"{os.cpu_count()} cores")
     for column in ("coordinator processes", "tasks in flight", "tasks/s", "claims/s",
-                   "CPU ms / task", "pgbench DELETE tps", "claims / pgbench",
+                   "CPU ms / task", "PostgreSQL / NATS server CPU ms / task",
+                   "pgbench DELETE tps", "claims / pgbench",
                    "pause-to-resume p50/p99 ms", "checkpoint p50/p99 ms",
                    "end-to-end p50/p99 ms"):
         table.add_column(column, justify="right")
@@ -280,6 +287,8 @@ def mesh_table(runs: list[dict[str, Any]], ceiling: dict[int, float]) -> Table:
             run["claims_vs_pgbench"] = round(run["claims_per_s"] / tps, 3)
         table.add_row(str(run["coordinators"]), str(run["window"]), f"{run['tasks_per_s']:.1f}",
                       f"{run['claims_per_s']:.1f}", f"{run['cpu_ms_per_task']:.1f}",
+                      f"{run['postgres_cpu_ms_per_task']:.1f} / "
+                      f"{run['nats_cpu_ms_per_task']:.1f}",
                       f"{tps:.0f}" if tps else "-",
                       f"{run['claims_vs_pgbench']:.1%}" if tps else "-",
                       pair([run], "pause_resume_ms"), pair([run], "checkpoint_ms"),
@@ -293,7 +302,8 @@ def versus_table(runs: list[dict[str, Any]]) -> Table:
                         f"workload on one PostgreSQL")
     for column in ("processes", "in flight", "meshpoint tasks/s", "DBOS tasks/s",
                    "tasks/s ratio", "meshpoint CPU ms/task", "DBOS CPU ms/task",
-                   "CPU ratio", "meshpoint p50/p99 ms", "DBOS p50/p99 ms"):
+                   "CPU ratio", "PostgreSQL CPU ms/task, meshpoint / DBOS",
+                   "meshpoint p50/p99 ms", "DBOS p50/p99 ms"):
         table.add_column(column, justify="right")
     keys = sorted({(r["window"], r["coordinators"]) for r in runs})
     for window, n in keys:
@@ -310,6 +320,8 @@ def versus_table(runs: list[dict[str, Any]]) -> Table:
                       span([r["tasks_per_s"] for r in dbos]), span(rate, 2),
                       span([r["cpu_ms_per_task"] for r in mesh]),
                       span([r["cpu_ms_per_task"] for r in dbos]), span(cpu, 2),
+                      f"{span([r['postgres_cpu_ms_per_task'] for r in mesh])} / "
+                      f"{span([r['postgres_cpu_ms_per_task'] for r in dbos])}",
                       pair(mesh, "end_to_end_ms"), pair(dbos, "end_to_end_ms"))
     return table
 
