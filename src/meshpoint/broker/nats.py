@@ -49,7 +49,7 @@ import re
 import secrets
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 import nats.errors
@@ -95,6 +95,7 @@ from meshpoint.tls import TlsConfig, tls_failure
 logger = logging.getLogger("meshpoint.broker.nats")
 
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
+T = TypeVar("T")
 
 
 def inbox_prefix(user: str) -> str:
@@ -130,6 +131,9 @@ class NatsBroker(Broker):
         # A publish under way, by lowercased subject: told of the server's refusal at
         # once, rather than when its acknowledgement times out.
         self._refusals: dict[str, asyncio.Future[str]] = {}
+        # A JetStream API request under way: the names its subject holds (a stream's,
+        # a consumer's), told of the server's refusal of such a subject at once.
+        self._api_waiting: list[tuple[tuple[str, ...], asyncio.Future[str]]] = []
         #: An ephemeral queue -> the unguessable name of its consumer on the server.
         self._ephemeral: dict[str, str] = {}
         self.js: JetStreamContext = nc.jetstream(timeout=5.0)
@@ -183,6 +187,9 @@ class NatsBroker(Broker):
             if required is not None and not refused.done() and (
                     isinstance(error, NoTls) or tls_failure(error) is not None):
                 refused.set_result(error)  # nats-py would try again, forever
+            if not refused.done() and not nc.is_connected and \
+                    "authorization violation" in str(error).lower():
+                refused.set_result(error)  # a wrong user or password: retrying is no use
             # What the server refuses this user arrives here, not at the call that
             # asked (a publish or request then times out): remember it, so that the
             # call can say so at once.
@@ -194,6 +201,7 @@ class NatsBroker(Broker):
                 waiting = broker._refusals.get(subject)
                 if waiting is not None and not waiting.done():
                     waiting.set_result(broker._denied[subject])
+                broker._api_refused(subject)
                 while len(broker._denied) > 256:
                     broker._denied.pop(next(iter(broker._denied)))
 
@@ -220,6 +228,9 @@ class NatsBroker(Broker):
         except TlsRefused as error:
             with contextlib.suppress(Exception):
                 await nc.close()
+            if "authorization violation" in str(error.cause).lower():
+                raise BrokerError(f"NATS at {shown} refused user {user!r}: wrong user or "
+                                  "password (Authorization Violation)") from None
             assert required is not None
             if isinstance(error.cause, NoTls):
                 raise TlsError(
@@ -261,6 +272,34 @@ class NatsBroker(Broker):
 
     # -- streams and consumers -----------------------------------------------------------
 
+    def _api_refused(self, subject: str) -> None:
+        """The server refused this user ``subject``: end an API request under way whose
+        subject it is (the refusal comes to the error callback, and the request would
+        wait out its timeout)."""
+        tokens = subject.split(".")
+        if tokens[:2] != ["$js", "api"]:
+            return
+        for names, waiter in self._api_waiting:
+            if not waiter.done() and all(name in tokens for name in names):
+                waiter.set_result(f"{self._denied.pop(subject, 'refused')} to {subject!r}")
+                return
+
+    async def _api(self, request: Awaitable[T], *names: str) -> T:
+        """A JetStream API ``request`` whose subject holds ``names``; a refusal by the
+        server ends it at once with BrokerPermissionError."""
+        refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        entry = (tuple(name.lower() for name in names), refused)
+        self._api_waiting.append(entry)
+        asking = asyncio.ensure_future(request)
+        try:
+            await asyncio.wait((asking, refused), return_when=asyncio.FIRST_COMPLETED)
+            if not asking.done():
+                raise BrokerPermissionError(self._refused(refused.result()))
+            return asking.result()
+        finally:
+            asking.cancel()
+            self._api_waiting.remove(entry)
+
     def stream_name(self, namespace: str) -> str:
         return safe_name(f"{self.stream_prefix}{namespace}")
 
@@ -271,7 +310,7 @@ class NatsBroker(Broker):
         async with self._stream_lock:
             if name not in self._streams and not self.create_streams:
                 try:
-                    self._use_window(name, await self.js.stream_info(name))
+                    self._use_window(name, await self._api(self.js.stream_info(name), name))
                 except nats.js.errors.NotFoundError:
                     raise NamespaceNotServedError(namespace, name, self.url) from None
                 self._streams.add(name)
@@ -281,11 +320,11 @@ class NatsBroker(Broker):
                     storage=StorageType.FILE, max_age=self.max_age_s,
                     duplicate_window=self.dedupe_window_s, discard=DiscardPolicy.OLD)
                 try:
-                    await self.js.add_stream(config)
+                    await self._api(self.js.add_stream(config), name)
                 except nats.js.errors.BadRequestError:
                     # It exists with other limits (set by an operator): use it as it is,
                     # if it captures the namespace.
-                    info = await self.js.stream_info(name)
+                    info = await self._api(self.js.stream_info(name), name)
                     if f"{namespace}.>" not in (info.config.subjects or []):
                         raise BrokerError(
                             f"NATS stream {name} exists but does not capture "
@@ -311,7 +350,7 @@ class NatsBroker(Broker):
         server no longer has it (an ephemeral one idle too long, or deleted by hand);
         the new one starts at new messages, never replaying the stream's history."""
         try:
-            info = await self.js.consumer_info(stream, consumer)
+            info = await self._api(self.js.consumer_info(stream, consumer), stream, consumer)
         except nats.js.errors.NotFoundError:
             info = None
         if info is not None:
@@ -320,14 +359,15 @@ class NatsBroker(Broker):
         if lost:
             logger.error("queue %s on stream %s was deleted on the server; re-creating it "
                          "from new messages on", consumer, stream)
-        await self.js.add_consumer(stream, ConsumerConfig(
+        await self._api(self.js.add_consumer(stream, ConsumerConfig(
             name=consumer, durable_name=None if options.ephemeral else consumer,
             deliver_policy=(DeliverPolicy.NEW if options.ephemeral or lost
                             else DeliverPolicy.ALL),
             ack_policy=AckPolicy.EXPLICIT, ack_wait=options.ack_wait_s, max_deliver=-1,
             # Tasks waiting in memory hold their requests un-acked: leave them room.
             filter_subject=subject, max_ack_pending=max(10_000, 64 * options.max_in_flight),
-            inactive_threshold=self.ephemeral_inactive_s if options.ephemeral else None))
+            inactive_threshold=self.ephemeral_inactive_s if options.ephemeral else None)),
+            stream, consumer)
 
     async def delete_namespace(self, namespace: str) -> None:
         """Delete a namespace's stream, with every message and queue in it."""

@@ -28,7 +28,8 @@ class NoTls(nats.errors.Error):
 
 
 class TlsRefused(Exception):
-    """A first connection failed on TLS; ``cause`` is nats-py's error."""
+    """A first connection failed on TLS, or the server refused the user (nats-py
+    would retry either forever); ``cause`` is nats-py's error."""
 
     def __init__(self, cause: Exception) -> None:
         super().__init__(str(cause))
@@ -65,8 +66,8 @@ class TlsClient(NatsClient):
 
 async def first_connection(nc: NatsClient, settings: dict[str, Any],
                            refused: asyncio.Future[Exception]) -> None:
-    """``nc.connect(**settings)``, unless ``refused`` (a TLS failure, which nats-py
-    would retry forever) comes first: then TlsRefused."""
+    """``nc.connect(**settings)``, unless ``refused`` (a TLS failure or a refused
+    user, which nats-py would retry forever) comes first: then TlsRefused."""
     connecting = asyncio.ensure_future(nc.connect(**settings))
     either: list[asyncio.Future[Any]] = [connecting, refused]
     try:
