@@ -232,10 +232,14 @@ class Killer:
         chosen, self.chosen = self.chosen, True
         return not chosen
 
-    async def die(self, instance_id: str | None = None, task_id: str | None = None) -> None:
-        self.kills += 1
-        victim = next(i for i in self.mesh.instances if i.running and (
+    def victim(self, instance_id: str | None = None, task_id: str | None = None) -> Any:
+        """The instance of that id, or the one running that task (chosen before an
+        await, while only the publisher of its handoff runs it)."""
+        return next(i for i in self.mesh.instances if i.running and (
             i.instance_id == instance_id if instance_id else task_id in i.active))
+
+    async def die(self, victim: Any) -> None:
+        self.kills += 1
         asyncio.get_running_loop().create_task(victim.kill())
         await asyncio.Event().wait()  # cancelled by the kill
 
@@ -245,19 +249,19 @@ class Killer:
         async def publishing(subject: str, data: bytes, *args: Any, **kwargs: Any) -> None:
             handoff = ".agent.handoff." in subject and \
                 self.point in ("after_commit", "after_publish") and self.first()
-            task_id = json.loads(data)["task_id"] if handoff else None
+            victim = self.victim(task_id=json.loads(data)["task_id"]) if handoff else None
             if handoff and self.point == "after_commit":
-                await self.die(task_id=task_id)
+                await self.die(victim)
             await publish(subject, data, *args, **kwargs)
             if handoff and self.point == "after_publish":
-                await self.die(task_id=task_id)
+                await self.die(victim)
 
         broker.publish = publishing  # type: ignore[method-assign]
         begin = store.begin_iteration
 
         async def beginning(ctx: Any, agent: str, *, lease_owner: str, **kw: Any) -> None:
             if self.point == "during_take" and not self.kills:
-                await self.die(instance_id=lease_owner.split("#")[0])
+                await self.die(self.victim(instance_id=lease_owner.split("#")[0]))
             await begin(ctx, agent, lease_owner=lease_owner, **kw)
 
         store.begin_iteration = beginning  # type: ignore[method-assign]
@@ -271,7 +275,7 @@ class Killer:
                     run.ctx.session_events and run.ctx.session_events[0] is not None
                     and run.ctx.session_events[0]["content"] == messages[0]["content"]
                     for run in i.active.values()))
-                await self.die(instance_id=running.instance_id)
+                await self.die(running)
             return await complete(messages, tools)
 
         model.complete = completing  # type: ignore[method-assign]

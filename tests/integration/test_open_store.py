@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -175,6 +176,7 @@ async def test_the_log_is_flushed_before_a_checkpoint_takes_the_lock(tmp_path: P
     log.write_bytes(b"a new log")
     flush.sync()
     assert flush.syncs == 2
+    assert os.fstat(flush._fd).st_ino == log.stat().st_ino  # the new log, not the old
     flush.close()
 
 

@@ -280,15 +280,19 @@ class NatsBroker(Broker):
         if tokens[:2] != ["$js", "api"]:
             return
         for names, waiter in self._api_waiting:
-            if not waiter.done() and all(name in tokens for name in names):
+            # $JS.API.STREAM.<verb>.<stream>, $JS.API.CONSUMER.<verb>.<stream>.<consumer>
+            # (.<filter>), $JS.API.CONSUMER.DURABLE.CREATE.<stream>.<consumer>
+            if not waiter.done() and tokens[2] == names[0] and any(
+                    tokens[at:at + len(names) - 1] == list(names[1:]) for at in (4, 5)):
                 waiter.set_result(f"{self._denied.pop(subject, 'refused')} to {subject!r}")
                 return
 
-    async def _api(self, request: Awaitable[T], *names: str) -> T:
-        """A JetStream API ``request`` whose subject holds ``names``; a refusal by the
-        server ends it at once with BrokerPermissionError."""
+    async def _api(self, request: Awaitable[T], kind: str, *names: str) -> T:
+        """A JetStream API ``request`` on a ``kind`` ("stream" or "consumer") whose
+        subject names ``names`` (the stream's, then the consumer's); a refusal of
+        that subject by the server ends it at once with BrokerPermissionError."""
         refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        entry = (tuple(name.lower() for name in names), refused)
+        entry = ((kind, *(name.lower() for name in names)), refused)
         self._api_waiting.append(entry)
         asking = asyncio.ensure_future(request)
         try:
@@ -310,7 +314,8 @@ class NatsBroker(Broker):
         async with self._stream_lock:
             if name not in self._streams and not self.create_streams:
                 try:
-                    self._use_window(name, await self._api(self.js.stream_info(name), name))
+                    info = await self._api(self.js.stream_info(name), "stream", name)
+                    self._use_window(name, info)
                 except nats.js.errors.NotFoundError:
                     raise NamespaceNotServedError(namespace, name, self.url) from None
                 self._streams.add(name)
@@ -320,11 +325,11 @@ class NatsBroker(Broker):
                     storage=StorageType.FILE, max_age=self.max_age_s,
                     duplicate_window=self.dedupe_window_s, discard=DiscardPolicy.OLD)
                 try:
-                    await self._api(self.js.add_stream(config), name)
+                    await self._api(self.js.add_stream(config), "stream", name)
                 except nats.js.errors.BadRequestError:
                     # It exists with other limits (set by an operator): use it as it is,
                     # if it captures the namespace.
-                    info = await self._api(self.js.stream_info(name), name)
+                    info = await self._api(self.js.stream_info(name), "stream", name)
                     if f"{namespace}.>" not in (info.config.subjects or []):
                         raise BrokerError(
                             f"NATS stream {name} exists but does not capture "
@@ -350,7 +355,8 @@ class NatsBroker(Broker):
         server no longer has it (an ephemeral one idle too long, or deleted by hand);
         the new one starts at new messages, never replaying the stream's history."""
         try:
-            info = await self._api(self.js.consumer_info(stream, consumer), stream, consumer)
+            info = await self._api(self.js.consumer_info(stream, consumer), "consumer", stream,
+                                   consumer)
         except nats.js.errors.NotFoundError:
             info = None
         if info is not None:
@@ -367,7 +373,7 @@ class NatsBroker(Broker):
             # Tasks waiting in memory hold their requests un-acked: leave them room.
             filter_subject=subject, max_ack_pending=max(10_000, 64 * options.max_in_flight),
             inactive_threshold=self.ephemeral_inactive_s if options.ephemeral else None)),
-            stream, consumer)
+            "consumer", stream, consumer)
 
     async def delete_namespace(self, namespace: str) -> None:
         """Delete a namespace's stream, with every message and queue in it."""

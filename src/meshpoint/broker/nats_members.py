@@ -257,16 +257,23 @@ class Member(Subscription):
                 self._end_request(status if status != StatusCode.CONFLICT
                                   else f"{status} {headers.get(Header.DESCRIPTION, '')}")
             return
-        if self.pulling and self.reserved > 0:
+        if not self.pulling:
+            # A drain began while the request was out: given back once the request
+            # ended (given back now, the request would bring it again).
+            self.unwanted.append(msg)
+            if self.reserved > 0:
+                self.reserved -= 1
+                if self.reserved == 0:
+                    self._end_request("ok")
+            return
+        if self.reserved > 0:
             self.reserved -= 1
-        elif self.pulling and not self.slots.locked():
+        elif not self.slots.locked():
             # A message of a request given up on (a reconnect lost its status), or
             # more than the one under way asked for: a slot is free for it.
             await self.slots.acquire()  # free: returns without waiting
         else:
-            # A drain began while the request was out, or no slot is free: given back
-            # once the request ended (given back now, the request would bring it
-            # again).
+            # No slot is free: given back once the request under way ended.
             self.unwanted.append(msg)
             return
         task = asyncio.create_task(self._handle(msg))
@@ -289,9 +296,14 @@ class Member(Subscription):
         try:
             await self.broker.js.consumer_info(self.stream, self.consumer)
         except nats.js.errors.NotFoundError:
-            with contextlib.suppress(*TRANSIENT, nats.errors.Error):
+            try:
                 await self.broker.ensure_consumer(self.stream, self.consumer, self.subject,
                                                    self.options, lost=True)
+            except BrokerError as error:  # refused this user: the pulls go on failing
+                logger.error("queue %s on stream %s cannot be re-created: %s",
+                             self.consumer, self.stream, error)
+            except (*TRANSIENT, nats.errors.Error):
+                pass
         except (*TRANSIENT, nats.errors.Error):
             pass
 
@@ -353,13 +365,20 @@ class Member(Subscription):
                                            self.broker.pull_expires_s + 1.0)
             self.loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self.loop_task
+                try:
+                    await self.loop_task
+                except Exception:
+                    logger.exception("the pull loop of %s failed", self.consumer)
         self._end_request(None)
         if self.sub is not None:
             # No interest left in the inbox: the server hands a pending pull request
-            # nothing more.
-            with contextlib.suppress(Exception):
-                await self.sub.unsubscribe()
+            # nothing more; what it brought already goes through _delivered, to be
+            # given back.
+            try:
+                await asyncio.wait_for(self.sub.drain(), 1.0)  # type: ignore[no-untyped-call]
+            except Exception:  # the connection is down or closing
+                with contextlib.suppress(Exception):
+                    await self.sub.unsubscribe()
             self.sub = None
         await self._give_back()
 

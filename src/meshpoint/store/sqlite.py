@@ -264,7 +264,7 @@ class WalSync:
     it is opened again when the log was deleted and made anew."""
 
     def __init__(self, path: str) -> None:
-        self._path = path
+        self._path = os.path.abspath(path)
         self._fd: int | None = None
         self._inode = -1
         self.syncs = 0  # flushes made (for tests)
