@@ -81,7 +81,7 @@ from meshpoint.broker.base import (
     one_filter_per_queue,
 )
 from meshpoint.broker.nats_members import TRANSIENT, Member
-from meshpoint.broker.nats_tls import NoTls, TlsClient, TlsRefused, first_connection
+from meshpoint.broker.nats_tls import ConnectionRefused, NoTls, TlsClient, first_connection
 from meshpoint.errors import (
     BrokerClosedError,
     BrokerError,
@@ -96,6 +96,11 @@ logger = logging.getLogger("meshpoint.broker.nats")
 
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
 T = TypeVar("T")
+
+
+def _wrong_user(error: BaseException) -> bool:
+    """Whether the server refused the connection's user or password."""
+    return "authorization violation" in str(error).lower()
 
 
 def inbox_prefix(user: str) -> str:
@@ -128,12 +133,9 @@ class NatsBroker(Broker):
         self.user = user
         #: What the server refused this user lately (subject -> its error), oldest first.
         self._denied: dict[str, str] = {}
-        # A publish under way, by lowercased subject: told of the server's refusal at
-        # once, rather than when its acknowledgement times out.
-        self._refusals: dict[str, asyncio.Future[str]] = {}
-        # A JetStream API request under way: the names its subject holds (a stream's,
-        # a consumer's), told of the server's refusal of such a subject at once.
-        self._api_waiting: list[tuple[tuple[str, ...], asyncio.Future[str]]] = []
+        # Requests under way (publishes, JetStream API calls), each told of the server's
+        # refusal of a subject it matches at once, rather than when it times out.
+        self._refusable: list[tuple[Callable[[str], bool], asyncio.Future[tuple[str, str]]]] = []
         #: An ephemeral queue -> the unguessable name of its consumer on the server.
         self._ephemeral: dict[str, str] = {}
         self.js: JetStreamContext = nc.jetstream(timeout=5.0)
@@ -187,9 +189,8 @@ class NatsBroker(Broker):
             if required is not None and not refused.done() and (
                     isinstance(error, NoTls) or tls_failure(error) is not None):
                 refused.set_result(error)  # nats-py would try again, forever
-            if not refused.done() and not nc.is_connected and \
-                    "authorization violation" in str(error).lower():
-                refused.set_result(error)  # a wrong user or password: retrying is no use
+            if not refused.done() and not nc.is_connected and _wrong_user(error):
+                refused.set_result(error)  # retrying is no use
             # What the server refuses this user arrives here, not at the call that
             # asked (a publish or request then times out): remember it, so that the
             # call can say so at once.
@@ -198,10 +199,7 @@ class NatsBroker(Broker):
             if "permissions violation" in text:
                 subject = text.rsplit(" to ", 1)[-1].strip("'\" ")
                 broker._denied[subject] = text.removeprefix("nats: ").split(" to ", 1)[0]
-                waiting = broker._refusals.get(subject)
-                if waiting is not None and not waiting.done():
-                    waiting.set_result(broker._denied[subject])
-                broker._api_refused(subject)
+                broker._tell_refused(subject)
                 while len(broker._denied) > 256:
                     broker._denied.pop(next(iter(broker._denied)))
 
@@ -223,14 +221,15 @@ class NatsBroker(Broker):
             settings["inbox_prefix"] = inbox_prefix(user)
             if password is not None or not parts.username:
                 settings.update(user=user, password=password or "")
+        wrong_user = BrokerError(f"NATS at {shown} refused user {user!r}: wrong user or "
+                                 "password (Authorization Violation)")
         try:
             await asyncio.wait_for(first_connection(nc, settings, refused), connect_timeout_s)
-        except TlsRefused as error:
+        except ConnectionRefused as error:
             with contextlib.suppress(Exception):
                 await nc.close()
-            if "authorization violation" in str(error.cause).lower():
-                raise BrokerError(f"NATS at {shown} refused user {user!r}: wrong user or "
-                                  "password (Authorization Violation)") from None
+            if _wrong_user(error.cause):
+                raise wrong_user from None
             assert required is not None
             if isinstance(error.cause, NoTls):
                 raise TlsError(
@@ -243,14 +242,12 @@ class NatsBroker(Broker):
         except nats.errors.AuthorizationError:
             with contextlib.suppress(Exception):
                 await nc.close()
-            raise BrokerError(f"NATS at {shown} refused user {user!r}: wrong user or "
-                              "password (Authorization Violation)") from None
+            raise wrong_user from None
         except (TimeoutError, OSError, nats.errors.Error) as error:
             with contextlib.suppress(Exception):
                 await nc.close()
             if "uthorization" in str(error) or "uthorization" in repr(nc.last_error):
-                raise BrokerError(f"NATS at {shown} refused user {user!r}: wrong user or "
-                                  "password (Authorization Violation)") from None
+                raise wrong_user from None
             last = f"; the last error: {errors[-1]!r}" if errors and errors[-1] is not error \
                 else ""
             raise BrokerError(
@@ -272,37 +269,48 @@ class NatsBroker(Broker):
 
     # -- streams and consumers -----------------------------------------------------------
 
-    def _api_refused(self, subject: str) -> None:
-        """The server refused this user ``subject``: end an API request under way whose
-        subject it is (the refusal comes to the error callback, and the request would
-        wait out its timeout)."""
-        tokens = subject.split(".")
-        if tokens[:2] != ["$js", "api"]:
-            return
-        for names, waiter in self._api_waiting:
-            # $JS.API.STREAM.<verb>.<stream>, $JS.API.CONSUMER.<verb>.<stream>.<consumer>
-            # (.<filter>), $JS.API.CONSUMER.DURABLE.CREATE.<stream>.<consumer>
-            if not waiter.done() and tokens[2] == names[0] and any(
-                    tokens[at:at + len(names) - 1] == list(names[1:]) for at in (4, 5)):
-                waiter.set_result(f"{self._denied.pop(subject, 'refused')} to {subject!r}")
+    def _tell_refused(self, subject: str) -> None:
+        """The server refused this user ``subject`` (lowercased, as nats-py tells it):
+        end the first request under way that it matches, as told to the error
+        callback only (the request itself would wait out its timeout)."""
+        for matches, waiter in self._refusable:
+            if not waiter.done() and matches(subject):
+                waiter.set_result((self._denied.pop(subject, "refused"), subject))
                 return
 
-    async def _api(self, request: Awaitable[T], kind: str, *names: str) -> T:
-        """A JetStream API ``request`` on a ``kind`` ("stream" or "consumer") whose
-        subject names ``names`` (the stream's, then the consumer's); a refusal of
-        that subject by the server ends it at once with BrokerPermissionError."""
-        refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        entry = ((kind, *(name.lower() for name in names)), refused)
-        self._api_waiting.append(entry)
+    async def _refusable_request(self, request: Awaitable[T], matches: Callable[[str], bool],
+                                 subject: str | None = None) -> T:
+        """``request``, ended at once with BrokerPermissionError when the server
+        refuses a subject that ``matches`` (named as ``subject`` if given)."""
+        refused: asyncio.Future[tuple[str, str]] = asyncio.get_running_loop().create_future()
+        entry = (matches, refused)
+        self._refusable.append(entry)
         asking = asyncio.ensure_future(request)
         try:
             await asyncio.wait((asking, refused), return_when=asyncio.FIRST_COMPLETED)
             if not asking.done():
-                raise BrokerPermissionError(self._refused(refused.result()))
+                what, told = refused.result()
+                raise BrokerPermissionError(
+                    self._refused(what, subject) if subject is not None
+                    else self._refused(f"{what} to {told!r}"))
             return asking.result()
         finally:
             asking.cancel()
-            self._api_waiting.remove(entry)
+            self._refusable.remove(entry)
+
+    async def _api(self, request: Awaitable[T], kind: str, *names: str) -> T:
+        """A JetStream API ``request`` on a ``kind`` ("stream" or "consumer") whose
+        subject names ``names`` (the stream's, then the consumer's):
+        $JS.API.STREAM.<verb>.<stream>, $JS.API.CONSUMER.<verb>.<stream>.<consumer>
+        (.<filter>), $JS.API.CONSUMER.DURABLE.CREATE.<stream>.<consumer>."""
+        wanted = [name.lower() for name in names]
+
+        def matches(subject: str) -> bool:
+            tokens = subject.split(".")
+            return tokens[:3] == ["$js", "api", kind] and any(
+                tokens[at:at + len(wanted)] == wanted for at in (4, 5))
+
+        return await self._refusable_request(request, matches)
 
     def stream_name(self, namespace: str) -> str:
         return safe_name(f"{self.stream_prefix}{namespace}")
@@ -407,15 +415,10 @@ class NatsBroker(Broker):
         stream = await self._ensure_stream(namespace)
         key = subject.lower()
         self._denied.pop(key, None)
-        refusal = self._refusals[key] = asyncio.get_running_loop().create_future()
-        publishing = asyncio.ensure_future(
-            self.js.publish(subject, data, headers=headers, timeout=2.0))
         try:
-            await asyncio.wait((publishing, refusal), return_when=asyncio.FIRST_COMPLETED)
-            if not publishing.done():  # the server refused it: no acknowledgement comes
-                self._denied.pop(key, None)
-                raise BrokerPermissionError(self._refused(refusal.result(), subject))
-            await publishing
+            await self._refusable_request(
+                self.js.publish(subject, data, headers=headers, timeout=2.0), key.__eq__,
+                subject)
         except nats.js.errors.NoStreamResponseError:
             self._streams.discard(stream)  # deleted under us: create it again
             raise
@@ -424,10 +427,6 @@ class NatsBroker(Broker):
             if refused is not None:
                 raise BrokerPermissionError(self._refused(refused, subject)) from None
             raise
-        finally:
-            publishing.cancel()
-            if self._refusals.get(key) is refusal:
-                del self._refusals[key]
 
     def _denial(self, prefix: str) -> str | None:
         """The latest refused subject starting with ``prefix`` (as the server named it,

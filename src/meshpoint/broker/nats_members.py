@@ -257,30 +257,26 @@ class Member(Subscription):
                 self._end_request(status if status != StatusCode.CONFLICT
                                   else f"{status} {headers.get(Header.DESCRIPTION, '')}")
             return
-        if not self.pulling:
-            # A drain began while the request was out: given back once the request
-            # ended (given back now, the request would bring it again).
-            self.unwanted.append(msg)
-            if self.reserved > 0:
-                self.reserved -= 1
-                if self.reserved == 0:
-                    self._end_request("ok")
-            return
         if self.reserved > 0:
-            self.reserved -= 1
-        elif not self.slots.locked():
+            self.reserved -= 1  # a slot the request under way holds
+        elif self.pulling and not self.slots.locked():
             # A message of a request given up on (a reconnect lost its status), or
             # more than the one under way asked for: a slot is free for it.
             await self.slots.acquire()  # free: returns without waiting
         else:
-            # No slot is free: given back once the request under way ended.
+            self.unwanted.append(msg)  # no slot: given back once the request ended
+            return
+        if self.request is not None and self.reserved == 0:
+            self._end_request("ok")
+        if not self.pulling:
+            # A drain began while the request was out: given back once the request
+            # ended (given back now, the request would bring it again).
+            self.slots.release()
             self.unwanted.append(msg)
             return
         task = asyncio.create_task(self._handle(msg))
         self.in_flight.add(task)
         task.add_done_callback(self.in_flight.discard)
-        if self.request is not None and self.reserved == 0:
-            self._end_request("ok")
 
     async def _recover(self, error: BaseException, pause: float) -> None:
         """A pull failed: wait, and re-create the queue if the server lost it (an

@@ -27,7 +27,7 @@ class NoTls(nats.errors.Error):
         return "nats: the server offers no TLS"
 
 
-class TlsRefused(Exception):
+class ConnectionRefused(Exception):
     """A first connection failed on TLS, or the server refused the user (nats-py
     would retry either forever); ``cause`` is nats-py's error."""
 
@@ -67,7 +67,7 @@ class TlsClient(NatsClient):
 async def first_connection(nc: NatsClient, settings: dict[str, Any],
                            refused: asyncio.Future[Exception]) -> None:
     """``nc.connect(**settings)``, unless ``refused`` (a TLS failure or a refused
-    user, which nats-py would retry forever) comes first: then TlsRefused."""
+    user, which nats-py would retry forever) comes first: then ConnectionRefused."""
     connecting = asyncio.ensure_future(nc.connect(**settings))
     either: list[asyncio.Future[Any]] = [connecting, refused]
     try:
@@ -80,4 +80,4 @@ async def first_connection(nc: NatsClient, settings: dict[str, Any],
     if not connecting.cancelled():
         connecting.result()  # connected, or its own error
         return
-    raise TlsRefused(refused.result())
+    raise ConnectionRefused(refused.result())
